@@ -1,0 +1,22 @@
+//! gpuarch-core: the pure part of gpuarch.
+//!
+//! No I/O beyond parsing, no async runtime. Everything here is a function of
+//! its inputs, so the hook, the daemon and the CLI agree by construction:
+//!
+//! - [`arch`]: compute capabilities and build targets, their syntax and the
+//!   rules for what runs where;
+//! - [`features`]: which capability each feature (bf16, FlashAttention-2, ...)
+//!   needs, in one table;
+//! - [`snapshot`]: the inventory snapshot format (schema 1);
+//! - [`oci`]: the few fields of an OCI config that device selection reads;
+//! - [`select`]: which GPUs a container was given;
+//! - [`plan`]: what a container gets (env and notes);
+//! - [`config`]: the parts of `/etc/gpuarch/config.yaml` the Plan obeys.
+
+pub mod arch;
+pub mod config;
+pub mod features;
+pub mod oci;
+pub mod plan;
+pub mod select;
+pub mod snapshot;

@@ -1,0 +1,176 @@
+//! The few fields of an OCI runtime config that device selection reads:
+//! `process.env`, `annotations` and `linux.devices[].path`.
+//!
+//! This is deliberately a read-only view, not a full model of the config. The
+//! hook edits configs as JSON values so that every field gpuarch does not own
+//! (vendor extensions, fields newer than any OCI types crate) comes out
+//! exactly as it came in; a typed round trip would drop or reorder them.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+/// Why a config could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum OciError {
+    #[error("OCI config is not valid JSON at line {line}, column {column}: {reason}")]
+    Syntax {
+        line: usize,
+        column: usize,
+        reason: String,
+    },
+    #[error("OCI config field error at line {line}, column {column}: {reason}")]
+    Field {
+        line: usize,
+        column: usize,
+        reason: String,
+    },
+}
+
+/// What selection needs from a container's config.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContainerView {
+    /// `process.env` entries in order, split at the first `=`. Entries
+    /// without `=` are kept out: execve passes them, but no lookup sees them.
+    pub env: Vec<(String, String)>,
+    pub annotations: BTreeMap<String, String>,
+    /// `linux.devices[].path`, in order.
+    pub device_paths: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct Raw {
+    #[serde(default)]
+    process: Option<RawProcess>,
+    #[serde(default)]
+    annotations: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    linux: Option<RawLinux>,
+}
+
+#[derive(Deserialize)]
+struct RawProcess {
+    #[serde(default)]
+    env: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+struct RawLinux {
+    #[serde(default)]
+    devices: Option<Vec<RawDevice>>,
+}
+
+#[derive(Deserialize)]
+struct RawDevice {
+    path: String,
+}
+
+impl ContainerView {
+    /// Read the view from an OCI config's JSON text.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, OciError> {
+        let raw: Raw = serde_json::from_slice(bytes).map_err(|e| {
+            let (line, column, reason) = (e.line(), e.column(), e.to_string());
+            if e.is_data() {
+                OciError::Field {
+                    line,
+                    column,
+                    reason,
+                }
+            } else {
+                OciError::Syntax {
+                    line,
+                    column,
+                    reason,
+                }
+            }
+        })?;
+        Ok(Self::from_raw(raw))
+    }
+
+    /// Read the view from an already parsed config.
+    pub fn from_value(value: &serde_json::Value) -> Result<Self, OciError> {
+        let raw = Raw::deserialize(value).map_err(|e| OciError::Field {
+            line: 0,
+            column: 0,
+            reason: e.to_string(),
+        })?;
+        Ok(Self::from_raw(raw))
+    }
+
+    fn from_raw(raw: Raw) -> Self {
+        let env = raw
+            .process
+            .and_then(|p| p.env)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|e| {
+                e.split_once('=')
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            })
+            .collect();
+        Self {
+            env,
+            annotations: raw.annotations.unwrap_or_default(),
+            device_paths: raw
+                .linux
+                .and_then(|l| l.devices)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|d| d.path)
+                .collect(),
+        }
+    }
+
+    /// The value a process would see for `name`: getenv returns the first
+    /// entry of that name.
+    pub fn env_get(&self, name: &str) -> Option<&str> {
+        self.env
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// A view with only these env entries, for planning without a config.
+    pub fn with_env<K: Into<String>, V: Into<String>>(
+        env: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        Self {
+            env: env.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
+            ..Self::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_env_annotations_and_devices_and_ignores_the_rest() {
+        let cfg = br#"{
+          "ociVersion": "1.2.0",
+          "process": {"env": ["PATH=/usr/bin", "A=1=2", "NOEQ", "A=second"], "args": ["sh"]},
+          "annotations": {"cdi.k8s.io/x": "nvidia.com/gpu=0"},
+          "linux": {"devices": [{"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1}]},
+          "vendor.example/extension": {"anything": [1, 2, 3]}
+        }"#;
+        let v = ContainerView::from_json(cfg).unwrap();
+        assert_eq!(v.env_get("A"), Some("1=2"));
+        assert_eq!(v.env_get("NOEQ"), None);
+        assert_eq!(v.annotations["cdi.k8s.io/x"], "nvidia.com/gpu=0");
+        assert_eq!(v.device_paths, ["/dev/nvidia1"]);
+    }
+
+    #[test]
+    fn a_minimal_config_is_an_empty_view() {
+        assert_eq!(ContainerView::from_json(b"{}").unwrap(), ContainerView::default());
+    }
+
+    #[test]
+    fn malformed_configs_say_where() {
+        let e = ContainerView::from_json(b"{\n\"process\": {\"env\": [1]}}").unwrap_err();
+        assert!(matches!(e, OciError::Field { line: 2, .. }), "{e}");
+        let e = ContainerView::from_json(b"{\n\n\"process\": ").unwrap_err();
+        assert!(matches!(e, OciError::Syntax { line: 3, .. }), "{e}");
+    }
+}

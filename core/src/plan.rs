@@ -1,0 +1,464 @@
+//! The Plan: what a container gets, and why.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::arch::ComputeCapability;
+use crate::config::EnvConfig;
+use crate::features::Feature;
+use crate::oci::ContainerView;
+use crate::select::{self, AssignedGpu, Selection, Source};
+use crate::snapshot::Snapshot;
+
+/// The variables gpuarch injects. Names are a contract (DESIGN.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EnvVar {
+    TorchCudaArchList,
+    FlashinferCudaArchList,
+    CudaDeviceOrder,
+    ComputeCapabilities,
+    MinComputeCapability,
+    Dtype,
+    AttnImplementation,
+    Tf32,
+    Fp8,
+    KernelsDir,
+}
+
+impl EnvVar {
+    /// Every variable, in the order they are injected.
+    pub const ALL: [EnvVar; 10] = [
+        EnvVar::TorchCudaArchList,
+        EnvVar::FlashinferCudaArchList,
+        EnvVar::CudaDeviceOrder,
+        EnvVar::ComputeCapabilities,
+        EnvVar::MinComputeCapability,
+        EnvVar::Dtype,
+        EnvVar::AttnImplementation,
+        EnvVar::Tf32,
+        EnvVar::Fp8,
+        EnvVar::KernelsDir,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EnvVar::TorchCudaArchList => "TORCH_CUDA_ARCH_LIST",
+            EnvVar::FlashinferCudaArchList => "FLASHINFER_CUDA_ARCH_LIST",
+            EnvVar::CudaDeviceOrder => "CUDA_DEVICE_ORDER",
+            EnvVar::ComputeCapabilities => "GPUARCH_COMPUTE_CAPABILITIES",
+            EnvVar::MinComputeCapability => "GPUARCH_MIN_COMPUTE_CAPABILITY",
+            EnvVar::Dtype => "GPUARCH_DTYPE",
+            EnvVar::AttnImplementation => "GPUARCH_ATTN_IMPLEMENTATION",
+            EnvVar::Tf32 => "GPUARCH_TF32",
+            EnvVar::Fp8 => "GPUARCH_FP8",
+            EnvVar::KernelsDir => "GPUARCH_KERNELS_DIR",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|v| v.name() == name)
+    }
+}
+
+impl fmt::Display for EnvVar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Serialize for EnvVar {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for EnvVar {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Self::from_name(&s).ok_or_else(|| {
+            let known: Vec<_> = Self::ALL.iter().map(|v| v.name()).collect();
+            serde::de::Error::custom(format!(
+                "unknown variable '{s}' (gpuarch sets: {})",
+                known.join(", ")
+            ))
+        })
+    }
+}
+
+/// What a container gets.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    /// Where the GPU assignment came from; `None` when nothing was requested
+    /// or gpuarch was switched off for this container.
+    pub source: Option<Source>,
+    /// The assigned GPUs in CUDA order.
+    pub gpus: Vec<AssignedGpu>,
+    /// Variables to set, in injection order. Values the container already
+    /// sets are not here unless the config says to override them.
+    #[serde(serialize_with = "as_map")]
+    pub env: Vec<(String, String)>,
+    /// One line per decision, for logs and `gpuarchctl plan`.
+    pub notes: Vec<String>,
+}
+
+fn as_map<S: Serializer>(env: &[(String, String)], s: S) -> Result<S::Ok, S::Error> {
+    let mut m = s.serialize_map(Some(env.len()))?;
+    for (k, v) in env {
+        m.serialize_entry(k, v)?;
+    }
+    m.end()
+}
+
+impl Plan {
+    /// True when the container is left exactly as it was.
+    pub fn is_noop(&self) -> bool {
+        self.env.is_empty()
+    }
+
+    pub fn env_get(&self, name: &str) -> Option<&str> {
+        self.env
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn truthy(v: &str) -> bool {
+    matches!(
+        v.trim().to_ascii_lowercase().as_str(),
+        "1" | "true" | "yes" | "on"
+    )
+}
+
+/// Why gpuarch leaves this container alone, if the container opted out.
+fn opted_out(view: &ContainerView) -> Option<String> {
+    if let Some(v) = view.env_get("GPUARCH_DISABLE")
+        && truthy(v)
+    {
+        return Some(format!(
+            "GPUARCH_DISABLE={v} in the container env: nothing changes"
+        ));
+    }
+    if let Some(v) = view.annotations.get("io.gpuarch.disable")
+        && truthy(v)
+    {
+        return Some(format!(
+            "annotation io.gpuarch.disable={v}: nothing changes"
+        ));
+    }
+    None
+}
+
+/// Plan a container from its config and the host inventory.
+pub fn plan(view: &ContainerView, inv: &Snapshot, cfg: &EnvConfig) -> Plan {
+    if let Some(why) = opted_out(view) {
+        return Plan {
+            notes: vec![why],
+            ..Plan::default()
+        };
+    }
+    plan_selection(select::select(view, inv), view, cfg)
+}
+
+/// Plan for an explicit device list (`0,1`, UUIDs, `N:M`, `all`), with the
+/// container env of `view` (empty for "what would these GPUs get?").
+pub fn plan_request(list: &str, view: &ContainerView, inv: &Snapshot, cfg: &EnvConfig) -> Plan {
+    if let Some(why) = opted_out(view) {
+        return Plan {
+            notes: vec![why],
+            ..Plan::default()
+        };
+    }
+    plan_selection(select::select_request(list, view, inv), view, cfg)
+}
+
+/// The hints for GPUs of these capabilities, given in CUDA order.
+pub fn hints(caps: &[ComputeCapability]) -> Vec<(EnvVar, String)> {
+    if caps.is_empty() {
+        return Vec::new();
+    }
+    let distinct: BTreeSet<ComputeCapability> = caps.iter().copied().collect();
+    let join = |it: &mut dyn Iterator<Item = &ComputeCapability>, sep: &str| {
+        it.map(ComputeCapability::to_string)
+            .collect::<Vec<_>>()
+            .join(sep)
+    };
+    let flag = |f: Feature| if f.supported_on_all(caps) { "1" } else { "0" };
+    let min = distinct.first().copied().unwrap_or(caps[0]);
+    vec![
+        (EnvVar::TorchCudaArchList, join(&mut distinct.iter(), ";")),
+        (EnvVar::FlashinferCudaArchList, join(&mut distinct.iter(), " ")),
+        (EnvVar::CudaDeviceOrder, "PCI_BUS_ID".to_owned()),
+        (EnvVar::ComputeCapabilities, join(&mut caps.iter(), ",")),
+        (EnvVar::MinComputeCapability, min.to_string()),
+        (
+            EnvVar::Dtype,
+            if Feature::Bf16.supported_on_all(caps) {
+                "bfloat16"
+            } else {
+                "float16"
+            }
+            .to_owned(),
+        ),
+        (
+            EnvVar::AttnImplementation,
+            if Feature::FlashAttention2.supported_on_all(caps) {
+                "flash_attention_2"
+            } else {
+                "sdpa"
+            }
+            .to_owned(),
+        ),
+        (EnvVar::Tf32, flag(Feature::Tf32).to_owned()),
+        (EnvVar::Fp8, flag(Feature::Fp8).to_owned()),
+    ]
+}
+
+/// Why a feature is or is not hinted, naming the first GPU that lacks it.
+fn feature_note(var: EnvVar, value: &str, f: Feature, gpus: &[AssignedGpu]) -> String {
+    match gpus
+        .iter()
+        .find(|g| !f.supported_on(g.compute_capability))
+    {
+        None => format!("{var}={value}: every assigned GPU has {f} ({})", f.gate()),
+        Some(g) => format!("{var}={value}: {f} needs {}, and {} lacks it", f.gate(), g.label()),
+    }
+}
+
+fn plan_selection(sel: Selection, view: &ContainerView, cfg: &EnvConfig) -> Plan {
+    let Selection {
+        source,
+        gpus,
+        mut notes,
+    } = sel;
+    let Some(src) = source else {
+        notes.push(
+            "no GPU requested (no CDI annotation, no /dev/nvidiaN device, no NVIDIA_VISIBLE_DEVICES): nothing changes"
+                .to_owned(),
+        );
+        return Plan {
+            source,
+            gpus,
+            env: Vec::new(),
+            notes,
+        };
+    };
+    if gpus.is_empty() {
+        notes.push(format!(
+            "no GPU of this host assigned (from {src}): nothing changes"
+        ));
+        return Plan {
+            source,
+            gpus,
+            env: Vec::new(),
+            notes,
+        };
+    }
+    notes.push(format!(
+        "assigned from {src}, in CUDA order: {}",
+        gpus.iter()
+            .map(AssignedGpu::label)
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+
+    let caps: Vec<ComputeCapability> = gpus.iter().map(|g| g.compute_capability).collect();
+    let mut env = Vec::new();
+    for (var, value) in hints(&caps) {
+        let why = match var {
+            EnvVar::Dtype => Some(feature_note(var, &value, Feature::Bf16, &gpus)),
+            EnvVar::AttnImplementation => {
+                Some(feature_note(var, &value, Feature::FlashAttention2, &gpus))
+            }
+            EnvVar::Tf32 => Some(feature_note(var, &value, Feature::Tf32, &gpus)),
+            EnvVar::Fp8 => Some(feature_note(var, &value, Feature::Fp8, &gpus)),
+            _ => None,
+        };
+        if cfg.disable.contains(&var) {
+            notes.push(format!("{var} not set: disabled in the config (env.disable)"));
+            continue;
+        }
+        match view.env_get(var.name()) {
+            Some(theirs) if !cfg.override_existing => {
+                notes.push(format!(
+                    "{var} left as the container sets it ({theirs:?}; gpuarch would set {value:?}; env.override in the config replaces it)"
+                ));
+                if var == EnvVar::CudaDeviceOrder && theirs != "PCI_BUS_ID" {
+                    notes.push(
+                        "CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA may number the GPUs differently from GPUARCH_COMPUTE_CAPABILITIES"
+                            .to_owned(),
+                    );
+                }
+                continue;
+            }
+            Some(theirs) => notes.push(format!(
+                "{var} overrides the container's {theirs:?} (env.override is on)"
+            )),
+            None => {}
+        }
+        if let Some(why) = why {
+            notes.push(why);
+        }
+        env.push((var.name().to_owned(), value));
+    }
+    Plan {
+        source,
+        gpus,
+        env,
+        notes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::select::tests::host;
+
+    fn nvd(value: &str) -> ContainerView {
+        ContainerView::with_env([("NVIDIA_VISIBLE_DEVICES", value)])
+    }
+
+    fn cfg() -> EnvConfig {
+        EnvConfig::default()
+    }
+
+    #[test]
+    fn turing_beside_ampere_gets_the_lowest_common_hints() {
+        let p = plan(&nvd("0,1"), &host(), &cfg());
+        let want = [
+            ("TORCH_CUDA_ARCH_LIST", "7.5;8.6"),
+            ("FLASHINFER_CUDA_ARCH_LIST", "7.5 8.6"),
+            ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
+            ("GPUARCH_COMPUTE_CAPABILITIES", "7.5,8.6"),
+            ("GPUARCH_MIN_COMPUTE_CAPABILITY", "7.5"),
+            ("GPUARCH_DTYPE", "float16"),
+            ("GPUARCH_ATTN_IMPLEMENTATION", "sdpa"),
+            ("GPUARCH_TF32", "0"),
+            ("GPUARCH_FP8", "0"),
+        ];
+        let got: Vec<(&str, &str)> = p.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(got, want);
+        assert!(
+            p.notes.iter().any(|n| n.contains("GPUARCH_DTYPE=float16")
+                && n.contains("GPU 0 (NVIDIA GeForce RTX 2080 Ti, 7.5) lacks it")),
+            "{:?}",
+            p.notes
+        );
+    }
+
+    #[test]
+    fn the_3090_alone_gets_bf16_and_flash_attention_2() {
+        let p = plan(&nvd("1"), &host(), &cfg());
+        assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("8.6"));
+        assert_eq!(p.env_get("GPUARCH_DTYPE"), Some("bfloat16"));
+        assert_eq!(p.env_get("GPUARCH_ATTN_IMPLEMENTATION"), Some("flash_attention_2"));
+        assert_eq!(p.env_get("GPUARCH_TF32"), Some("1"));
+        assert_eq!(p.env_get("GPUARCH_FP8"), Some("0"));
+        assert!(p.notes.iter().any(|n| n.contains("every assigned GPU has bf16")));
+    }
+
+    #[test]
+    fn capabilities_follow_cuda_order_and_the_arch_list_is_sorted() {
+        let v = ContainerView::with_env([
+            ("NVIDIA_VISIBLE_DEVICES", "all"),
+            ("CUDA_VISIBLE_DEVICES", "2,0,1"),
+        ]);
+        let p = plan(&v, &host(), &cfg());
+        assert_eq!(p.env_get("GPUARCH_COMPUTE_CAPABILITIES"), Some("8.0,7.5,8.6"));
+        assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("7.5;8.0;8.6"));
+    }
+
+    #[test]
+    fn mig_devices_take_their_parents_capability() {
+        let p = plan(&nvd("MIG-bbbb"), &host(), &cfg());
+        assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("8.0"));
+        assert_eq!(p.gpus[0].mig, Some(1));
+    }
+
+    #[test]
+    fn container_values_win_unless_override() {
+        let v = ContainerView::with_env([
+            ("NVIDIA_VISIBLE_DEVICES", "0,1"),
+            ("TORCH_CUDA_ARCH_LIST", "8.0"),
+            ("CUDA_DEVICE_ORDER", "FASTEST_FIRST"),
+        ]);
+        let p = plan(&v, &host(), &cfg());
+        assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), None);
+        assert_eq!(p.env_get("CUDA_DEVICE_ORDER"), None);
+        assert_eq!(p.env_get("GPUARCH_DTYPE"), Some("float16"));
+        assert!(p.notes.iter().any(|n| n.contains("TORCH_CUDA_ARCH_LIST left as the container sets it (\"8.0\"")));
+        assert!(p.notes.iter().any(|n| n.contains("may number the GPUs differently")));
+
+        let over = EnvConfig {
+            override_existing: true,
+            ..cfg()
+        };
+        let p = plan(&v, &host(), &over);
+        assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("7.5;8.6"));
+        assert!(p.notes.iter().any(|n| n.contains("overrides the container's \"8.0\"")));
+    }
+
+    #[test]
+    fn the_config_switches_variables_off() {
+        let c = EnvConfig {
+            disable: [EnvVar::Fp8, EnvVar::CudaDeviceOrder].into(),
+            ..cfg()
+        };
+        let p = plan(&nvd("1"), &host(), &c);
+        assert_eq!(p.env_get("GPUARCH_FP8"), None);
+        assert_eq!(p.env_get("CUDA_DEVICE_ORDER"), None);
+        assert_eq!(p.env.len(), 7);
+        assert!(p.notes.iter().any(|n| n == "GPUARCH_FP8 not set: disabled in the config (env.disable)"));
+    }
+
+    #[test]
+    fn opt_outs_change_nothing() {
+        let v = ContainerView::with_env([("NVIDIA_VISIBLE_DEVICES", "all"), ("GPUARCH_DISABLE", "1")]);
+        let p = plan(&v, &host(), &cfg());
+        assert!(p.is_noop() && p.gpus.is_empty());
+        assert!(p.notes[0].contains("GPUARCH_DISABLE=1"));
+
+        let mut v = nvd("all");
+        v.annotations.insert("io.gpuarch.disable".into(), "true".into());
+        let p = plan(&v, &host(), &cfg());
+        assert!(p.is_noop());
+        assert!(p.notes[0].contains("io.gpuarch.disable"));
+
+        // "0" is not an opt-out.
+        let v = ContainerView::with_env([("NVIDIA_VISIBLE_DEVICES", "all"), ("GPUARCH_DISABLE", "0")]);
+        assert!(!plan(&v, &host(), &cfg()).is_noop());
+    }
+
+    #[test]
+    fn no_gpu_means_no_change() {
+        for v in [ContainerView::default(), nvd("none"), nvd("void"), nvd("7")] {
+            let p = plan(&v, &host(), &cfg());
+            assert!(p.is_noop(), "{v:?}");
+            assert!(p.notes.last().unwrap().contains("nothing changes"), "{:?}", p.notes);
+        }
+    }
+
+    #[test]
+    fn fp8_needs_every_gpu_at_8_9() {
+        assert_eq!(
+            hints(&[ComputeCapability::new(8, 9), ComputeCapability::new(9, 0)])
+                .iter()
+                .find(|(v, _)| *v == EnvVar::Fp8)
+                .map(|(_, x)| x.as_str()),
+            Some("1")
+        );
+    }
+
+    #[test]
+    fn plan_serialises_env_as_an_ordered_object() {
+        let p = plan(&nvd("1"), &host(), &cfg());
+        let j = serde_json::to_string(&p).unwrap();
+        let t = j.find("TORCH_CUDA_ARCH_LIST").unwrap();
+        let f = j.find("GPUARCH_FP8").unwrap();
+        assert!(t < f, "{j}");
+        assert!(j.contains("\"source\":\"nvidia_visible_devices\""), "{j}");
+    }
+}

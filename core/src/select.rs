@@ -1,0 +1,591 @@
+//! Which GPUs a container was given.
+//!
+//! Sources, first match wins:
+//! 1. CDI requests in annotations (`cdi.k8s.io/*` = `nvidia.com/gpu=0,...`);
+//! 2. `linux.devices` entries `/dev/nvidiaN` (N is the NVML minor number);
+//! 3. `NVIDIA_VISIBLE_DEVICES`.
+//!
+//! The GPUs a source names are what the container can see; CUDA enumerates
+//! them in PCI bus order (gpuarch sets `CUDA_DEVICE_ORDER=PCI_BUS_ID`), and
+//! `CUDA_VISIBLE_DEVICES`, if set, then narrows and reorders that list the way
+//! the CUDA runtime does: indexes relative to the visible list or UUID
+//! prefixes, stopping at the first entry that names no visible GPU.
+//!
+//! Nothing here panics on what a container's owner wrote: every entry that
+//! names no GPU of the host becomes a note.
+
+use serde::Serialize;
+
+use crate::arch::ComputeCapability;
+use crate::oci::ContainerView;
+use crate::snapshot::{Device, Snapshot};
+
+/// Where the assignment came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    Cdi,
+    DeviceNodes,
+    NvidiaVisibleDevices,
+    /// An explicit list from a caller (`gpuarchctl plan --devices`, D-Bus `Plan`).
+    Request,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Source::Cdi => "CDI annotations",
+            Source::DeviceNodes => "/dev/nvidiaN device nodes",
+            Source::NvidiaVisibleDevices => "NVIDIA_VISIBLE_DEVICES",
+            Source::Request => "the requested device list",
+        })
+    }
+}
+
+/// One GPU (or MIG device) a container was given.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AssignedGpu {
+    /// NVML index of the physical GPU.
+    pub index: u32,
+    /// MIG device index on that GPU, for a MIG device.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig: Option<u32>,
+    /// `GPU-...`, or `MIG-...` for a MIG device.
+    pub uuid: String,
+    pub name: String,
+    pub compute_capability: ComputeCapability,
+    pub pci_bus_id: String,
+}
+
+impl AssignedGpu {
+    fn whole(d: &Device) -> Self {
+        Self {
+            index: d.index,
+            mig: None,
+            uuid: d.uuid.clone(),
+            name: d.name.clone(),
+            compute_capability: d.compute_capability,
+            pci_bus_id: d.pci_bus_id.clone(),
+        }
+    }
+
+    /// `GPU 1 (NVIDIA GeForce RTX 3090, 8.6)` or `MIG 0:1 (..., 8.0)`.
+    pub fn label(&self) -> String {
+        match self.mig {
+            None => format!(
+                "GPU {} ({}, {})",
+                self.index, self.name, self.compute_capability
+            ),
+            Some(m) => format!(
+                "MIG {}:{} ({}, {})",
+                self.index, m, self.name, self.compute_capability
+            ),
+        }
+    }
+}
+
+/// The outcome of selection: the GPUs in CUDA order and why.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Selection {
+    /// The source that decided, or `None` when the container asked for no GPU.
+    pub source: Option<Source>,
+    pub gpus: Vec<AssignedGpu>,
+    pub notes: Vec<String>,
+}
+
+/// Entries longer than this are shortened in notes.
+const NOTE_TOKEN_MAX: usize = 80;
+
+/// A token as it appears in a note: quoted, shortened, control characters escaped.
+fn shown(token: &str) -> String {
+    let mut s: String = token.chars().take(NOTE_TOKEN_MAX).collect();
+    if s.len() < token.len() {
+        s.push_str("...");
+    }
+    format!("{:?}", s)
+}
+
+/// Resolve one device name as NVIDIA's tools spell them: `all`, an index,
+/// `N:M` (MIG device M of GPU N), `GPU-<uuid>` or `MIG-<uuid>`.
+fn resolve(token: &str, inv: &Snapshot) -> Result<Vec<AssignedGpu>, String> {
+    let t = token.trim();
+    if t == "all" {
+        return Ok(inv.devices.iter().map(AssignedGpu::whole).collect());
+    }
+    let indexes = || {
+        let mut v: Vec<u32> = inv.devices.iter().map(|d| d.index).collect();
+        v.sort_unstable();
+        match v.as_slice() {
+            [] => "this host has no GPU".to_owned(),
+            v => format!(
+                "indexes here: {}",
+                v.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+            ),
+        }
+    };
+    if let Ok(i) = t.parse::<u32>()
+        && t.bytes().all(|b| b.is_ascii_digit())
+    {
+        return inv
+            .device_by_index(i)
+            .map(|d| vec![AssignedGpu::whole(d)])
+            .ok_or_else(|| format!("no GPU with index {i} on this host ({})", indexes()));
+    }
+    if let Some((g, m)) = t.split_once(':') {
+        let (Ok(g), Ok(m)) = (g.parse::<u32>(), m.parse::<u32>()) else {
+            return Err(format!("{} is not a MIG device name (GPU:MIG)", shown(t)));
+        };
+        let d = inv
+            .device_by_index(g)
+            .ok_or_else(|| format!("no GPU with index {g} on this host ({})", indexes()))?;
+        let mig = d.mig.iter().find(|x| x.index == m).ok_or_else(|| {
+            if d.mig.is_empty() {
+                format!("GPU {g} has no MIG devices (MIG is not enabled)")
+            } else {
+                format!("GPU {g} has no MIG device {m}")
+            }
+        })?;
+        return Ok(vec![mig_gpu(d, mig)]);
+    }
+    if t.starts_with("GPU-") {
+        return inv
+            .devices
+            .iter()
+            .find(|d| d.uuid == t)
+            .map(|d| vec![AssignedGpu::whole(d)])
+            .ok_or_else(|| format!("no GPU with UUID {} on this host", shown(t)));
+    }
+    if t.starts_with("MIG-") {
+        for d in &inv.devices {
+            if let Some(m) = d.mig.iter().find(|m| m.uuid == t) {
+                return Ok(vec![mig_gpu(d, m)]);
+            }
+        }
+        return Err(format!("no MIG device with UUID {} on this host", shown(t)));
+    }
+    Err(format!(
+        "{} is not an index, a UUID, GPU:MIG or 'all'",
+        shown(t)
+    ))
+}
+
+fn mig_gpu(d: &Device, m: &crate::snapshot::MigDevice) -> AssignedGpu {
+    AssignedGpu {
+        index: d.index,
+        mig: Some(m.index),
+        uuid: m.uuid.clone(),
+        name: m.name.clone(),
+        compute_capability: d.compute_capability,
+        pci_bus_id: d.pci_bus_id.clone(),
+    }
+}
+
+/// Add resolved GPUs, dropping ones already present.
+fn extend_distinct(into: &mut Vec<AssignedGpu>, more: Vec<AssignedGpu>) {
+    for g in more {
+        if !into.iter().any(|x| x.uuid == g.uuid) {
+            into.push(g);
+        }
+    }
+}
+
+/// Resolve a comma-separated list of device names, noting each that fails.
+fn resolve_list(
+    list: &str,
+    what: &str,
+    inv: &Snapshot,
+    gpus: &mut Vec<AssignedGpu>,
+    notes: &mut Vec<String>,
+) {
+    for token in list.split(',') {
+        if token.trim().is_empty() {
+            continue;
+        }
+        match resolve(token, inv) {
+            Ok(found) => extend_distinct(gpus, found),
+            Err(why) => notes.push(format!("{what} entry {}: {why}; ignored", shown(token.trim()))),
+        }
+    }
+}
+
+/// Select the GPUs of a container from its config and the host inventory.
+pub fn select(view: &ContainerView, inv: &Snapshot) -> Selection {
+    let mut notes = Vec::new();
+    let mut gpus = Vec::new();
+    let source = select_source(view, inv, &mut gpus, &mut notes);
+    finish(source, gpus, notes, view)
+}
+
+/// Select GPUs from an explicit list (`0,1`, UUIDs, `N:M`, `all`), as a
+/// scheduler asks "what would a container on these GPUs get?".
+pub fn select_request(list: &str, view: &ContainerView, inv: &Snapshot) -> Selection {
+    let mut notes = Vec::new();
+    let mut gpus = Vec::new();
+    resolve_list(list, "requested device", inv, &mut gpus, &mut notes);
+    finish(Some(Source::Request), gpus, notes, view)
+}
+
+fn select_source(
+    view: &ContainerView,
+    inv: &Snapshot,
+    gpus: &mut Vec<AssignedGpu>,
+    notes: &mut Vec<String>,
+) -> Option<Source> {
+    // 1. CDI annotations.
+    let mut cdi = false;
+    for (key, value) in &view.annotations {
+        if !key.starts_with("cdi.k8s.io/") {
+            continue;
+        }
+        for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name.split_once('=') {
+                Some(("nvidia.com/gpu", dev)) => {
+                    cdi = true;
+                    match resolve(dev, inv) {
+                        Ok(found) => extend_distinct(gpus, found),
+                        Err(why) => notes.push(format!(
+                            "CDI device {} (annotation {}): {why}; ignored",
+                            shown(name),
+                            shown(key)
+                        )),
+                    }
+                }
+                _ => notes.push(format!(
+                    "CDI device {} (annotation {}) is not an nvidia.com/gpu device; ignored",
+                    shown(name),
+                    shown(key)
+                )),
+            }
+        }
+    }
+    if cdi {
+        return Some(Source::Cdi);
+    }
+
+    // 2. /dev/nvidiaN device nodes.
+    let mut nodes = false;
+    for path in &view.device_paths {
+        let Some(n) = path.strip_prefix("/dev/nvidia") else {
+            continue;
+        };
+        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+            continue; // nvidiactl, nvidia-uvm, nvidia-caps/...
+        }
+        nodes = true;
+        match n.parse::<u32>().ok().and_then(|m| inv.device_by_minor(m)) {
+            Some(d) => extend_distinct(gpus, vec![AssignedGpu::whole(d)]),
+            None => notes.push(format!(
+                "device node {}: no GPU with minor number {n} on this host; ignored",
+                shown(path)
+            )),
+        }
+    }
+    if nodes {
+        return Some(Source::DeviceNodes);
+    }
+
+    // 3. NVIDIA_VISIBLE_DEVICES.
+    let nvd = view.env_get("NVIDIA_VISIBLE_DEVICES")?;
+    match nvd.trim() {
+        "" | "void" => notes.push(format!(
+            "NVIDIA_VISIBLE_DEVICES={}: the NVIDIA runtime treats this as no GPU request",
+            shown(nvd)
+        )),
+        "none" => notes.push(
+            "NVIDIA_VISIBLE_DEVICES=none: driver libraries only, no GPU".to_owned(),
+        ),
+        list => resolve_list(list, "NVIDIA_VISIBLE_DEVICES", inv, gpus, notes),
+    }
+    Some(Source::NvidiaVisibleDevices)
+}
+
+fn finish(
+    source: Option<Source>,
+    mut gpus: Vec<AssignedGpu>,
+    mut notes: Vec<String>,
+    view: &ContainerView,
+) -> Selection {
+    // What the container can see, in the order CUDA enumerates it.
+    gpus.sort_by(|a, b| (&a.pci_bus_id, a.mig).cmp(&(&b.pci_bus_id, b.mig)));
+    if !gpus.is_empty()
+        && let Some(cvd) = view.env_get("CUDA_VISIBLE_DEVICES")
+    {
+        gpus = narrow(&gpus, cvd, &mut notes);
+    }
+    Selection {
+        source,
+        gpus,
+        notes,
+    }
+}
+
+/// Apply `CUDA_VISIBLE_DEVICES` to the visible list as the CUDA runtime does.
+fn narrow(visible: &[AssignedGpu], cvd: &str, notes: &mut Vec<String>) -> Vec<AssignedGpu> {
+    let mut out: Vec<AssignedGpu> = Vec::new();
+    if cvd.trim().is_empty() {
+        notes.push("CUDA_VISIBLE_DEVICES is empty: CUDA sees no GPU".to_owned());
+        return out;
+    }
+    for token in cvd.split(',').map(str::trim) {
+        let found = if let Ok(i) = token.parse::<i64>() {
+            usize::try_from(i).ok().and_then(|i| visible.get(i)).ok_or_else(|| {
+                format!(
+                    "index {i} is not among the container's {} visible GPU(s)",
+                    visible.len()
+                )
+            })
+        } else if token.starts_with("GPU-") || token.starts_with("MIG-") {
+            let matches: Vec<&AssignedGpu> =
+                visible.iter().filter(|g| g.uuid.starts_with(token)).collect();
+            match matches.as_slice() {
+                [one] => Ok(*one),
+                [] => Err("names no GPU visible to the container".to_owned()),
+                _ => Err("is a prefix of more than one visible GPU's UUID".to_owned()),
+            }
+        } else {
+            Err("is not an index or a UUID".to_owned())
+        };
+        match found {
+            Ok(g) if out.iter().any(|x| x.uuid == g.uuid) => notes.push(format!(
+                "CUDA_VISIBLE_DEVICES entry {} repeats {}; ignored",
+                shown(token),
+                g.label()
+            )),
+            Ok(g) => out.push(g.clone()),
+            Err(why) => {
+                notes.push(format!(
+                    "CUDA_VISIBLE_DEVICES entry {}: {why}; CUDA ignores it and every entry after it",
+                    shown(token)
+                ));
+                break;
+            }
+        }
+    }
+    if out.is_empty() {
+        notes.push("CUDA_VISIBLE_DEVICES leaves CUDA no GPU".to_owned());
+    }
+    out
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::snapshot::MigDevice;
+
+    fn dev(index: u32, minor: u32, uuid: &str, name: &str, cc: &str, bus: u8) -> Device {
+        Device {
+            index,
+            minor,
+            uuid: uuid.to_owned(),
+            name: name.to_owned(),
+            compute_capability: ComputeCapability::parse_reported(cc).unwrap(),
+            pci_bus_id: format!("00000000:{bus:02X}:00.0"),
+            memory_bytes: 1 << 30,
+            mig: vec![],
+        }
+    }
+
+    /// 2080 Ti at index 0 (minor 1) and 3090 at index 1 (minor 0), plus an A100
+    /// with two MIG devices at index 2: minors differ from indexes on purpose.
+    pub(crate) fn host() -> Snapshot {
+        let mut a100 = dev(2, 2, "GPU-cccc", "NVIDIA A100-SXM4-40GB", "8.0", 0x41);
+        a100.mig = vec![
+            MigDevice {
+                index: 0,
+                uuid: "MIG-aaaa".into(),
+                name: "NVIDIA A100-SXM4-40GB MIG 3g.20gb".into(),
+                memory_bytes: 1 << 30,
+            },
+            MigDevice {
+                index: 1,
+                uuid: "MIG-bbbb".into(),
+                name: "NVIDIA A100-SXM4-40GB MIG 1g.5gb".into(),
+                memory_bytes: 1 << 30,
+            },
+        ];
+        Snapshot {
+            schema: 1,
+            source: "test".into(),
+            generated_at: "2026-11-21T12:00:00Z".into(),
+            driver_version: "580.95.05".into(),
+            cuda_driver_version: "13.0".into(),
+            stale: false,
+            devices: vec![
+                dev(0, 1, "GPU-aaaa", "NVIDIA GeForce RTX 2080 Ti", "7.5", 0x01),
+                dev(1, 0, "GPU-bbbb", "NVIDIA GeForce RTX 3090", "8.6", 0x21),
+                a100,
+            ],
+        }
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> ContainerView {
+        ContainerView::with_env(pairs.iter().copied())
+    }
+
+    fn uuids(s: &Selection) -> Vec<&str> {
+        s.gpus.iter().map(|g| g.uuid.as_str()).collect()
+    }
+
+    #[test]
+    fn nvidia_visible_devices_forms() {
+        let inv = host();
+        let cases: &[(&str, &[&str])] = &[
+            ("all", &["GPU-aaaa", "GPU-bbbb", "GPU-cccc"]),
+            ("0", &["GPU-aaaa"]),
+            ("1,0", &["GPU-aaaa", "GPU-bbbb"]),
+            ("GPU-bbbb", &["GPU-bbbb"]),
+            ("2:1", &["MIG-bbbb"]),
+            ("MIG-aaaa,1", &["GPU-bbbb", "MIG-aaaa"]),
+            ("0,0, 0", &["GPU-aaaa"]),
+            ("none", &[]),
+            ("void", &[]),
+            ("", &[]),
+        ];
+        for (value, want) in cases {
+            let s = select(&env(&[("NVIDIA_VISIBLE_DEVICES", value)]), &inv);
+            assert_eq!(s.source, Some(Source::NvidiaVisibleDevices), "{value}");
+            assert_eq!(uuids(&s), *want, "{value}: {:?}", s.notes);
+        }
+    }
+
+    #[test]
+    fn unknown_devices_are_notes_not_panics() {
+        let inv = host();
+        let cases: &[(&str, &str)] = &[
+            ("7", "no GPU with index 7 on this host (indexes here: 0, 1, 2)"),
+            ("GPU-ffff", "no GPU with UUID \"GPU-ffff\""),
+            ("MIG-ffff", "no MIG device with UUID"),
+            ("0:0", "GPU 0 has no MIG devices"),
+            ("2:5", "GPU 2 has no MIG device 5"),
+            ("x:y", "is not a MIG device name"),
+            ("-1", "is not an index"),
+            ("bogus", "is not an index, a UUID"),
+            ("99999999999999999999", "is not an index"),
+        ];
+        for (value, want) in cases {
+            let s = select(&env(&[("NVIDIA_VISIBLE_DEVICES", value)]), &inv);
+            assert!(s.gpus.is_empty(), "{value}");
+            assert!(
+                s.notes.iter().any(|n| n.contains(want)),
+                "{value}: {:?}",
+                s.notes
+            );
+        }
+        let s = select(&env(&[("NVIDIA_VISIBLE_DEVICES", "1,7")]), &inv);
+        assert_eq!(uuids(&s), ["GPU-bbbb"]);
+    }
+
+    #[test]
+    fn huge_values_are_shortened_in_notes() {
+        let big = "x".repeat(64 * 1024);
+        let s = select(&env(&[("NVIDIA_VISIBLE_DEVICES", &big)]), &host());
+        assert!(s.gpus.is_empty());
+        assert!(s.notes.iter().all(|n| n.len() < 300), "{:?}", s.notes);
+    }
+
+    #[test]
+    fn device_nodes_are_matched_by_minor_number() {
+        let mut v = ContainerView::default();
+        v.device_paths = vec![
+            "/dev/nvidiactl".into(),
+            "/dev/nvidia-uvm".into(),
+            "/dev/nvidia0".into(),
+        ];
+        let s = select(&v, &host());
+        assert_eq!(s.source, Some(Source::DeviceNodes));
+        // minor 0 is the 3090 (index 1), not index 0
+        assert_eq!(uuids(&s), ["GPU-bbbb"]);
+
+        v.device_paths.push("/dev/nvidia9".into());
+        let s = select(&v, &host());
+        assert_eq!(uuids(&s), ["GPU-bbbb"]);
+        assert!(s.notes[0].contains("no GPU with minor number 9"), "{:?}", s.notes);
+    }
+
+    #[test]
+    fn control_nodes_alone_are_no_request() {
+        let mut v = ContainerView::default();
+        v.device_paths = vec!["/dev/nvidiactl".into(), "/dev/nvidia-caps/nvidia-cap1".into()];
+        let s = select(&v, &host());
+        assert_eq!(s.source, None);
+        assert!(s.gpus.is_empty());
+    }
+
+    #[test]
+    fn cdi_annotations_come_first() {
+        let mut v = env(&[("NVIDIA_VISIBLE_DEVICES", "0")]);
+        v.device_paths = vec!["/dev/nvidia1".into()];
+        v.annotations
+            .insert("cdi.k8s.io/gpu".into(), "nvidia.com/gpu=GPU-bbbb".into());
+        let s = select(&v, &host());
+        assert_eq!(s.source, Some(Source::Cdi));
+        assert_eq!(uuids(&s), ["GPU-bbbb"]);
+
+        v.annotations
+            .insert("cdi.k8s.io/all".into(), "nvidia.com/gpu=all".into());
+        assert_eq!(uuids(&select(&v, &host())).len(), 3);
+    }
+
+    #[test]
+    fn non_gpu_cdi_devices_fall_through_to_the_next_source() {
+        let mut v = ContainerView::default();
+        v.annotations
+            .insert("cdi.k8s.io/net".into(), "vendor.com/nic=eth1".into());
+        v.device_paths = vec!["/dev/nvidia1".into()];
+        let s = select(&v, &host());
+        assert_eq!(s.source, Some(Source::DeviceNodes));
+        assert_eq!(uuids(&s), ["GPU-aaaa"]);
+        assert!(s.notes[0].contains("not an nvidia.com/gpu device"));
+    }
+
+    #[test]
+    fn device_nodes_beat_nvidia_visible_devices() {
+        let mut v = env(&[("NVIDIA_VISIBLE_DEVICES", "all")]);
+        v.device_paths = vec!["/dev/nvidia1".into()];
+        assert_eq!(uuids(&select(&v, &host())), ["GPU-aaaa"]);
+    }
+
+    #[test]
+    fn no_source_is_no_request() {
+        let s = select(&env(&[("PATH", "/bin")]), &host());
+        assert_eq!(s.source, None);
+        assert!(s.gpus.is_empty());
+    }
+
+    #[test]
+    fn cuda_visible_devices_narrows_and_orders() {
+        let inv = host();
+        let cases: &[(&str, &[&str])] = &[
+            ("1", &["GPU-bbbb"]),
+            ("1,0", &["GPU-bbbb", "GPU-aaaa"]),
+            ("GPU-bb", &["GPU-bbbb"]),
+            ("0,5,1", &["GPU-aaaa"]),
+            ("1,1,0", &["GPU-bbbb", "GPU-aaaa"]),
+            ("-1", &[]),
+            ("", &[]),
+            ("GPU-", &[]),
+            ("GPU-cccc", &[]),
+        ];
+        for (cvd, want) in cases {
+            let v = env(&[("NVIDIA_VISIBLE_DEVICES", "0,1"), ("CUDA_VISIBLE_DEVICES", cvd)]);
+            let s = select(&v, &inv);
+            assert_eq!(uuids(&s), *want, "CUDA_VISIBLE_DEVICES={cvd}: {:?}", s.notes);
+        }
+        let v = env(&[("NVIDIA_VISIBLE_DEVICES", "0,1"), ("CUDA_VISIBLE_DEVICES", "0,5,1")]);
+        let s = select(&v, &inv);
+        assert!(
+            s.notes
+                .iter()
+                .any(|n| n.contains("\"5\"") && n.contains("every entry after it")),
+            "{:?}",
+            s.notes
+        );
+    }
+
+    #[test]
+    fn request_lists_resolve_like_nvidia_visible_devices() {
+        let s = select_request("GPU-bbbb,0", &ContainerView::default(), &host());
+        assert_eq!(s.source, Some(Source::Request));
+        assert_eq!(uuids(&s), ["GPU-aaaa", "GPU-bbbb"]);
+    }
+}
