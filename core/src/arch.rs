@@ -684,11 +684,7 @@ mod tests {
             ("hopper 8.0", "8.0;9.0+PTX"),
         ];
         for (input, want) in cases {
-            assert_eq!(
-                ArchList::parse(input).unwrap().to_string(),
-                want,
-                "{input}"
-            );
+            assert_eq!(ArchList::parse(input).unwrap().to_string(), want, "{input}");
         }
     }
 
@@ -784,8 +780,14 @@ mod tests {
             "compute_80",
             &["8.0", "8.6", "8.9", "9.0", "10.0", "10.3", "12.0", "12.1"],
         ),
-        ("compute_86", &["8.6", "8.9", "9.0", "10.0", "10.3", "12.0", "12.1"]),
-        ("compute_89", &["8.9", "9.0", "10.0", "10.3", "12.0", "12.1"]),
+        (
+            "compute_86",
+            &["8.6", "8.9", "9.0", "10.0", "10.3", "12.0", "12.1"],
+        ),
+        (
+            "compute_89",
+            &["8.9", "9.0", "10.0", "10.3", "12.0", "12.1"],
+        ),
         ("compute_90", &["9.0", "10.0", "10.3", "12.0", "12.1"]),
         ("compute_90a", &["9.0"]),
         ("compute_100", &["10.0", "10.3", "12.0", "12.1"]),
@@ -830,7 +832,11 @@ mod tests {
         let unknown = ptx.check(cc("8.6"), Some(CudaVersion::new(13, 0)), None);
         assert!(unknown.runs && unknown.reason.contains("not given"));
         // A driver version never makes SASS run where its rule forbids.
-        assert!(!t("sm_80").check(cc("9.0"), Some(CudaVersion::new(13, 0)), None).runs);
+        assert!(
+            !t("sm_80")
+                .check(cc("9.0"), Some(CudaVersion::new(13, 0)), None)
+                .runs
+        );
     }
 
     #[test]

@@ -70,8 +70,9 @@ mod tests {
     fn defaults_and_a_full_file() {
         assert_eq!(Config::from_yaml("").unwrap(), Config::default());
         assert_eq!(Config::from_yaml("# nothing\n").unwrap(), Config::default());
-        let c = Config::from_yaml("strict: true\nenv:\n  override: true\n  disable: [GPUARCH_FP8]\n")
-            .unwrap();
+        let c =
+            Config::from_yaml("strict: true\nenv:\n  override: true\n  disable: [GPUARCH_FP8]\n")
+                .unwrap();
         assert!(c.strict && c.env.override_existing);
         assert_eq!(c.env.disable, [EnvVar::Fp8].into());
     }
@@ -84,7 +85,10 @@ mod tests {
 
         let e = Config::from_yaml("env:\n  disable: [GPUARCH_FP9]\n").unwrap_err();
         assert_eq!(e.location.map(|l| l.0), Some(2), "{e}");
-        assert!(e.to_string().contains("unknown variable 'GPUARCH_FP9'"), "{e}");
+        assert!(
+            e.to_string().contains("unknown variable 'GPUARCH_FP9'"),
+            "{e}"
+        );
 
         let e = Config::from_yaml("strict: [\n").unwrap_err();
         assert!(e.location.is_some(), "{e}");

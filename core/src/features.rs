@@ -44,9 +44,21 @@ impl fmt::Display for Gate {
 
 /// The gates: (feature, its name in requirements and output, the gate).
 pub const GATES: [(Feature, &str, Gate); 6] = [
-    (Feature::Bf16, "bf16", Gate::AtLeast(ComputeCapability::new(8, 0))),
-    (Feature::Tf32, "tf32", Gate::AtLeast(ComputeCapability::new(8, 0))),
-    (Feature::Fp8, "fp8", Gate::AtLeast(ComputeCapability::new(8, 9))),
+    (
+        Feature::Bf16,
+        "bf16",
+        Gate::AtLeast(ComputeCapability::new(8, 0)),
+    ),
+    (
+        Feature::Tf32,
+        "tf32",
+        Gate::AtLeast(ComputeCapability::new(8, 0)),
+    ),
+    (
+        Feature::Fp8,
+        "fp8",
+        Gate::AtLeast(ComputeCapability::new(8, 9)),
+    ),
     (
         Feature::FlashAttention2,
         "flash_attention_2",
@@ -109,7 +121,9 @@ impl fmt::Display for Feature {
 
 /// An unknown feature name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown feature '{0}' (known: bf16, tf32, fp8, flash_attention_2, flash_attention_3, flashinfer)")]
+#[error(
+    "unknown feature '{0}' (known: bf16, tf32, fp8, flash_attention_2, flash_attention_3, flashinfer)"
+)]
 pub struct UnknownFeature(pub String);
 
 impl FromStr for Feature {
@@ -143,10 +157,19 @@ mod tests {
     #[test]
     fn gates_match_the_design() {
         let rows: &[(Feature, &[(ComputeCapability, bool)])] = &[
-            (Feature::Bf16, &[(cc(7, 5), false), (cc(8, 0), true), (cc(12, 0), true)]),
+            (
+                Feature::Bf16,
+                &[(cc(7, 5), false), (cc(8, 0), true), (cc(12, 0), true)],
+            ),
             (Feature::Tf32, &[(cc(7, 5), false), (cc(8, 6), true)]),
-            (Feature::Fp8, &[(cc(8, 6), false), (cc(8, 9), true), (cc(9, 0), true)]),
-            (Feature::FlashAttention2, &[(cc(7, 5), false), (cc(8, 0), true)]),
+            (
+                Feature::Fp8,
+                &[(cc(8, 6), false), (cc(8, 9), true), (cc(9, 0), true)],
+            ),
+            (
+                Feature::FlashAttention2,
+                &[(cc(7, 5), false), (cc(8, 0), true)],
+            ),
             (
                 Feature::FlashAttention3,
                 &[(cc(8, 9), false), (cc(9, 0), true), (cc(10, 0), false)],

@@ -103,10 +103,7 @@ impl ContainerView {
             .and_then(|p| p.env)
             .unwrap_or_default()
             .into_iter()
-            .filter_map(|e| {
-                e.split_once('=')
-                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            })
+            .filter_map(|e| e.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
             .collect();
         Self {
             env,
@@ -163,7 +160,10 @@ mod tests {
 
     #[test]
     fn a_minimal_config_is_an_empty_view() {
-        assert_eq!(ContainerView::from_json(b"{}").unwrap(), ContainerView::default());
+        assert_eq!(
+            ContainerView::from_json(b"{}").unwrap(),
+            ContainerView::default()
+        );
     }
 
     #[test]

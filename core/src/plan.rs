@@ -190,7 +190,10 @@ pub fn hints(caps: &[ComputeCapability]) -> Vec<(EnvVar, String)> {
     let min = distinct.first().copied().unwrap_or(caps[0]);
     vec![
         (EnvVar::TorchCudaArchList, join(&mut distinct.iter(), ";")),
-        (EnvVar::FlashinferCudaArchList, join(&mut distinct.iter(), " ")),
+        (
+            EnvVar::FlashinferCudaArchList,
+            join(&mut distinct.iter(), " "),
+        ),
         (EnvVar::CudaDeviceOrder, "PCI_BUS_ID".to_owned()),
         (EnvVar::ComputeCapabilities, join(&mut caps.iter(), ",")),
         (EnvVar::MinComputeCapability, min.to_string()),
@@ -219,12 +222,13 @@ pub fn hints(caps: &[ComputeCapability]) -> Vec<(EnvVar, String)> {
 
 /// Why a feature is or is not hinted, naming the first GPU that lacks it.
 fn feature_note(var: EnvVar, value: &str, f: Feature, gpus: &[AssignedGpu]) -> String {
-    match gpus
-        .iter()
-        .find(|g| !f.supported_on(g.compute_capability))
-    {
+    match gpus.iter().find(|g| !f.supported_on(g.compute_capability)) {
         None => format!("{var}={value}: every assigned GPU has {f} ({})", f.gate()),
-        Some(g) => format!("{var}={value}: {f} needs {}, and {} lacks it", f.gate(), g.label()),
+        Some(g) => format!(
+            "{var}={value}: {f} needs {}, and {} lacks it",
+            f.gate(),
+            g.label()
+        ),
     }
 }
 
@@ -278,7 +282,9 @@ fn plan_selection(sel: Selection, view: &ContainerView, cfg: &EnvConfig) -> Plan
             _ => None,
         };
         if cfg.disable.contains(&var) {
-            notes.push(format!("{var} not set: disabled in the config (env.disable)"));
+            notes.push(format!(
+                "{var} not set: disabled in the config (env.disable)"
+            ));
             continue;
         }
         match view.env_get(var.name()) {
@@ -339,7 +345,11 @@ mod tests {
             ("GPUARCH_TF32", "0"),
             ("GPUARCH_FP8", "0"),
         ];
-        let got: Vec<(&str, &str)> = p.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let got: Vec<(&str, &str)> = p
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
         assert_eq!(got, want);
         assert!(
             p.notes.iter().any(|n| n.contains("GPUARCH_DTYPE=float16")
@@ -354,10 +364,17 @@ mod tests {
         let p = plan(&nvd("1"), &host(), &cfg());
         assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("8.6"));
         assert_eq!(p.env_get("GPUARCH_DTYPE"), Some("bfloat16"));
-        assert_eq!(p.env_get("GPUARCH_ATTN_IMPLEMENTATION"), Some("flash_attention_2"));
+        assert_eq!(
+            p.env_get("GPUARCH_ATTN_IMPLEMENTATION"),
+            Some("flash_attention_2")
+        );
         assert_eq!(p.env_get("GPUARCH_TF32"), Some("1"));
         assert_eq!(p.env_get("GPUARCH_FP8"), Some("0"));
-        assert!(p.notes.iter().any(|n| n.contains("every assigned GPU has bf16")));
+        assert!(
+            p.notes
+                .iter()
+                .any(|n| n.contains("every assigned GPU has bf16"))
+        );
     }
 
     #[test]
@@ -367,7 +384,10 @@ mod tests {
             ("CUDA_VISIBLE_DEVICES", "2,0,1"),
         ]);
         let p = plan(&v, &host(), &cfg());
-        assert_eq!(p.env_get("GPUARCH_COMPUTE_CAPABILITIES"), Some("8.0,7.5,8.6"));
+        assert_eq!(
+            p.env_get("GPUARCH_COMPUTE_CAPABILITIES"),
+            Some("8.0,7.5,8.6")
+        );
         assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("7.5;8.0;8.6"));
     }
 
@@ -389,8 +409,16 @@ mod tests {
         assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), None);
         assert_eq!(p.env_get("CUDA_DEVICE_ORDER"), None);
         assert_eq!(p.env_get("GPUARCH_DTYPE"), Some("float16"));
-        assert!(p.notes.iter().any(|n| n.contains("TORCH_CUDA_ARCH_LIST left as the container sets it (\"8.0\"")));
-        assert!(p.notes.iter().any(|n| n.contains("may number the GPUs differently")));
+        assert!(
+            p.notes
+                .iter()
+                .any(|n| n.contains("TORCH_CUDA_ARCH_LIST left as the container sets it (\"8.0\""))
+        );
+        assert!(
+            p.notes
+                .iter()
+                .any(|n| n.contains("may number the GPUs differently"))
+        );
 
         let over = EnvConfig {
             override_existing: true,
@@ -398,7 +426,11 @@ mod tests {
         };
         let p = plan(&v, &host(), &over);
         assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("7.5;8.6"));
-        assert!(p.notes.iter().any(|n| n.contains("overrides the container's \"8.0\"")));
+        assert!(
+            p.notes
+                .iter()
+                .any(|n| n.contains("overrides the container's \"8.0\""))
+        );
     }
 
     #[test]
@@ -411,24 +443,31 @@ mod tests {
         assert_eq!(p.env_get("GPUARCH_FP8"), None);
         assert_eq!(p.env_get("CUDA_DEVICE_ORDER"), None);
         assert_eq!(p.env.len(), 7);
-        assert!(p.notes.iter().any(|n| n == "GPUARCH_FP8 not set: disabled in the config (env.disable)"));
+        assert!(
+            p.notes
+                .iter()
+                .any(|n| n == "GPUARCH_FP8 not set: disabled in the config (env.disable)")
+        );
     }
 
     #[test]
     fn opt_outs_change_nothing() {
-        let v = ContainerView::with_env([("NVIDIA_VISIBLE_DEVICES", "all"), ("GPUARCH_DISABLE", "1")]);
+        let v =
+            ContainerView::with_env([("NVIDIA_VISIBLE_DEVICES", "all"), ("GPUARCH_DISABLE", "1")]);
         let p = plan(&v, &host(), &cfg());
         assert!(p.is_noop() && p.gpus.is_empty());
         assert!(p.notes[0].contains("GPUARCH_DISABLE=1"));
 
         let mut v = nvd("all");
-        v.annotations.insert("io.gpuarch.disable".into(), "true".into());
+        v.annotations
+            .insert("io.gpuarch.disable".into(), "true".into());
         let p = plan(&v, &host(), &cfg());
         assert!(p.is_noop());
         assert!(p.notes[0].contains("io.gpuarch.disable"));
 
         // "0" is not an opt-out.
-        let v = ContainerView::with_env([("NVIDIA_VISIBLE_DEVICES", "all"), ("GPUARCH_DISABLE", "0")]);
+        let v =
+            ContainerView::with_env([("NVIDIA_VISIBLE_DEVICES", "all"), ("GPUARCH_DISABLE", "0")]);
         assert!(!plan(&v, &host(), &cfg()).is_noop());
     }
 
@@ -437,7 +476,11 @@ mod tests {
         for v in [ContainerView::default(), nvd("none"), nvd("void"), nvd("7")] {
             let p = plan(&v, &host(), &cfg());
             assert!(p.is_noop(), "{v:?}");
-            assert!(p.notes.last().unwrap().contains("nothing changes"), "{:?}", p.notes);
+            assert!(
+                p.notes.last().unwrap().contains("nothing changes"),
+                "{:?}",
+                p.notes
+            );
         }
     }
 

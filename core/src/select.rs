@@ -203,7 +203,10 @@ fn resolve_list(
         }
         match resolve(token, inv) {
             Ok(found) => extend_distinct(gpus, found),
-            Err(why) => notes.push(format!("{what} entry {}: {why}; ignored", shown(token.trim()))),
+            Err(why) => notes.push(format!(
+                "{what} entry {}: {why}; ignored",
+                shown(token.trim())
+            )),
         }
     }
 }
@@ -291,9 +294,9 @@ fn select_source(
             "NVIDIA_VISIBLE_DEVICES={}: the NVIDIA runtime treats this as no GPU request",
             shown(nvd)
         )),
-        "none" => notes.push(
-            "NVIDIA_VISIBLE_DEVICES=none: driver libraries only, no GPU".to_owned(),
-        ),
+        "none" => {
+            notes.push("NVIDIA_VISIBLE_DEVICES=none: driver libraries only, no GPU".to_owned())
+        }
         list => resolve_list(list, "NVIDIA_VISIBLE_DEVICES", inv, gpus, notes),
     }
     Some(Source::NvidiaVisibleDevices)
@@ -328,15 +331,20 @@ fn narrow(visible: &[AssignedGpu], cvd: &str, notes: &mut Vec<String>) -> Vec<As
     }
     for token in cvd.split(',').map(str::trim) {
         let found = if let Ok(i) = token.parse::<i64>() {
-            usize::try_from(i).ok().and_then(|i| visible.get(i)).ok_or_else(|| {
-                format!(
-                    "index {i} is not among the container's {} visible GPU(s)",
-                    visible.len()
-                )
-            })
+            usize::try_from(i)
+                .ok()
+                .and_then(|i| visible.get(i))
+                .ok_or_else(|| {
+                    format!(
+                        "index {i} is not among the container's {} visible GPU(s)",
+                        visible.len()
+                    )
+                })
         } else if token.starts_with("GPU-") || token.starts_with("MIG-") {
-            let matches: Vec<&AssignedGpu> =
-                visible.iter().filter(|g| g.uuid.starts_with(token)).collect();
+            let matches: Vec<&AssignedGpu> = visible
+                .iter()
+                .filter(|g| g.uuid.starts_with(token))
+                .collect();
             match matches.as_slice() {
                 [one] => Ok(*one),
                 [] => Err("names no GPU visible to the container".to_owned()),
@@ -452,7 +460,10 @@ pub(crate) mod tests {
     fn unknown_devices_are_notes_not_panics() {
         let inv = host();
         let cases: &[(&str, &str)] = &[
-            ("7", "no GPU with index 7 on this host (indexes here: 0, 1, 2)"),
+            (
+                "7",
+                "no GPU with index 7 on this host (indexes here: 0, 1, 2)",
+            ),
             ("GPU-ffff", "no GPU with UUID \"GPU-ffff\""),
             ("MIG-ffff", "no MIG device with UUID"),
             ("0:0", "GPU 0 has no MIG devices"),
@@ -485,12 +496,14 @@ pub(crate) mod tests {
 
     #[test]
     fn device_nodes_are_matched_by_minor_number() {
-        let mut v = ContainerView::default();
-        v.device_paths = vec![
-            "/dev/nvidiactl".into(),
-            "/dev/nvidia-uvm".into(),
-            "/dev/nvidia0".into(),
-        ];
+        let mut v = ContainerView {
+            device_paths: vec![
+                "/dev/nvidiactl".into(),
+                "/dev/nvidia-uvm".into(),
+                "/dev/nvidia0".into(),
+            ],
+            ..ContainerView::default()
+        };
         let s = select(&v, &host());
         assert_eq!(s.source, Some(Source::DeviceNodes));
         // minor 0 is the 3090 (index 1), not index 0
@@ -499,13 +512,22 @@ pub(crate) mod tests {
         v.device_paths.push("/dev/nvidia9".into());
         let s = select(&v, &host());
         assert_eq!(uuids(&s), ["GPU-bbbb"]);
-        assert!(s.notes[0].contains("no GPU with minor number 9"), "{:?}", s.notes);
+        assert!(
+            s.notes[0].contains("no GPU with minor number 9"),
+            "{:?}",
+            s.notes
+        );
     }
 
     #[test]
     fn control_nodes_alone_are_no_request() {
-        let mut v = ContainerView::default();
-        v.device_paths = vec!["/dev/nvidiactl".into(), "/dev/nvidia-caps/nvidia-cap1".into()];
+        let v = ContainerView {
+            device_paths: vec![
+                "/dev/nvidiactl".into(),
+                "/dev/nvidia-caps/nvidia-cap1".into(),
+            ],
+            ..ContainerView::default()
+        };
         let s = select(&v, &host());
         assert_eq!(s.source, None);
         assert!(s.gpus.is_empty());
@@ -567,11 +589,22 @@ pub(crate) mod tests {
             ("GPU-cccc", &[]),
         ];
         for (cvd, want) in cases {
-            let v = env(&[("NVIDIA_VISIBLE_DEVICES", "0,1"), ("CUDA_VISIBLE_DEVICES", cvd)]);
+            let v = env(&[
+                ("NVIDIA_VISIBLE_DEVICES", "0,1"),
+                ("CUDA_VISIBLE_DEVICES", cvd),
+            ]);
             let s = select(&v, &inv);
-            assert_eq!(uuids(&s), *want, "CUDA_VISIBLE_DEVICES={cvd}: {:?}", s.notes);
+            assert_eq!(
+                uuids(&s),
+                *want,
+                "CUDA_VISIBLE_DEVICES={cvd}: {:?}",
+                s.notes
+            );
         }
-        let v = env(&[("NVIDIA_VISIBLE_DEVICES", "0,1"), ("CUDA_VISIBLE_DEVICES", "0,5,1")]);
+        let v = env(&[
+            ("NVIDIA_VISIBLE_DEVICES", "0,1"),
+            ("CUDA_VISIBLE_DEVICES", "0,5,1"),
+        ]);
         let s = select(&v, &inv);
         assert!(
             s.notes

@@ -67,7 +67,9 @@ pub enum SnapshotError {
         column: usize,
         reason: String,
     },
-    #[error("snapshot has schema {found}; this gpuarch reads schema {SCHEMA} (upgrade gpuarch to read it)")]
+    #[error(
+        "snapshot has schema {found}; this gpuarch reads schema {SCHEMA} (upgrade gpuarch to read it)"
+    )]
     FutureSchema { found: u64 },
     #[error("snapshot has no usable \"schema\" field (expected {SCHEMA})")]
     NoSchema,
@@ -98,7 +100,9 @@ impl Snapshot {
             })?;
         match value.get("schema").and_then(serde_json::Value::as_u64) {
             Some(s) if s == u64::from(SCHEMA) => {}
-            Some(s) if s > u64::from(SCHEMA) => return Err(SnapshotError::FutureSchema { found: s }),
+            Some(s) if s > u64::from(SCHEMA) => {
+                return Err(SnapshotError::FutureSchema { found: s });
+            }
             _ => return Err(SnapshotError::NoSchema),
         }
         let snap: Snapshot = serde_json::from_slice(bytes).map_err(|e| SnapshotError::Field {
@@ -174,7 +178,10 @@ mod tests {
     #[test]
     fn the_design_example_parses_and_round_trips() {
         let s = Snapshot::from_json(GOOD.as_bytes()).unwrap();
-        assert_eq!(s.devices[0].compute_capability, ComputeCapability::new(7, 5));
+        assert_eq!(
+            s.devices[0].compute_capability,
+            ComputeCapability::new(7, 5)
+        );
         assert!(!s.stale);
         let again = Snapshot::from_json(s.to_json_pretty().as_bytes()).unwrap();
         assert_eq!(s, again);
@@ -191,11 +198,15 @@ mod tests {
         assert!(e.to_string().contains("schema 2"), "{e}");
 
         let bad_cc = GOOD.replace("\"7.5\"", "\"7.x\"");
-        let e = Snapshot::from_json(bad_cc.as_bytes()).unwrap_err().to_string();
+        let e = Snapshot::from_json(bad_cc.as_bytes())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("line 5") && e.contains("'7.x'"), "{e}");
 
         let typo = GOOD.replace("\"minor\"", "\"minro\"");
-        let e = Snapshot::from_json(typo.as_bytes()).unwrap_err().to_string();
+        let e = Snapshot::from_json(typo.as_bytes())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("minro"), "{e}");
 
         let e = Snapshot::from_json(b"{\"devices\": []}").unwrap_err();

@@ -1,2 +1,4 @@
-//! gpuarchd and gpuarchctl. The daemon arrives with its own issue; this crate
-//! holds gpuarchctl's offline commands for now.
+//! gpuarchd and gpuarchctl. The daemon arrives with its own issue; for now
+//! this crate holds gpuarchctl's offline commands.
+
+pub mod ctl;

@@ -142,8 +142,12 @@ impl NvmlInventory {
             uuid: self.call("nvmlDeviceGetUUID", i, d.uuid())?,
             name: self.call("nvmlDeviceGetName", i, d.name())?,
             compute_capability,
-            pci_bus_id: self.call("nvmlDeviceGetPciInfo_v3", i, d.pci_info())?.bus_id,
-            memory_bytes: self.call("nvmlDeviceGetMemoryInfo_v2", i, d.memory_info())?.total,
+            pci_bus_id: self
+                .call("nvmlDeviceGetPciInfo_v3", i, d.pci_info())?
+                .bus_id,
+            memory_bytes: self
+                .call("nvmlDeviceGetMemoryInfo_v2", i, d.memory_info())?
+                .total,
             mig,
         })
     }
@@ -166,11 +170,7 @@ impl NvmlInventory {
             }
             Ok(_) => {}
         }
-        let max = self.call(
-            "nvmlDeviceGetMaxMigDeviceCount",
-            i,
-            d.mig_device_count(),
-        )?;
+        let max = self.call("nvmlDeviceGetMaxMigDeviceCount", i, d.mig_device_count())?;
         let mut out = Vec::new();
         for m in 0..max {
             let h = match d.mig_device_by_index(m) {
@@ -183,7 +183,9 @@ impl NvmlInventory {
                 index: m,
                 uuid: self.call("nvmlDeviceGetUUID", i, h.uuid())?,
                 name: self.call("nvmlDeviceGetName", i, h.name())?,
-                memory_bytes: self.call("nvmlDeviceGetMemoryInfo_v2", i, h.memory_info())?.total,
+                memory_bytes: self
+                    .call("nvmlDeviceGetMemoryInfo_v2", i, h.memory_info())?
+                    .total,
             });
         }
         Ok(out)
@@ -342,7 +344,10 @@ mod tests {
             .collect();
         assert_eq!(names, ["inventory.json"]);
         let mode = fs::metadata(&path).unwrap().permissions();
-        assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode) & 0o004, 0o004);
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o004,
+            0o004
+        );
     }
 
     #[test]

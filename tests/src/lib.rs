@@ -1,1 +1,71 @@
+//! Support for gpuarch's end-to-end tests: where the fixtures are, and the
+//! artifacts Cargo does not hand to another package's tests (the fake NVML
+//! cdylib and the workspace's binaries), built on first use into the same
+//! target directory and profile as the running test.
 
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The fixture topologies every NVML test runs on.
+pub const FIXTURES: [&str; 6] = [
+    "2080ti-3090",
+    "t4",
+    "a100-h100",
+    "8xh100",
+    "4090-5090",
+    "a100-mig",
+];
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// `tests/fixtures/NAME.json`.
+pub fn fixture(name: &str) -> PathBuf {
+    workspace_root()
+        .join("tests/fixtures")
+        .join(format!("{name}.json"))
+}
+
+/// Paths of built artifacts.
+#[derive(Debug)]
+pub struct Artifacts {
+    pub fake_nvml: PathBuf,
+    pub gpuarchctl: PathBuf,
+}
+
+/// Build (once per test process) and locate the fake NVML and the binaries.
+pub fn artifacts() -> &'static Artifacts {
+    static A: OnceLock<Artifacts> = OnceLock::new();
+    A.get_or_init(|| {
+        // target/<profile>/deps/<test binary>
+        let exe = std::env::current_exe().expect("current_exe");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test binary under target/<profile>/deps")
+            .to_path_buf();
+        let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => "dev".to_owned(),
+            Some(p) => p.to_owned(),
+        };
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let status = Command::new(cargo)
+            .current_dir(workspace_root())
+            .args(["build", "--quiet", "--profile", &profile, "--target-dir"])
+            .arg(&target_dir)
+            .args(["-p", "gpuarch-fake-nvml", "-p", "gpuarch-daemon"])
+            .status()
+            .expect("run cargo build for test artifacts");
+        assert!(status.success(), "building test artifacts failed");
+        Artifacts {
+            fake_nvml: profile_dir.join("libfake_nvml.so"),
+            gpuarchctl: profile_dir.join("gpuarchctl"),
+        }
+    })
+}

@@ -1,1 +1,17 @@
-fn main() {}
+//! gpuarchctl: parse arguments, run, print errors in one line.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use gpuarch_daemon::ctl::{self, Cli};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match ctl::run(&cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("gpuarchctl: {e:#}");
+            ExitCode::from(ctl::EXIT_ERROR)
+        }
+    }
+}

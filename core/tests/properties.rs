@@ -1,0 +1,116 @@
+//! Properties of the Plan and the arch-list syntax over generated inputs.
+
+use gpuarch_core::arch::{ArchList, CodeKind, ComputeCapability, KNOWN, Specificity, Target};
+use gpuarch_core::config::EnvConfig;
+use gpuarch_core::features::Feature;
+use gpuarch_core::oci::ContainerView;
+use gpuarch_core::plan;
+use gpuarch_core::snapshot::{Device, Snapshot};
+use proptest::prelude::*;
+
+fn known_cap() -> impl Strategy<Value = ComputeCapability> {
+    prop::sample::select(KNOWN.iter().map(|(c, _)| *c).collect::<Vec<_>>())
+}
+
+fn host(caps: &[ComputeCapability]) -> Snapshot {
+    Snapshot {
+        schema: 1,
+        source: "proptest".into(),
+        generated_at: "2026-11-21T12:00:00Z".into(),
+        driver_version: "580.95.05".into(),
+        cuda_driver_version: "13.0".into(),
+        stale: false,
+        devices: caps
+            .iter()
+            .zip(0u32..)
+            .map(|(c, i)| Device {
+                index: i,
+                minor: i,
+                uuid: format!("GPU-{i:08x}"),
+                name: format!("gpu {i}"),
+                compute_capability: *c,
+                pci_bus_id: format!("00000000:{:02X}:00.0", i + 1),
+                memory_bytes: 1 << 34,
+                mig: vec![],
+            })
+            .collect(),
+    }
+}
+
+fn target() -> impl Strategy<Value = Target> {
+    (known_cap(), 0..3u8, any::<bool>()).prop_filter_map("variant exists", |(cap, s, ptx)| {
+        let spec = match s {
+            0 => Specificity::Generic,
+            1 if cap.has_arch_specific() => Specificity::ArchSpecific,
+            2 if cap.has_family_specific() => Specificity::FamilySpecific,
+            _ => return None,
+        };
+        let kind = if ptx { CodeKind::Ptx } else { CodeKind::Sass };
+        Some(Target { cap, spec, kind })
+    })
+}
+
+fn all_gpus() -> ContainerView {
+    ContainerView::with_env([("NVIDIA_VISIBLE_DEVICES", "all")])
+}
+
+proptest! {
+    #[test]
+    fn torch_arch_list_is_sorted_distinct_and_parses_back(
+        caps in prop::collection::vec(known_cap(), 1..9)
+    ) {
+        let p = plan::plan(&all_gpus(), &host(&caps), &EnvConfig::default());
+        let list = p.env_get("TORCH_CUDA_ARCH_LIST").expect("set for any GPU");
+        let entries: Vec<ComputeCapability> = list
+            .split(';')
+            .map(|s| ComputeCapability::parse_known(s).expect("each entry is a capability"))
+            .collect();
+        prop_assert!(entries.windows(2).all(|w| w[0] < w[1]), "sorted and distinct: {}", list);
+        let mut want: Vec<_> = caps.clone();
+        want.sort();
+        want.dedup();
+        prop_assert_eq!(&entries, &want);
+        // The parser reads it back as SASS for exactly those capabilities.
+        let parsed = ArchList::parse(list).expect("parses");
+        prop_assert_eq!(parsed, ArchList::new(want.iter().map(|c| Target::sass(*c))));
+        prop_assert_eq!(
+            p.env_get("FLASHINFER_CUDA_ARCH_LIST").map(|s| s.replace(' ', ";")),
+            Some(list.to_owned())
+        );
+    }
+
+    #[test]
+    fn bf16_and_flash_attention_only_when_every_gpu_has_them(
+        caps in prop::collection::vec(known_cap(), 1..9)
+    ) {
+        let p = plan::plan(&all_gpus(), &host(&caps), &EnvConfig::default());
+        // Written out, not read from the gate table: bf16 needs 8.0 or newer.
+        let all_bf16 = caps.iter().all(|c| c.major >= 8);
+        prop_assert_eq!(p.env_get("GPUARCH_DTYPE") == Some("bfloat16"), all_bf16);
+        prop_assert_eq!(p.env_get("GPUARCH_DTYPE") == Some("float16"), !all_bf16);
+        prop_assert_eq!(
+            p.env_get("GPUARCH_ATTN_IMPLEMENTATION") == Some("flash_attention_2"),
+            caps.iter().all(|c| Feature::FlashAttention2.supported_on(*c))
+        );
+        prop_assert_eq!(
+            p.env_get("GPUARCH_FP8") == Some("1"),
+            caps.iter().all(|c| *c >= ComputeCapability::new(8, 9))
+        );
+        let min = caps.iter().min().map(ToString::to_string);
+        prop_assert_eq!(p.env_get("GPUARCH_MIN_COMPUTE_CAPABILITY"), min.as_deref());
+    }
+
+    #[test]
+    fn arch_lists_round_trip_through_their_canonical_form(
+        targets in prop::collection::btree_set(target(), 1..12)
+    ) {
+        let list = ArchList::new(targets);
+        let text = list.to_string();
+        prop_assert_eq!(ArchList::parse(&text).expect("canonical form parses"), list);
+    }
+
+    #[test]
+    fn the_parser_never_panics(s in "\\PC{0,40}") {
+        let _ = ArchList::parse(&s);
+    }
+}

@@ -1,0 +1,441 @@
+//! gpuarchctl: the admin and scheduler CLI. Offline commands for now: they
+//! read the snapshot or NVML directly.
+
+use std::fmt::Write as _;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::{Parser, Subcommand};
+use gpuarch_core::arch::{ArchList, ComputeCapability, CudaVersion, Target};
+use gpuarch_core::config::Config;
+use gpuarch_core::features::Feature;
+use gpuarch_core::oci::ContainerView;
+use gpuarch_core::plan::{self, Plan};
+use gpuarch_core::snapshot::Snapshot;
+use gpuarch_inventory::{DEFAULT_SNAPSHOT, GpuInventory, NvmlInventory, SnapshotFile};
+use serde_json::json;
+
+/// Where the config is read from when `GPUARCH_CONFIG` does not say.
+pub const DEFAULT_CONFIG: &str = "/etc/gpuarch/config.yaml";
+
+/// Largest OCI config read (configs are kilobytes; this bounds hostile input).
+const MAX_OCI_CONFIG: u64 = 64 << 20;
+
+/// Exit status when a question is answered "no" (`arch check`).
+pub const EXIT_NO: u8 = 1;
+/// Exit status for errors: bad input, no inventory source.
+pub const EXIT_ERROR: u8 = 2;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpuarchctl",
+    version,
+    about = "Ask gpuarch about this node's GPUs: what they are, what they can run, what a container gets",
+    after_help = "Inventory source: --nvml-lib reads NVML from that library; otherwise --inventory or \
+GPUARCH_INVENTORY names a snapshot; otherwise /run/gpuarch/inventory.json if present; otherwise NVML \
+(GPUARCH_NVML_LIB or libnvidia-ml.so.1).\n\
+Config: GPUARCH_CONFIG or /etc/gpuarch/config.yaml (absent: defaults).\n\
+Exit status: 0 ok (or yes), 1 no (arch check), 2 error."
+)]
+pub struct Cli {
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Read the inventory from NVML in this library.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
+    /// Read the inventory from this snapshot file.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub inventory: Option<PathBuf>,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Cmd {
+    /// List the GPUs (and MIG devices) of this node.
+    Devices,
+    /// Show what a container would get: its GPUs, env and the reasons.
+    Plan(PlanArgs),
+    /// Questions about compute capabilities and build targets.
+    #[command(subcommand)]
+    Arch(ArchCmd),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PlanArgs {
+    /// GPUs as NVIDIA_VISIBLE_DEVICES names them: indexes, UUIDs, GPU:MIG, all.
+    #[arg(long, value_name = "LIST", required_unless_present = "config")]
+    pub devices: Option<String>,
+    /// Plan for this OCI config.json ('-' reads stdin).
+    #[arg(long, value_name = "CONFIG.json", conflicts_with = "devices")]
+    pub config: Option<PathBuf>,
+    /// With --devices: a variable the container sets (KEY=VALUE), repeatable.
+    #[arg(
+        long = "env",
+        short = 'e',
+        value_name = "KEY=VALUE",
+        requires = "devices"
+    )]
+    pub env: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ArchCmd {
+    /// Does code built for TARGETS (a list: 8.0, sm_80, compute_80, 8.0+PTX, Ampere...) run on --on?
+    Check {
+        targets: String,
+        /// The device's compute capability (8.6 or sm_86).
+        #[arg(long, value_name = "CAP")]
+        on: String,
+        /// CUDA version the driver supports, for PTX (e.g. 13.0).
+        #[arg(long, value_name = "X.Y")]
+        driver_cuda: Option<String>,
+        /// CUDA version of the toolkit that produced the PTX (e.g. 12.8).
+        #[arg(long, value_name = "X.Y")]
+        ptx_cuda: Option<String>,
+    },
+    /// Read an architecture list and print it in canonical form.
+    Parse { list: String },
+    /// Which gated features a compute capability has.
+    Features { cap: String },
+}
+
+/// Run a parsed command line; the returned byte is the exit status.
+pub fn run(cli: &Cli) -> Result<u8> {
+    let mut out = String::new();
+    let code = match &cli.cmd {
+        Cmd::Devices => devices(cli, &mut out)?,
+        Cmd::Plan(args) => plan_cmd(cli, args, &mut out)?,
+        Cmd::Arch(a) => arch(cli, a, &mut out)?,
+    };
+    print!("{out}");
+    Ok(code)
+}
+
+fn load_inventory(cli: &Cli) -> Result<(Snapshot, String)> {
+    let from = |inv: &dyn GpuInventory| -> Result<(Snapshot, String)> {
+        Ok((inv.snapshot()?, inv.describe()))
+    };
+    if let Some(lib) = &cli.nvml_lib {
+        return from(&NvmlInventory::open(Some(lib))?);
+    }
+    let named = cli
+        .inventory
+        .clone()
+        .or_else(|| std::env::var_os("GPUARCH_INVENTORY").map(PathBuf::from));
+    if let Some(path) = named {
+        return from(&SnapshotFile::new(path));
+    }
+    if Path::new(DEFAULT_SNAPSHOT).exists() {
+        return from(&SnapshotFile::new(DEFAULT_SNAPSHOT));
+    }
+    let lib = std::env::var_os("GPUARCH_NVML_LIB").map(PathBuf::from);
+    let nvml = NvmlInventory::open(lib.as_deref()).with_context(|| {
+        format!("no snapshot at {DEFAULT_SNAPSHOT} (is gpuarchd running?) and NVML is unavailable")
+    })?;
+    from(&nvml)
+}
+
+fn load_config() -> Result<Config> {
+    let (path, named) = match std::env::var_os("GPUARCH_CONFIG") {
+        Some(p) => (PathBuf::from(p), true),
+        None => (PathBuf::from(DEFAULT_CONFIG), false),
+    };
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !named => {
+            return Ok(Config::default());
+        }
+        Err(e) => return Err(anyhow!("cannot read config {}: {e}", path.display())),
+    };
+    Config::from_yaml(&text).map_err(|e| anyhow!("config {}: {e}", path.display()))
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
+}
+
+/// Left-aligned columns, two spaces apart.
+fn table(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut s = String::new();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(i, cell)| format!("{cell:<w$}", w = widths[i]))
+            .collect();
+        s.push_str(line.join("  ").trim_end());
+        s.push('\n');
+    }
+    s
+}
+
+fn devices(cli: &Cli, out: &mut String) -> Result<u8> {
+    let (snap, from) = load_inventory(cli)?;
+    if cli.json {
+        out.push_str(&snap.to_json_pretty());
+        out.push('\n');
+        return Ok(0);
+    }
+    let mut rows = vec![
+        [
+            "GPU",
+            "MINOR",
+            "CC",
+            "ARCH",
+            "NAME",
+            "MEMORY",
+            "PCI BUS ID",
+            "UUID",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for d in &snap.devices {
+        let cc = d.compute_capability;
+        rows.push(vec![
+            d.index.to_string(),
+            d.minor.to_string(),
+            cc.to_string(),
+            cc.arch_name().unwrap_or("?").to_owned(),
+            d.name.clone(),
+            gib(d.memory_bytes),
+            d.pci_bus_id.clone(),
+            d.uuid.clone(),
+        ]);
+        for m in &d.mig {
+            rows.push(vec![
+                format!("{}:{}", d.index, m.index),
+                String::new(),
+                cc.to_string(),
+                cc.arch_name().unwrap_or("?").to_owned(),
+                m.name.clone(),
+                gib(m.memory_bytes),
+                String::new(),
+                m.uuid.clone(),
+            ]);
+        }
+    }
+    if snap.devices.is_empty() {
+        out.push_str("no GPUs\n");
+    } else {
+        out.push_str(&table(&rows));
+    }
+    let _ = writeln!(
+        out,
+        "\n{} GPU(s) from {from}; driver {}, CUDA {}; read {}{}",
+        snap.devices.len(),
+        snap.driver_version,
+        snap.cuda_driver_version,
+        snap.generated_at,
+        if snap.stale {
+            " (STALE: the daemon's last refresh failed)"
+        } else {
+            ""
+        }
+    );
+    Ok(0)
+}
+
+fn read_oci_config(path: &Path) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    let n = if path == Path::new("-") {
+        std::io::stdin()
+            .take(MAX_OCI_CONFIG + 1)
+            .read_to_end(&mut bytes)
+            .context("cannot read the OCI config from stdin")?
+    } else {
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_OCI_CONFIG + 1).read_to_end(&mut bytes))
+            .with_context(|| format!("cannot read OCI config {}", path.display()))?
+    };
+    if n as u64 > MAX_OCI_CONFIG {
+        bail!(
+            "OCI config {} is over {} MiB; refusing it",
+            path.display(),
+            MAX_OCI_CONFIG >> 20
+        );
+    }
+    Ok(bytes)
+}
+
+fn plan_cmd(cli: &Cli, args: &PlanArgs, out: &mut String) -> Result<u8> {
+    let cfg = load_config()?;
+    let (snap, _) = load_inventory(cli)?;
+    let plan = if let Some(path) = &args.config {
+        let bytes = read_oci_config(path)?;
+        let view =
+            ContainerView::from_json(&bytes).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        plan::plan(&view, &snap, &cfg.env)
+    } else {
+        let mut env = Vec::new();
+        for e in &args.env {
+            let (k, v) = e
+                .split_once('=')
+                .ok_or_else(|| anyhow!("--env {e:?}: expected KEY=VALUE"))?;
+            env.push((k.to_owned(), v.to_owned()));
+        }
+        let list = args.devices.as_deref().unwrap_or_default();
+        plan::plan_request(list, &ContainerView::with_env(env), &snap, &cfg.env)
+    };
+    if cli.json {
+        out.push_str(&serde_json::to_string_pretty(&plan)?);
+        out.push('\n');
+    } else {
+        render_plan(&plan, out);
+    }
+    Ok(0)
+}
+
+fn render_plan(plan: &Plan, out: &mut String) {
+    match plan.source {
+        Some(src) if !plan.gpus.is_empty() => {
+            let _ = writeln!(out, "GPUs (from {src}, in CUDA order):");
+            let rows: Vec<Vec<String>> = plan
+                .gpus
+                .iter()
+                .map(|g| {
+                    vec![
+                        format!(
+                            "  {}",
+                            g.mig
+                                .map_or(g.index.to_string(), |m| format!("{}:{m}", g.index))
+                        ),
+                        g.name.clone(),
+                        g.compute_capability.to_string(),
+                        g.uuid.clone(),
+                    ]
+                })
+                .collect();
+            out.push_str(&table(&rows));
+        }
+        _ => out.push_str("GPUs: none\n"),
+    }
+    if plan.is_noop() {
+        out.push_str("env: none (the container starts unchanged)\n");
+    } else {
+        out.push_str("env:\n");
+        for (k, v) in &plan.env {
+            let _ = writeln!(out, "  {k}={v}");
+        }
+    }
+    out.push_str("notes:\n");
+    for n in &plan.notes {
+        let _ = writeln!(out, "  - {n}");
+    }
+}
+
+fn parse_device_cap(s: &str) -> Result<ComputeCapability> {
+    if let Ok(c) = ComputeCapability::parse_reported(s) {
+        return Ok(c);
+    }
+    let t = Target::parse(s).map_err(|e| anyhow!("--on: {e}"))?;
+    Ok(t.cap)
+}
+
+fn arch(cli: &Cli, cmd: &ArchCmd, out: &mut String) -> Result<u8> {
+    match cmd {
+        ArchCmd::Check {
+            targets,
+            on,
+            driver_cuda,
+            ptx_cuda,
+        } => {
+            let list = ArchList::parse(targets)?;
+            let device = parse_device_cap(on)?;
+            let ver = |v: &Option<String>, flag: &str| -> Result<Option<CudaVersion>> {
+                v.as_deref()
+                    .map(CudaVersion::parse)
+                    .transpose()
+                    .map_err(|e| anyhow!("{flag}: {e}"))
+            };
+            let driver = ver(driver_cuda, "--driver-cuda")?;
+            let ptx = ver(ptx_cuda, "--ptx-cuda")?;
+            let verdicts: Vec<(Target, _)> = list
+                .targets()
+                .map(|t| (*t, t.check(device, driver, ptx)))
+                .collect();
+            let runs = verdicts.iter().any(|(_, v)| v.runs);
+            if cli.json {
+                let targets: Vec<_> = verdicts
+                    .iter()
+                    .map(|(t, v)| {
+                        json!({"target": t.to_string(), "runs": v.runs, "jit": v.jit, "reason": v.reason})
+                    })
+                    .collect();
+                let doc = json!({"device": device.to_string(), "runs": runs, "targets": targets});
+                let _ = writeln!(out, "{}", serde_json::to_string_pretty(&doc)?);
+            } else {
+                for (_, v) in &verdicts {
+                    let _ = writeln!(out, "{}: {}", if v.runs { "yes" } else { "no " }, v.reason);
+                }
+                let _ = writeln!(
+                    out,
+                    "{list} on {device}: {}",
+                    if runs { "runs" } else { "does NOT run" }
+                );
+            }
+            Ok(if runs { 0 } else { EXIT_NO })
+        }
+        ArchCmd::Parse { list } => {
+            let l = ArchList::parse(list)?;
+            if cli.json {
+                let targets: Vec<String> = l.targets().map(Target::to_string).collect();
+                let doc = json!({"canonical": l.to_string(), "targets": targets});
+                let _ = writeln!(out, "{}", serde_json::to_string_pretty(&doc)?);
+            } else {
+                let _ = writeln!(out, "{l}");
+                for t in l.targets() {
+                    let kind = match t.kind {
+                        gpuarch_core::arch::CodeKind::Sass => "SASS",
+                        gpuarch_core::arch::CodeKind::Ptx => "PTX",
+                    };
+                    let _ = writeln!(
+                        out,
+                        "  {:<14} {kind:<4}  {}",
+                        t.to_string(),
+                        t.cap.arch_name().unwrap_or("?")
+                    );
+                }
+            }
+            Ok(0)
+        }
+        ArchCmd::Features { cap } => {
+            let c = parse_device_cap(cap)?;
+            if cli.json {
+                let feats: serde_json::Map<String, serde_json::Value> = Feature::ALL
+                    .iter()
+                    .map(|f| (f.name().to_owned(), json!(f.supported_on(c))))
+                    .collect();
+                let doc = json!({"compute_capability": c.to_string(), "arch": c.arch_name(), "features": feats});
+                let _ = writeln!(out, "{}", serde_json::to_string_pretty(&doc)?);
+            } else {
+                let rows: Vec<Vec<String>> = Feature::ALL
+                    .iter()
+                    .map(|f| {
+                        vec![
+                            f.name().to_owned(),
+                            if f.supported_on(c) { "yes" } else { "no" }.to_owned(),
+                            format!("(needs {})", f.gate()),
+                        ]
+                    })
+                    .collect();
+                let _ = writeln!(out, "{c} ({})", c.arch_name().unwrap_or("unknown arch"));
+                out.push_str(&table(&rows));
+            }
+            Ok(0)
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! gpuarchctl as a user runs it: the real binary, NVML through the real
+//! nvml-wrapper and the fake library, or a snapshot file.
+
+#![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
+
+use std::process::{Command, Output};
+
+use gpuarch_tests::{artifacts, fixture};
+use serde_json::Value;
+
+/// gpuarchctl on a fixture through NVML, with a clean gpuarch environment.
+fn ctl(topology: &str, args: &[&str]) -> Output {
+    let a = artifacts();
+    Command::new(&a.gpuarchctl)
+        .arg("--nvml-lib")
+        .arg(&a.fake_nvml)
+        .args(args)
+        .env("FAKE_NVML_TOPOLOGY", fixture(topology))
+        .env("GPUARCH_CONFIG", "/dev/null")
+        .env_remove("GPUARCH_INVENTORY")
+        .output()
+        .expect("run gpuarchctl")
+}
+
+/// gpuarchctl with only the arguments and env given.
+fn ctl_plain(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(&artifacts().gpuarchctl);
+    c.args(args)
+        .env("GPUARCH_CONFIG", "/dev/null")
+        .env_remove("GPUARCH_INVENTORY")
+        .env_remove("GPUARCH_NVML_LIB");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run gpuarchctl")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn ok(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "status {:?}\nstderr: {}",
+        o.status,
+        stderr(o)
+    );
+    stdout(o)
+}
+
+fn json(o: &Output) -> Value {
+    serde_json::from_str(&ok(o)).expect("gpuarchctl --json prints JSON")
+}
+
+#[test]
+fn devices_lists_the_mixed_node() {
+    let out = ok(&ctl("2080ti-3090", &["devices"]));
+    assert!(
+        out.contains("NVIDIA GeForce RTX 2080 Ti") && out.contains("Turing"),
+        "{out}"
+    );
+    assert!(
+        out.contains("NVIDIA GeForce RTX 3090") && out.contains("Ampere"),
+        "{out}"
+    );
+    assert!(out.contains("2 GPU(s) from NVML"), "{out}");
+}
+
+#[test]
+fn devices_json_is_a_schema_1_snapshot_of_the_topology() {
+    for name in gpuarch_tests::FIXTURES {
+        let got = json(&ctl(name, &["devices", "--json"]));
+        let want: Value = serde_json::from_slice(&std::fs::read(fixture(name)).unwrap()).unwrap();
+        assert_eq!(got["schema"], 1);
+        assert_eq!(got["source"], "nvml");
+        assert_eq!(got["devices"], want["devices"], "{name}");
+    }
+}
+
+#[test]
+fn plan_for_the_mixed_pair_and_for_the_3090_alone() {
+    let both = json(&ctl("2080ti-3090", &["plan", "--devices", "0,1", "--json"]));
+    assert_eq!(both["env"]["TORCH_CUDA_ARCH_LIST"], "7.5;8.6");
+    assert_eq!(both["env"]["GPUARCH_DTYPE"], "float16");
+    assert_eq!(both["env"]["GPUARCH_ATTN_IMPLEMENTATION"], "sdpa");
+    assert_eq!(both["source"], "request");
+
+    let one = json(&ctl("2080ti-3090", &["plan", "--devices", "1", "--json"]));
+    assert_eq!(one["env"]["TORCH_CUDA_ARCH_LIST"], "8.6");
+    assert_eq!(one["env"]["GPUARCH_DTYPE"], "bfloat16");
+    assert_eq!(
+        one["env"]["GPUARCH_ATTN_IMPLEMENTATION"],
+        "flash_attention_2"
+    );
+
+    let text = ok(&ctl("2080ti-3090", &["plan", "--devices", "0,1"]));
+    assert!(text.contains("  TORCH_CUDA_ARCH_LIST=7.5;8.6\n"), "{text}");
+    assert!(text.contains("lacks it"), "{text}");
+}
+
+#[test]
+fn plan_reads_an_oci_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.json");
+    std::fs::write(
+        &cfg,
+        r#"{"ociVersion": "1.2.0",
+            "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all", "CUDA_VISIBLE_DEVICES=1"]},
+            "linux": {}}"#,
+    )
+    .unwrap();
+    let p = json(&ctl(
+        "a100-h100",
+        &["plan", "--config", cfg.to_str().unwrap(), "--json"],
+    ));
+    assert_eq!(p["source"], "nvidia_visible_devices");
+    assert_eq!(p["env"]["TORCH_CUDA_ARCH_LIST"], "9.0");
+    assert_eq!(p["env"]["GPUARCH_FP8"], "1");
+    assert_eq!(p["gpus"][0]["name"], "NVIDIA H100 80GB HBM3");
+}
+
+#[test]
+fn a_malformed_oci_config_is_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.json");
+    std::fs::write(&cfg, "{\n  \"process\": {\"env\": [\"A=1\",]}\n}").unwrap();
+    let o = ctl("t4", &["plan", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(e.contains("config.json") && e.contains("line 2"), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
+}
+
+#[test]
+fn unknown_devices_are_notes_and_nothing_changes() {
+    let p = json(&ctl("t4", &["plan", "--devices", "3", "--json"]));
+    assert!(p["env"].as_object().unwrap().is_empty());
+    let notes = p["notes"].to_string();
+    assert!(
+        notes.contains("no GPU with index 3 on this host"),
+        "{notes}"
+    );
+}
+
+#[test]
+fn a_snapshot_file_is_read_through_gpuarch_inventory() {
+    let inv = fixture("4090-5090");
+    let out = ctl_plain(
+        &["plan", "--devices", "all", "--json"],
+        &[("GPUARCH_INVENTORY", inv.to_str().unwrap())],
+    );
+    let p = json(&out);
+    assert_eq!(p["env"]["TORCH_CUDA_ARCH_LIST"], "8.9;12.0");
+    assert_eq!(p["env"]["GPUARCH_FP8"], "1");
+    assert_eq!(p["env"]["GPUARCH_ATTN_IMPLEMENTATION"], "flash_attention_2");
+    // The flag names a file too, and a bad one is an error with its path.
+    let o = ctl_plain(&["devices", "--inventory", "/nonexistent/inv.json"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("/nonexistent/inv.json"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn the_config_file_is_obeyed_and_its_errors_located() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(&cfg, "env:\n  override: true\n  disable: [GPUARCH_FP8]\n").unwrap();
+    let inv = fixture("2080ti-3090");
+    let env = [
+        ("GPUARCH_INVENTORY", inv.to_str().unwrap()),
+        ("GPUARCH_CONFIG", cfg.to_str().unwrap()),
+    ];
+    let p = json(&ctl_plain(
+        &[
+            "plan",
+            "--devices",
+            "1",
+            "-e",
+            "TORCH_CUDA_ARCH_LIST=7.0",
+            "--json",
+        ],
+        &env,
+    ));
+    assert_eq!(p["env"]["TORCH_CUDA_ARCH_LIST"], "8.6");
+    assert!(p["env"].get("GPUARCH_FP8").is_none());
+
+    std::fs::write(&cfg, "env:\n  overide: true\n").unwrap();
+    let o = ctl_plain(&["plan", "--devices", "1"], &env);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(
+        e.contains("config.yaml") && e.contains("line 2") && e.contains("overide"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_missing_nvml_library_is_named() {
+    let o = ctl_plain(
+        &["devices", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(
+        e.contains("cannot load the NVML library '/nonexistent/libnvidia-ml.so.1'"),
+        "{e}"
+    );
+}
+
+#[test]
+fn arch_check_answers_with_its_exit_status() {
+    let yes = ctl_plain(&["arch", "check", "8.0", "--on", "8.6"], &[]);
+    assert_eq!(yes.status.code(), Some(0));
+    assert!(stdout(&yes).contains("sm_80 runs on 8.6"));
+
+    let no = ctl_plain(&["arch", "check", "sm_75", "--on", "sm_86"], &[]);
+    assert_eq!(no.status.code(), Some(1));
+
+    let a = json(&ctl_plain(
+        &["arch", "check", "9.0a", "--on", "9.0", "--json"],
+        &[],
+    ));
+    assert_eq!(a["runs"], true);
+    let a = ctl_plain(&["arch", "check", "9.0a", "--on", "10.0"], &[]);
+    assert_eq!(a.status.code(), Some(1));
+
+    let o = ctl_plain(
+        &[
+            "arch",
+            "check",
+            "compute_80",
+            "--on",
+            "9.0",
+            "--driver-cuda",
+            "12.2",
+            "--ptx-cuda",
+            "12.8",
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(1), "a 'no' exits 1 with --json too");
+    let ptx: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(ptx["runs"], false);
+    assert!(
+        ptx["targets"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("CUDA 12.8")
+    );
+
+    let bad = ctl_plain(&["arch", "check", "8.x", "--on", "8.6"], &[]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(stderr(&bad).contains("'8.x'"));
+}
+
+#[test]
+fn arch_parse_and_features() {
+    let p = json(&ctl_plain(
+        &["arch", "parse", "Turing;Ampere", "--json"],
+        &[],
+    ));
+    assert_eq!(p["canonical"], "7.5+PTX;8.0;8.6+PTX");
+    let f = json(&ctl_plain(&["arch", "features", "9.0", "--json"], &[]));
+    assert_eq!(f["features"]["flash_attention_3"], true);
+    assert_eq!(f["arch"], "Hopper");
+    let bad = ctl_plain(&["arch", "parse", "7.5;;8.6"], &[]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains("empty entry at position 2"),
+        "{}",
+        stderr(&bad)
+    );
+}
