@@ -198,6 +198,80 @@ fn failures_are_clear_errors(lib: &Path) {
     unset("FAKE_NVML_FAIL");
 }
 
+/// NVML's C contract, called raw: what a careless or hostile caller gets.
+fn c_contract(lib: &Path) {
+    use nvml_wrapper_sys::bindings::{NvmlLib, nvmlDevice_t, nvmlMemory_v2_t};
+    const SUCCESS: u32 = 0;
+    const UNINITIALIZED: u32 = 1;
+    const INVALID_ARGUMENT: u32 = 2;
+    const INSUFFICIENT_SIZE: u32 = 7;
+    const ARGUMENT_VERSION_MISMATCH: u32 = 25;
+
+    set("FAKE_NVML_TOPOLOGY", fixture("2080ti-3090"));
+    // SAFETY: loading the fake library runs no initialisers of consequence.
+    let nvml = unsafe { NvmlLib::new(lib) }.unwrap();
+    // SAFETY: every pointer below is valid for its type, or null where the
+    // test says so; the fake must answer, not crash.
+    unsafe {
+        let mut dev: nvmlDevice_t = std::ptr::null_mut();
+        assert_eq!(
+            nvml.nvmlDeviceGetHandleByIndex_v2(0, &mut dev),
+            UNINITIALIZED
+        );
+        assert_eq!(nvml.nvmlShutdown(), UNINITIALIZED);
+
+        assert_eq!(nvml.nvmlInit_v2(), SUCCESS);
+        assert_eq!(nvml.nvmlInit_v2(), SUCCESS); // reference counted
+        assert_eq!(
+            nvml.nvmlDeviceGetHandleByIndex_v2(0, std::ptr::null_mut()),
+            INVALID_ARGUMENT
+        );
+        assert_eq!(
+            nvml.nvmlDeviceGetHandleByIndex_v2(9, &mut dev),
+            INVALID_ARGUMENT
+        );
+        assert_eq!(nvml.nvmlDeviceGetHandleByIndex_v2(0, &mut dev), SUCCESS);
+
+        let mut name = [0 as std::ffi::c_char; 96];
+        assert_eq!(nvml.nvmlDeviceGetName(dev, name.as_mut_ptr(), 96), SUCCESS);
+        let got = std::ffi::CStr::from_ptr(name.as_ptr()).to_str().unwrap();
+        assert_eq!(got, "NVIDIA GeForce RTX 2080 Ti");
+        assert_eq!(
+            nvml.nvmlDeviceGetName(dev, name.as_mut_ptr(), 5),
+            INSUFFICIENT_SIZE
+        );
+        assert_eq!(
+            nvml.nvmlDeviceGetName(dev, std::ptr::null_mut(), 96),
+            INVALID_ARGUMENT
+        );
+        // A handle the library never gave out is refused, not dereferenced.
+        let bogus = 0x1000 as nvmlDevice_t;
+        assert_eq!(
+            nvml.nvmlDeviceGetName(bogus, name.as_mut_ptr(), 96),
+            INVALID_ARGUMENT
+        );
+
+        let mut mem: nvmlMemory_v2_t = std::mem::zeroed();
+        assert_eq!(
+            nvml.nvmlDeviceGetMemoryInfo_v2(dev, &mut mem),
+            ARGUMENT_VERSION_MISMATCH
+        );
+        mem.version = std::mem::size_of::<nvmlMemory_v2_t>() as u32 | (2 << 24);
+        assert_eq!(nvml.nvmlDeviceGetMemoryInfo_v2(dev, &mut mem), SUCCESS);
+        assert_eq!(mem.total, 11264 << 20);
+        assert_eq!(mem.free + mem.reserved + mem.used, mem.total);
+
+        assert_eq!(nvml.nvmlShutdown(), SUCCESS);
+        assert_eq!(
+            nvml.nvmlDeviceGetCount_v2(&mut 0),
+            SUCCESS,
+            "one init still open"
+        );
+        assert_eq!(nvml.nvmlShutdown(), SUCCESS);
+        assert_eq!(nvml.nvmlDeviceGetCount_v2(&mut 0), UNINITIALIZED);
+    }
+}
+
 #[test]
 fn real_nvml_wrapper_against_the_fake_library() {
     let lib = &artifacts().fake_nvml;
@@ -207,4 +281,5 @@ fn real_nvml_wrapper_against_the_fake_library() {
     mixed_node_by_hand(lib);
     mig_through_the_wrapper(lib);
     failures_are_clear_errors(lib);
+    c_contract(lib);
 }
