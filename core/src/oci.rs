@@ -25,6 +25,9 @@ pub enum OciError {
         column: usize,
         reason: String,
     },
+    /// A field error in an already parsed config, where no location is known.
+    #[error("OCI config field error: {0}")]
+    Value(String),
 }
 
 /// What selection needs from a container's config.
@@ -89,11 +92,7 @@ impl ContainerView {
 
     /// Read the view from an already parsed config.
     pub fn from_value(value: &serde_json::Value) -> Result<Self, OciError> {
-        let raw = Raw::deserialize(value).map_err(|e| OciError::Field {
-            line: 0,
-            column: 0,
-            reason: e.to_string(),
-        })?;
+        let raw = Raw::deserialize(value).map_err(|e| OciError::Value(e.to_string()))?;
         Ok(Self::from_raw(raw))
     }
 
@@ -156,6 +155,19 @@ mod tests {
         assert_eq!(v.env_get("NOEQ"), None);
         assert_eq!(v.annotations["cdi.k8s.io/x"], "nvidia.com/gpu=0");
         assert_eq!(v.device_paths, ["/dev/nvidia1"]);
+    }
+
+    #[test]
+    fn a_parsed_config_gives_the_same_view() {
+        let text = br#"{"process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"]}, "linux": {"devices": [{"path": "/dev/nvidia0"}]}}"#;
+        let value: serde_json::Value = serde_json::from_slice(text).unwrap();
+        assert_eq!(
+            ContainerView::from_value(&value).unwrap(),
+            ContainerView::from_json(text).unwrap()
+        );
+        let bad = serde_json::json!({"annotations": {"a": 1}});
+        let e = ContainerView::from_value(&bad).unwrap_err().to_string();
+        assert!(!e.contains("line 0"), "{e}");
     }
 
     #[test]

@@ -154,25 +154,24 @@ fn opted_out(view: &ContainerView) -> Option<String> {
 
 /// Plan a container from its config and the host inventory.
 pub fn plan(view: &ContainerView, inv: &Snapshot, cfg: &EnvConfig) -> Plan {
-    if let Some(why) = opted_out(view) {
-        return Plan {
-            notes: vec![why],
-            ..Plan::default()
-        };
-    }
-    plan_selection(select::select(view, inv), view, cfg)
+    plan_with(view, cfg, || select::select(view, inv))
 }
 
 /// Plan for an explicit device list (`0,1`, UUIDs, `N:M`, `all`), with the
 /// container env of `view` (empty for "what would these GPUs get?").
 pub fn plan_request(list: &str, view: &ContainerView, inv: &Snapshot, cfg: &EnvConfig) -> Plan {
+    plan_with(view, cfg, || select::select_request(list, view, inv))
+}
+
+/// Opt-outs first (selection is not even looked at), then the selection.
+fn plan_with(view: &ContainerView, cfg: &EnvConfig, select: impl FnOnce() -> Selection) -> Plan {
     if let Some(why) = opted_out(view) {
         return Plan {
             notes: vec![why],
             ..Plan::default()
         };
     }
-    plan_selection(select::select_request(list, view, inv), view, cfg)
+    plan_selection(select(), view, cfg)
 }
 
 /// The hints for GPUs of these capabilities, given in CUDA order.
