@@ -196,6 +196,26 @@ fn failures_are_clear_errors(lib: &Path) {
     let s = NvmlInventory::open(Some(lib)).unwrap().snapshot().unwrap();
     assert!(s.devices.iter().all(|d| d.mig.is_empty()));
     unset("FAKE_NVML_FAIL");
+
+    // MIG-capable GPUs with MIG switched off report it disabled: no MIG devices,
+    // and no query for them (the fake would refuse one with NotSupported).
+    set("FAKE_NVML_TOPOLOGY", fixture("a100-h100"));
+    set("FAKE_NVML_MIG_CAPABLE", "1");
+    let nvml = Nvml::builder().lib_path(lib.as_os_str()).init().unwrap();
+    assert_eq!(
+        nvml.device_by_index(0).unwrap().mig_mode().unwrap().current,
+        0
+    );
+    drop(nvml);
+    let s = NvmlInventory::open(Some(lib)).unwrap().snapshot().unwrap();
+    assert_eq!(s.devices.len(), 2);
+    assert!(s.devices.iter().all(|d| d.mig.is_empty()));
+    // ... while a GPU with MIG on still lists its devices.
+    set("FAKE_NVML_TOPOLOGY", fixture("a100-mig"));
+    let s = NvmlInventory::open(Some(lib)).unwrap().snapshot().unwrap();
+    assert_eq!(s.devices[0].mig.len(), 3);
+    assert!(s.devices[1].mig.is_empty());
+    unset("FAKE_NVML_MIG_CAPABLE");
 }
 
 /// NVML's C contract, called raw: what a careless or hostile caller gets.

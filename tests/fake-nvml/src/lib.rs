@@ -17,7 +17,10 @@
 //! Faults, for tests of the code above it:
 //! - `FAKE_NVML_FAIL=nvmlFoo[=CODE],...`: those functions return CODE
 //!   (default `NVML_ERROR_UNKNOWN`, 999);
-//! - `FAKE_NVML_SLEEP=nvmlFoo=MS,...`: those functions sleep first (a hang).
+//! - `FAKE_NVML_SLEEP=nvmlFoo=MS,...`: those functions sleep first (a hang);
+//! - `FAKE_NVML_MIG_CAPABLE=1`: GPUs without MIG devices report MIG mode
+//!   disabled, as a MIG-capable A100 does, instead of `NVML_ERROR_NOT_SUPPORTED`
+//!   as consumer GPUs do.
 //!
 //! The pointer arguments of every exported function follow NVML's contract:
 //! outputs point to writable memory of the documented type, strings are NUL
@@ -515,11 +518,13 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     pending: *mut c_uint,
 ) -> Ret {
     with_device("nvmlDeviceGetMigMode", device, |t, h| {
-        if h.mig.is_some() || t.snap.devices[h.gpu].mig.is_empty() {
-            return Err(NOT_SUPPORTED);
-        }
-        put(current, NVML_DEVICE_MIG_ENABLE)?;
-        put(pending, NVML_DEVICE_MIG_ENABLE)
+        let mode = match (h.mig, t.snap.devices[h.gpu].mig.is_empty()) {
+            (None, false) => NVML_DEVICE_MIG_ENABLE,
+            (None, true) if std::env::var_os("FAKE_NVML_MIG_CAPABLE").is_some() => 0,
+            _ => return Err(NOT_SUPPORTED),
+        };
+        put(current, mode)?;
+        put(pending, mode)
     })
 }
 
