@@ -13,11 +13,8 @@ use gpuarch_core::features::Feature;
 use gpuarch_core::oci::ContainerView;
 use gpuarch_core::plan::{self, Plan};
 use gpuarch_core::snapshot::Snapshot;
-use gpuarch_inventory::{DEFAULT_SNAPSHOT, GpuInventory, NvmlInventory, SnapshotFile};
+use gpuarch_inventory::DEFAULT_SNAPSHOT;
 use serde_json::json;
-
-/// Where the config is read from when `GPUARCH_CONFIG` does not say.
-pub const DEFAULT_CONFIG: &str = "/etc/gpuarch/config.yaml";
 
 /// Largest OCI config read (configs are kilobytes; this bounds hostile input).
 const MAX_OCI_CONFIG: u64 = 64 << 20;
@@ -115,42 +112,26 @@ pub fn run(cli: &Cli) -> Result<u8> {
 }
 
 fn load_inventory(cli: &Cli) -> Result<(Snapshot, String)> {
-    let from = |inv: &dyn GpuInventory| -> Result<(Snapshot, String)> {
-        Ok((inv.snapshot()?, inv.describe()))
-    };
-    if let Some(lib) = &cli.nvml_lib {
-        return from(&NvmlInventory::open(Some(lib))?);
-    }
-    let named = cli
-        .inventory
-        .clone()
-        .or_else(|| std::env::var_os("GPUARCH_INVENTORY").map(PathBuf::from));
-    if let Some(path) = named {
-        return from(&SnapshotFile::new(path));
-    }
-    if Path::new(DEFAULT_SNAPSHOT).exists() {
-        return from(&SnapshotFile::new(DEFAULT_SNAPSHOT));
-    }
-    let lib = std::env::var_os("GPUARCH_NVML_LIB").map(PathBuf::from);
-    let nvml = NvmlInventory::open(lib.as_deref()).with_context(|| {
-        format!("no snapshot at {DEFAULT_SNAPSHOT} (is gpuarchd running?) and NVML is unavailable")
-    })?;
-    from(&nvml)
+    let named = cli.nvml_lib.is_some()
+        || cli.inventory.is_some()
+        || std::env::var_os("GPUARCH_INVENTORY").is_some()
+        || Path::new(DEFAULT_SNAPSHOT).exists();
+    gpuarch_inventory::read_inventory(cli.nvml_lib.as_deref(), cli.inventory.as_deref()).map_err(
+        |e| {
+            let e = anyhow::Error::from(e);
+            if named {
+                e
+            } else {
+                e.context(format!(
+                    "no snapshot at {DEFAULT_SNAPSHOT} (is gpuarchd running?) and NVML is unavailable"
+                ))
+            }
+        },
+    )
 }
 
 fn load_config() -> Result<Config> {
-    let (path, named) = match std::env::var_os("GPUARCH_CONFIG") {
-        Some(p) => (PathBuf::from(p), true),
-        None => (PathBuf::from(DEFAULT_CONFIG), false),
-    };
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !named => {
-            return Ok(Config::default());
-        }
-        Err(e) => return Err(anyhow!("cannot read config {}: {e}", path.display())),
-    };
-    Config::from_yaml(&text).map_err(|e| anyhow!("config {}: {e}", path.display()))
+    Ok(gpuarch_inventory::read_config()?)
 }
 
 fn gib(bytes: u64) -> String {

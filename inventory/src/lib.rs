@@ -308,6 +308,64 @@ pub fn write_snapshot(path: &Path, snap: &Snapshot) -> Result<(), InventoryError
     result.map_err(write_err)
 }
 
+/// Where the config is read from when `GPUARCH_CONFIG` does not say.
+pub const DEFAULT_CONFIG: &str = "/etc/gpuarch/config.yaml";
+
+/// Why the config could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigFileError {
+    #[error("cannot read config {}: {source}", path.display())]
+    Read { path: PathBuf, source: io::Error },
+    #[error("config {}: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        source: gpuarch_core::config::ConfigError,
+    },
+}
+
+/// Read the config named by `GPUARCH_CONFIG`, else [`DEFAULT_CONFIG`]. The
+/// default file may be absent (defaults apply); a named one must exist.
+pub fn read_config() -> Result<gpuarch_core::config::Config, ConfigFileError> {
+    let (path, named) = match std::env::var_os("GPUARCH_CONFIG") {
+        Some(p) => (PathBuf::from(p), true),
+        None => (PathBuf::from(DEFAULT_CONFIG), false),
+    };
+    let text = match fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound && !named => {
+            return Ok(gpuarch_core::config::Config::default());
+        }
+        Err(source) => return Err(ConfigFileError::Read { path, source }),
+    };
+    gpuarch_core::config::Config::from_yaml(&text)
+        .map_err(|source| ConfigFileError::Parse { path, source })
+}
+
+/// Read the inventory from the usual source: NVML from `nvml_lib` if given;
+/// else the snapshot `snapshot` or `GPUARCH_INVENTORY` names; else
+/// [`DEFAULT_SNAPSHOT`] if it exists; else NVML (`GPUARCH_NVML_LIB` or
+/// [`DEFAULT_NVML_LIB`]). Returns the snapshot and a line naming the source.
+pub fn read_inventory(
+    nvml_lib: Option<&Path>,
+    snapshot: Option<&Path>,
+) -> Result<(Snapshot, String), InventoryError> {
+    let from = |inv: &dyn GpuInventory| Ok((inv.snapshot()?, inv.describe()));
+    if let Some(lib) = nvml_lib {
+        return from(&NvmlInventory::open(Some(lib))?);
+    }
+    let named = snapshot
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("GPUARCH_INVENTORY").map(PathBuf::from));
+    if let Some(path) = named {
+        return from(&SnapshotFile::new(path));
+    }
+    if Path::new(DEFAULT_SNAPSHOT).exists() {
+        return from(&SnapshotFile::new(DEFAULT_SNAPSHOT));
+    }
+    let lib = std::env::var_os("GPUARCH_NVML_LIB").map(PathBuf::from);
+    from(&NvmlInventory::open(lib.as_deref())?)
+}
+
 /// Now, as RFC 3339 UTC to the second.
 pub fn now_rfc3339() -> String {
     humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
