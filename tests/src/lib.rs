@@ -36,6 +36,7 @@ pub fn fixture(name: &str) -> PathBuf {
 pub struct Artifacts {
     pub fake_nvml: PathBuf,
     pub gpuarchctl: PathBuf,
+    pub gpuarch_hook: PathBuf,
 }
 
 /// Build (once per test process) and locate the fake NVML and the binaries.
@@ -59,13 +60,21 @@ pub fn artifacts() -> &'static Artifacts {
             .current_dir(workspace_root())
             .args(["build", "--quiet", "--profile", &profile, "--target-dir"])
             .arg(&target_dir)
-            .args(["-p", "gpuarch-fake-nvml", "-p", "gpuarch-daemon"])
+            .args([
+                "-p",
+                "gpuarch-fake-nvml",
+                "-p",
+                "gpuarch-daemon",
+                "-p",
+                "gpuarch-hook",
+            ])
             .status()
             .expect("run cargo build for test artifacts");
         assert!(status.success(), "building test artifacts failed");
         Artifacts {
             fake_nvml: profile_dir.join("libfake_nvml.so"),
             gpuarchctl: profile_dir.join("gpuarchctl"),
+            gpuarch_hook: profile_dir.join("gpuarch-hook"),
         }
     })
 }

@@ -1,0 +1,88 @@
+//! `gpuarch-hook precreate` as podman runs it: config on stdin, config on
+//! stdout, the exit status deciding whether the container starts.
+
+#![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use gpuarch_tests::{artifacts, fixture};
+use serde_json::{Value, json};
+
+fn hook(stdin: &[u8], config_yaml: &str) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(&cfg, config_yaml).unwrap();
+    let mut child = Command::new(&artifacts().gpuarch_hook)
+        .arg("precreate")
+        .env("GPUARCH_INVENTORY", fixture("2080ti-3090"))
+        .env("GPUARCH_CONFIG", &cfg)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn config(env: &[&str]) -> Value {
+    json!({"ociVersion": "1.2.0", "process": {"args": ["sh"], "env": env},
+           "root": {"path": "rootfs"}, "x-vendor": {"keep": [1, "two"]}})
+}
+
+#[test]
+fn the_plan_reaches_the_config() {
+    let o = hook(
+        config(&["NVIDIA_VISIBLE_DEVICES=1"]).to_string().as_bytes(),
+        "",
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let env = out["process"]["env"].to_string();
+    assert!(env.contains("TORCH_CUDA_ARCH_LIST=8.6"), "{env}");
+    assert!(
+        env.contains("GPUARCH_ATTN_IMPLEMENTATION=flash_attention_2"),
+        "{env}"
+    );
+    assert_eq!(out["x-vendor"], json!({"keep": [1, "two"]}));
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        log.contains("GPU 1 (NVIDIA GeForce RTX 3090, 8.6)"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_bad_config_fails_open_with_the_input_unchanged() {
+    let bad = b"{\"process\": {\"env\": [\"A=1\",]}}";
+    let o = hook(bad, "");
+    assert!(o.status.success());
+    assert_eq!(o.stdout, bad);
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        log.contains("line 1") && log.contains("starts unchanged"),
+        "{log}"
+    );
+}
+
+#[test]
+fn strict_refuses_instead() {
+    let o = hook(b"{\"process\": ", "strict: true\n");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(o.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("strict"));
+}
+
+#[test]
+fn a_broken_gpuarch_config_fails_open() {
+    let input = config(&["NVIDIA_VISIBLE_DEVICES=1"]).to_string();
+    let o = hook(input.as_bytes(), "strict: maybe\n");
+    assert!(o.status.success());
+    assert_eq!(o.stdout, input.as_bytes());
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        log.contains("config.yaml") && log.contains("line 1"),
+        "{log}"
+    );
+}
