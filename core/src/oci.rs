@@ -7,8 +7,13 @@
 //! exactly as it came in; a typed round trip would drop or reorder them.
 
 use std::collections::BTreeMap;
+use std::io::Read;
 
 use serde::Deserialize;
+
+/// Configs larger than this are refused: real ones are kilobytes, and the
+/// bound keeps hostile input from costing memory.
+pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
 
 /// Why a config could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +33,44 @@ pub enum OciError {
     /// A field error in an already parsed config, where no location is known.
     #[error("OCI config field error: {0}")]
     Value(String),
+    #[error("OCI config is over {} MiB; refusing it", MAX_CONFIG_BYTES >> 20)]
+    TooLarge,
+    #[error("cannot read the OCI config: {0}")]
+    Read(#[from] std::io::Error),
+}
+
+/// Read a whole config, refusing more than [`MAX_CONFIG_BYTES`] without
+/// reading past the bound.
+pub fn read_bounded(r: impl Read) -> Result<Vec<u8>, OciError> {
+    let mut bytes = Vec::new();
+    r.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(OciError::TooLarge);
+    }
+    Ok(bytes)
+}
+
+/// Parse a config into a JSON value, for callers that rewrite it.
+pub fn parse_value(bytes: &[u8]) -> Result<serde_json::Value, OciError> {
+    serde_json::from_slice(bytes).map_err(json_error)
+}
+
+/// A serde_json error as an [`OciError`], keeping its location.
+fn json_error(e: serde_json::Error) -> OciError {
+    let (line, column, reason) = (e.line(), e.column(), e.to_string());
+    if e.is_data() {
+        OciError::Field {
+            line,
+            column,
+            reason,
+        }
+    } else {
+        OciError::Syntax {
+            line,
+            column,
+            reason,
+        }
+    }
 }
 
 /// What selection needs from a container's config.
@@ -71,22 +114,7 @@ struct RawDevice {
 impl ContainerView {
     /// Read the view from an OCI config's JSON text.
     pub fn from_json(bytes: &[u8]) -> Result<Self, OciError> {
-        let raw: Raw = serde_json::from_slice(bytes).map_err(|e| {
-            let (line, column, reason) = (e.line(), e.column(), e.to_string());
-            if e.is_data() {
-                OciError::Field {
-                    line,
-                    column,
-                    reason,
-                }
-            } else {
-                OciError::Syntax {
-                    line,
-                    column,
-                    reason,
-                }
-            }
-        })?;
+        let raw: Raw = serde_json::from_slice(bytes).map_err(json_error)?;
         Ok(Self::from_raw(raw))
     }
 
@@ -168,6 +196,13 @@ mod tests {
         let bad = serde_json::json!({"annotations": {"a": 1}});
         let e = ContainerView::from_value(&bad).unwrap_err().to_string();
         assert!(!e.contains("line 0"), "{e}");
+    }
+
+    #[test]
+    fn reading_is_bounded() {
+        assert_eq!(read_bounded(&b"{}"[..]).unwrap(), b"{}");
+        let big = vec![b' '; (MAX_CONFIG_BYTES + 1) as usize];
+        assert!(matches!(read_bounded(&big[..]), Err(OciError::TooLarge)));
     }
 
     #[test]

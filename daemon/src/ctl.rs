@@ -2,22 +2,17 @@
 //! read the snapshot or NVML directly.
 
 use std::fmt::Write as _;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow};
 use clap::{Parser, Subcommand};
 use gpuarch_core::arch::{ArchList, ComputeCapability, CudaVersion, Target};
 use gpuarch_core::config::Config;
 use gpuarch_core::features::Feature;
-use gpuarch_core::oci::ContainerView;
+use gpuarch_core::oci::{self, ContainerView};
 use gpuarch_core::plan::{self, Plan};
 use gpuarch_core::snapshot::Snapshot;
-use gpuarch_inventory::DEFAULT_SNAPSHOT;
 use serde_json::json;
-
-/// Largest OCI config read (configs are kilobytes; this bounds hostile input).
-const MAX_OCI_CONFIG: u64 = 64 << 20;
 
 /// Exit status when a question is answered "no" (`arch check`).
 pub const EXIT_NO: u8 = 1;
@@ -99,6 +94,23 @@ pub enum ArchCmd {
     Features { cap: String },
 }
 
+/// An error and its causes in one line. gpuarch's errors already carry their
+/// cause in their message (the hook prints them alone), so a cause is added
+/// only where the line does not say it yet.
+pub fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+    }
+    line
+}
+
 /// Run a parsed command line; the returned byte is the exit status.
 pub fn run(cli: &Cli) -> Result<u8> {
     let mut out = String::new();
@@ -112,22 +124,10 @@ pub fn run(cli: &Cli) -> Result<u8> {
 }
 
 fn load_inventory(cli: &Cli) -> Result<(Snapshot, String)> {
-    let named = cli.nvml_lib.is_some()
-        || cli.inventory.is_some()
-        || std::env::var_os("GPUARCH_INVENTORY").is_some()
-        || Path::new(DEFAULT_SNAPSHOT).exists();
-    gpuarch_inventory::read_inventory(cli.nvml_lib.as_deref(), cli.inventory.as_deref()).map_err(
-        |e| {
-            let e = anyhow::Error::from(e);
-            if named {
-                e
-            } else {
-                e.context(format!(
-                    "no snapshot at {DEFAULT_SNAPSHOT} (is gpuarchd running?) and NVML is unavailable"
-                ))
-            }
-        },
-    )
+    Ok(gpuarch_inventory::read_inventory(
+        cli.nvml_lib.as_deref(),
+        cli.inventory.as_deref(),
+    )?)
 }
 
 fn load_config() -> Result<Config> {
@@ -231,34 +231,28 @@ fn devices(cli: &Cli, out: &mut String) -> Result<u8> {
 }
 
 fn read_oci_config(path: &Path) -> Result<Vec<u8>> {
-    let mut bytes = Vec::new();
-    let n = if path == Path::new("-") {
-        std::io::stdin()
-            .take(MAX_OCI_CONFIG + 1)
-            .read_to_end(&mut bytes)
-            .context("cannot read the OCI config from stdin")?
+    let bytes = if path == Path::new("-") {
+        oci::read_bounded(std::io::stdin().lock())
     } else {
         std::fs::File::open(path)
-            .and_then(|f| f.take(MAX_OCI_CONFIG + 1).read_to_end(&mut bytes))
-            .with_context(|| format!("cannot read OCI config {}", path.display()))?
+            .map_err(oci::OciError::from)
+            .and_then(oci::read_bounded)
     };
-    if n as u64 > MAX_OCI_CONFIG {
-        bail!(
-            "OCI config {} is over {} MiB; refusing it",
-            path.display(),
-            MAX_OCI_CONFIG >> 20
-        );
-    }
-    Ok(bytes)
+    bytes.with_context(|| format!("OCI config {}", path.display()))
 }
 
 fn plan_cmd(cli: &Cli, args: &PlanArgs, out: &mut String) -> Result<u8> {
+    // The caller's own input first: its errors matter more than the host's.
+    let view = match &args.config {
+        Some(path) => Some(
+            ContainerView::from_json(&read_oci_config(path)?)
+                .map_err(|e| anyhow!("{}: {e}", path.display()))?,
+        ),
+        None => None,
+    };
     let cfg = load_config()?;
     let (snap, _) = load_inventory(cli)?;
-    let plan = if let Some(path) = &args.config {
-        let bytes = read_oci_config(path)?;
-        let view =
-            ContainerView::from_json(&bytes).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    let plan = if let Some(view) = view {
         plan::plan(&view, &snap, &cfg.env)
     } else {
         let mut env = Vec::new();

@@ -8,43 +8,20 @@
 //! `createContainer`/`prestart` stage, kernel mounts and the rootfs-safety
 //! work of the container-hook issue come next.
 
-use std::io::Read;
-
 use gpuarch_core::config::Config;
-use gpuarch_core::oci::ContainerView;
+use gpuarch_core::oci::{self, ContainerView};
 use gpuarch_core::plan::{self, Plan};
 use gpuarch_core::snapshot::Snapshot;
 use serde_json::Value;
 
-/// Configs larger than this are refused (and, failing open, passed through).
-pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
-
 #[derive(Debug, thiserror::Error)]
 pub enum HookError {
-    #[error("OCI config is over {} MiB", MAX_CONFIG_BYTES >> 20)]
-    TooLarge,
-    #[error("cannot read the OCI config: {0}")]
-    Read(#[from] std::io::Error),
-    #[error("OCI config is not valid JSON at line {line}, column {column}: {reason}")]
-    Syntax {
-        line: usize,
-        column: usize,
-        reason: String,
-    },
     #[error("{0}")]
-    Oci(#[from] gpuarch_core::oci::OciError),
+    Oci(#[from] oci::OciError),
     #[error("OCI config has {0}; cannot add env")]
     Shape(&'static str),
-}
-
-/// Read a whole config from `r`, refusing more than [`MAX_CONFIG_BYTES`].
-pub fn read_bounded(r: impl Read) -> Result<Vec<u8>, HookError> {
-    let mut bytes = Vec::new();
-    r.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(HookError::TooLarge);
-    }
-    Ok(bytes)
+    #[error("cannot encode the OCI config: {0}")]
+    Encode(#[from] serde_json::Error),
 }
 
 /// Set the Plan's env in `process.env`. An entry of the same name is
@@ -79,18 +56,14 @@ pub fn apply_env(config: &mut Value, plan: &Plan) -> Result<(), HookError> {
 /// The precreate stage: the proposed config in, the config with the Plan
 /// applied out, and the Plan for the log.
 pub fn precreate(input: &[u8], inv: &Snapshot, cfg: &Config) -> Result<(Vec<u8>, Plan), HookError> {
-    let mut config: Value = serde_json::from_slice(input).map_err(|e| HookError::Syntax {
-        line: e.line(),
-        column: e.column(),
-        reason: e.to_string(),
-    })?;
+    let mut config = oci::parse_value(input)?;
     let view = ContainerView::from_value(&config)?;
     let plan = plan::plan(&view, inv, &cfg.env);
     if plan.is_noop() {
         return Ok((input.to_vec(), plan));
     }
     apply_env(&mut config, &plan)?;
-    let out = serde_json::to_vec(&config).map_err(std::io::Error::other)?;
+    let out = serde_json::to_vec(&config)?;
     Ok((out, plan))
 }
 
@@ -201,14 +174,12 @@ mod tests {
         let c = Config::default();
         assert!(matches!(
             precreate(b"{\"process\":", &h, &c),
-            Err(HookError::Syntax { .. })
+            Err(HookError::Oci(oci::OciError::Syntax { .. }))
         ));
         assert!(matches!(precreate(b"[1]", &h, &c), Err(HookError::Oci(_))));
         let no_process = json!({"annotations": {"cdi.k8s.io/g": "nvidia.com/gpu=0"}}).to_string();
         let e = precreate(no_process.as_bytes(), &h, &c).unwrap_err();
         assert!(e.to_string().contains("no \"process\" object"), "{e}");
-        let big = vec![b' '; (MAX_CONFIG_BYTES + 1) as usize];
-        assert!(matches!(read_bounded(&big[..]), Err(HookError::TooLarge)));
     }
 
     #[test]

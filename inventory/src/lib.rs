@@ -42,6 +42,10 @@ pub enum InventoryError {
         what: &'static str,
         value: String,
     },
+    #[error(
+        "no snapshot at {DEFAULT_SNAPSHOT} (is gpuarchd running?) and NVML is unavailable: {0}"
+    )]
+    NoSource(Box<InventoryError>),
     #[error("cannot read snapshot {}: {source}", path.display())]
     SnapshotRead { path: PathBuf, source: io::Error },
     #[error("snapshot {}: {source}", path.display())]
@@ -363,7 +367,9 @@ pub fn read_inventory(
         return from(&SnapshotFile::new(DEFAULT_SNAPSHOT));
     }
     let lib = std::env::var_os("GPUARCH_NVML_LIB").map(PathBuf::from);
-    from(&NvmlInventory::open(lib.as_deref())?)
+    let nvml =
+        NvmlInventory::open(lib.as_deref()).map_err(|e| InventoryError::NoSource(Box::new(e)))?;
+    from(&nvml)
 }
 
 /// Now, as RFC 3339 UTC to the second.

@@ -134,6 +134,20 @@ fn a_malformed_oci_config_is_one_clear_line() {
     let e = stderr(&o);
     assert!(e.contains("config.json") && e.contains("line 2"), "{e}");
     assert_eq!(e.lines().count(), 1, "{e}");
+    assert_eq!(
+        e.matches("trailing comma").count(),
+        1,
+        "the reason once: {e}"
+    );
+
+    // The caller's file is read before the host's inventory is needed.
+    let o = ctl_plain(&["plan", "--config", "/nonexistent/config.json"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(
+        e.contains("/nonexistent/config.json") && !e.contains("NVML"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -10,7 +10,7 @@ fn main() -> ExitCode {
     match ctl::run(&cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("gpuarchctl: {e:#}");
+            eprintln!("gpuarchctl: {}", ctl::one_line(&e));
             ExitCode::from(ctl::EXIT_ERROR)
         }
     }

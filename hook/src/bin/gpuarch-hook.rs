@@ -26,7 +26,7 @@ fn main() -> ExitCode {
 }
 
 fn precreate() -> ExitCode {
-    let input = match gpuarch_hook::read_bounded(std::io::stdin().lock()) {
+    let input = match gpuarch_core::oci::read_bounded(std::io::stdin().lock()) {
         Ok(b) => b,
         Err(e) => {
             // Nothing whole to pass through: the engine must not get half a config.
