@@ -8,9 +8,16 @@
 //! env:
 //!   override: false      # default: a variable the container sets is left alone
 //!   disable: []          # default: inject every variable; e.g. [GPUARCH_FP8]
+//! hook:
+//!   timeout_ms: 5000     # default: budget of one hook or shim invocation
+//! runtime:
+//!   path: null           # default: the first of runc, crun on PATH
+//! kernels:
+//!   mount_root: /var/lib/gpuarch/kernels   # default: where prepared packages live
 //! ```
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -24,7 +31,68 @@ pub struct Config {
     /// instead of starting it unchanged. Default `false`.
     pub strict: bool,
     pub env: EnvConfig,
+    pub hook: HookConfig,
+    pub runtime: RuntimeConfig,
+    pub kernels: KernelsConfig,
 }
+
+/// Limits of one `gpuarch-hook` or `gpuarch-runtime` invocation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HookConfig {
+    /// Wall-clock budget for planning one container, in milliseconds. Past
+    /// it the container starts unchanged (or, with `strict`, fails). Default
+    /// 5000; 1 to 60000.
+    #[serde(deserialize_with = "timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+impl Default for HookConfig {
+    fn default() -> Self {
+        Self { timeout_ms: 5000 }
+    }
+}
+
+fn timeout_ms<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let v = u64::deserialize(d)?;
+    if (1..=60_000).contains(&v) {
+        Ok(v)
+    } else {
+        Err(serde::de::Error::custom(format!(
+            "timeout_ms {v} is out of range (1 to 60000)"
+        )))
+    }
+}
+
+/// The real runtime that `gpuarch-runtime` runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// Absolute path of the runtime. Default: the first of `runc`, `crun`
+    /// found on PATH (never `gpuarch-runtime` itself).
+    pub path: Option<PathBuf>,
+}
+
+/// Where prepared kernel packages are found for bind mounts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KernelsConfig {
+    /// Directory holding one directory per package, each with a
+    /// `manifest.json`. Default `/var/lib/gpuarch/kernels`; a missing
+    /// directory means no kernel mounts.
+    pub mount_root: PathBuf,
+}
+
+impl Default for KernelsConfig {
+    fn default() -> Self {
+        Self {
+            mount_root: PathBuf::from(DEFAULT_MOUNT_ROOT),
+        }
+    }
+}
+
+/// Default of `kernels.mount_root`.
+pub const DEFAULT_MOUNT_ROOT: &str = "/var/lib/gpuarch/kernels";
 
 /// How the Plan's variables are injected.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,7 +126,25 @@ impl Config {
         if value.is_null() {
             return Ok(Self::default());
         }
-        serde_yaml::from_str(text).map_err(err)
+        let cfg: Self = serde_yaml::from_str(text).map_err(err)?;
+        if let Some(p) = &cfg.runtime.path
+            && !p.is_absolute()
+        {
+            return Err(ConfigError {
+                location: None,
+                reason: format!("runtime.path must be absolute, not {}", p.display()),
+            });
+        }
+        if !cfg.kernels.mount_root.is_absolute() {
+            return Err(ConfigError {
+                location: None,
+                reason: format!(
+                    "kernels.mount_root must be absolute, not {}",
+                    cfg.kernels.mount_root.display()
+                ),
+            });
+        }
+        Ok(cfg)
     }
 }
 
@@ -75,6 +161,16 @@ mod tests {
                 .unwrap();
         assert!(c.strict && c.env.override_existing);
         assert_eq!(c.env.disable, [EnvVar::Fp8].into());
+        let c = Config::from_yaml(
+            "hook: {timeout_ms: 250}\nruntime: {path: /usr/bin/crun}\nkernels: {mount_root: /srv/k}\n",
+        )
+        .unwrap();
+        assert_eq!(c.hook.timeout_ms, 250);
+        assert_eq!(
+            c.runtime.path.as_deref(),
+            Some(std::path::Path::new("/usr/bin/crun"))
+        );
+        assert_eq!(c.kernels.mount_root, PathBuf::from("/srv/k"));
     }
 
     #[test]
@@ -92,6 +188,16 @@ mod tests {
 
         let e = Config::from_yaml("strict: [\n").unwrap_err();
         assert!(e.location.is_some(), "{e}");
+
+        let e = Config::from_yaml("hook:\n  timeout_ms: 0\n").unwrap_err();
+        assert!(e.to_string().contains("out of range"), "{e}");
+        assert_eq!(e.location.map(|l| l.0), Some(2), "{e}");
+
+        let e = Config::from_yaml("runtime:\n  path: runc\n").unwrap_err();
+        assert!(
+            e.to_string().contains("runtime.path must be absolute"),
+            "{e}"
+        );
 
         let e = Config::from_yaml("strict: maybe\n").unwrap_err();
         assert!(e.to_string().starts_with("line 1"), "{e}");

@@ -118,6 +118,36 @@ impl Plan {
         self.env.is_empty()
     }
 
+    /// Add `GPUARCH_KERNELS_DIR=dir` because kernel packages are mounted
+    /// there, under the same rules as every other variable: not when the
+    /// config disables it, not over the container's own value unless the
+    /// config overrides.
+    pub fn add_kernels_dir(&mut self, dir: &str, view: &ContainerView, cfg: &EnvConfig) {
+        let var = EnvVar::KernelsDir;
+        if self.is_noop() || self.env_get(var.name()).is_some() {
+            return;
+        }
+        if cfg.disable.contains(&var) {
+            self.notes.push(format!(
+                "{var} not set: disabled in the config (env.disable)"
+            ));
+            return;
+        }
+        match view.env_get(var.name()) {
+            Some(theirs) if !cfg.override_existing => {
+                self.notes.push(format!(
+                    "{var} left as the container sets it ({theirs:?}; kernels are mounted under {dir:?})"
+                ));
+                return;
+            }
+            Some(theirs) => self.notes.push(format!(
+                "{var} overrides the container's {theirs:?} (env.override is on)"
+            )),
+            None => {}
+        }
+        self.env.push((var.name().to_owned(), dir.to_owned()));
+    }
+
     pub fn env_get(&self, name: &str) -> Option<&str> {
         self.env
             .iter()

@@ -1,27 +1,112 @@
-//! gpuarch-hook: applies a [`gpuarch_core::plan::Plan`] to an OCI container.
+//! gpuarch-hook and gpuarch-runtime: apply a [`gpuarch_core::plan::Plan`] to
+//! one container.
 //!
-//! Synchronous, no tokio, no D-Bus: the hook runs on every container start.
-//! Configs are edited as JSON values so that every field gpuarch does not own
-//! comes out as it came in.
+//! Synchronous, no tokio, no D-Bus: this runs on every container start.
+//! Configs are edited as JSON values so that every field gpuarch does not
+//! own comes out as it came in.
 //!
-//! Built so far: the `precreate` stage (podman hooks.d). The runtime shim, the
-//! `createContainer`/`prestart` stage, kernel mounts and the rootfs-safety
-//! work of the container-hook issue come next.
+//! Three ways in, one edit ([`edit`]):
+//! - [`precreate`]: podman's hooks.d `precreate` stage, config on stdin;
+//! - [`shim`]: `gpuarch-runtime`, in front of runc/crun, edits the bundle's
+//!   `config.json` on `create`/`run`;
+//! - [`stage`]: `create-container`/`prestart`, inside the container's mount
+//!   namespace, writes `/run/gpuarch/env` and `/etc/profile.d/gpuarch.sh`.
+
+pub mod budget;
+pub mod kernels;
+pub mod log;
+pub mod rootfs;
+pub mod shim;
+pub mod stage;
+
+use std::path::PathBuf;
 
 use gpuarch_core::config::Config;
 use gpuarch_core::oci::{self, ContainerView};
 use gpuarch_core::plan::{self, Plan};
 use gpuarch_core::snapshot::Snapshot;
-use serde_json::Value;
+use serde_json::{Value, json};
+
+use kernels::KernelMount;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HookError {
     #[error("{0}")]
     Oci(#[from] oci::OciError),
-    #[error("OCI config has {0}; cannot add env")]
+    #[error("OCI config has {0}")]
     Shape(&'static str),
     #[error("cannot encode the OCI config: {0}")]
     Encode(#[from] serde_json::Error),
+}
+
+/// What one invocation knows besides the container: the host's GPUs, the
+/// config, and how to call the hook back inside the container.
+#[derive(Debug, Clone)]
+pub struct Context {
+    pub inventory: Snapshot,
+    pub config: Config,
+    /// The `gpuarch-hook` binary that the `createContainer` entry runs; with
+    /// `None` no entry is added.
+    pub hook_path: Option<PathBuf>,
+    /// `NAME=value` settings of this process (`GPUARCH_CONFIG`,
+    /// `GPUARCH_INVENTORY`, ...) handed to that entry. Never the container's.
+    pub hook_env: Vec<String>,
+}
+
+/// Variables of this process that the `createContainer` entry inherits:
+/// where to find the config and inventory. Nothing else, and never a
+/// loader variable.
+pub const HOOK_ENV_VARS: [&str; 3] = ["GPUARCH_CONFIG", "GPUARCH_INVENTORY", "GPUARCH_NVML_LIB"];
+
+/// PATH of everything the hook runs, whatever PATH it was started with.
+pub const SAFE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+impl Context {
+    /// The hook entry's env from this process's environment.
+    pub fn hook_env_from_process() -> Vec<String> {
+        let mut env = vec![format!("PATH={SAFE_PATH}")];
+        for k in HOOK_ENV_VARS {
+            if let Some(v) = std::env::var_os(k).and_then(|v| v.into_string().ok()) {
+                env.push(format!("{k}={v}"));
+            }
+        }
+        env
+    }
+
+    fn hook_entry(&self) -> Option<Value> {
+        let path = self.hook_path.as_ref()?;
+        // OCI timeouts are whole seconds; leave the hook its own budget.
+        let timeout = self.config.hook.timeout_ms.div_ceil(1000) + 1;
+        Some(json!({
+            "path": path,
+            "args": ["gpuarch-hook", stage::CREATE_CONTAINER],
+            "env": self.hook_env,
+            "timeout": timeout,
+        }))
+    }
+}
+
+/// Read the config (`GPUARCH_CONFIG` or `/etc/gpuarch/config.yaml`). A
+/// config that cannot be read is an error for the caller to report; the
+/// defaults (fail open) then apply.
+pub fn load_config() -> (Config, Option<String>) {
+    match gpuarch_inventory::read_config() {
+        Ok(c) => (c, None),
+        Err(e) => (Config::default(), Some(e.to_string())),
+    }
+}
+
+/// Build the context: the inventory from the daemon's snapshot (or
+/// `GPUARCH_INVENTORY`), else NVML. No D-Bus.
+pub fn load_context(config: Config, hook_path: Option<PathBuf>) -> Result<Context, String> {
+    let (inventory, _) =
+        gpuarch_inventory::read_inventory(None, None).map_err(|e| e.to_string())?;
+    Ok(Context {
+        inventory,
+        config,
+        hook_path,
+        hook_env: Context::hook_env_from_process(),
+    })
 }
 
 /// Set the Plan's env in `process.env`. An entry of the same name is
@@ -36,33 +121,130 @@ pub fn apply_env(config: &mut Value, plan: &Plan) -> Result<(), HookError> {
         .ok_or(HookError::Shape("no top-level object"))?
         .get_mut("process")
         .and_then(Value::as_object_mut)
-        .ok_or(HookError::Shape("no \"process\" object"))?;
+        .ok_or(HookError::Shape("no \"process\" object; cannot add env"))?;
     let env = process
         .entry("env")
         .or_insert_with(|| Value::Array(Vec::new()))
         .as_array_mut()
         .ok_or(HookError::Shape("a \"process.env\" that is not a list"))?;
-    for (k, v) in &plan.env {
-        env.retain(|e| {
-            e.as_str()
-                .and_then(|s| s.split_once('='))
-                .is_none_or(|(name, _)| name != k)
-        });
-        env.push(Value::String(format!("{k}={v}")));
+    let ours: std::collections::HashSet<&str> = plan.env.iter().map(|(k, _)| k.as_str()).collect();
+    env.retain(|e| {
+        e.as_str()
+            .and_then(|s| s.split_once('='))
+            .is_none_or(|(name, _)| !ours.contains(name))
+    });
+    env.extend(
+        plan.env
+            .iter()
+            .map(|(k, v)| Value::String(format!("{k}={v}"))),
+    );
+    Ok(())
+}
+
+/// Append `items` to the list at `config[key]` (created when absent).
+fn list_at<'a>(config: &'a mut Value, key: &str) -> Result<&'a mut Vec<Value>, HookError> {
+    config
+        .as_object_mut()
+        .ok_or(HookError::Shape("no top-level object"))?
+        .entry(key)
+        .or_insert_with(|| Value::Array(Vec::new()))
+        .as_array_mut()
+        .ok_or(HookError::Shape("a list field that is not a list"))
+}
+
+/// Add the kernel mounts; returns how many were added. A destination the
+/// container already mounts is left to the container, with a note.
+pub fn apply_mounts(
+    config: &mut Value,
+    mounts: &[KernelMount],
+    notes: &mut Vec<String>,
+) -> Result<usize, HookError> {
+    if mounts.is_empty() {
+        return Ok(0);
+    }
+    let mut added = 0;
+    let list = list_at(config, "mounts")?;
+    for m in mounts {
+        let dest = m.destination();
+        if list
+            .iter()
+            .any(|e| e.get("destination").and_then(Value::as_str) == Some(dest.as_str()))
+        {
+            notes.push(format!(
+                "{dest} is already mounted by the container: kernel package {} not mounted",
+                m.package
+            ));
+            continue;
+        }
+        list.push(m.to_oci());
+        added += 1;
+        notes.push(format!(
+            "kernel package {} mounted read-only at {dest}",
+            m.package
+        ));
+    }
+    Ok(added)
+}
+
+/// Add our `createContainer` hook entry unless one is there already.
+fn apply_hook(config: &mut Value, entry: Value) -> Result<(), HookError> {
+    let hooks = config
+        .as_object_mut()
+        .ok_or(HookError::Shape("no top-level object"))?
+        .entry("hooks")
+        .or_insert_with(|| json!({}));
+    let list = list_at(hooks, "createContainer")
+        .map_err(|_| HookError::Shape("a \"hooks\" that is not an object of lists"))?;
+    let ours = |e: &Value| {
+        e.get("args")
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.iter().any(|x| x == stage::CREATE_CONTAINER))
+            && e.get("path")
+                .and_then(Value::as_str)
+                .is_some_and(|p| p.ends_with("gpuarch-hook"))
+    };
+    if !list.iter().any(ours) {
+        list.push(entry);
     }
     Ok(())
 }
 
+/// Plan the container of `config` and apply the Plan: env, kernel mounts
+/// and the `createContainer` entry that writes the env files inside it.
+/// Returns the Plan; a no-op Plan leaves `config` untouched.
+pub fn edit(config: &mut Value, ctx: &Context) -> Result<Plan, HookError> {
+    let view = ContainerView::from_value(config)?;
+    let mut plan = plan::plan(&view, &ctx.inventory, &ctx.config.env);
+    if plan.is_noop() {
+        return Ok(plan);
+    }
+    let (mounts, notes) = kernels::discover(
+        &ctx.config.kernels.mount_root,
+        &plan,
+        &ctx.inventory.cuda_driver_version,
+    );
+    plan.notes.extend(notes);
+    let mut notes = Vec::new();
+    if apply_mounts(config, &mounts, &mut notes)? > 0 {
+        plan.add_kernels_dir(kernels::CONTAINER_DIR, &view, &ctx.config.env);
+    }
+    plan.notes.extend(notes);
+    apply_env(config, &plan)?;
+    if let Some(entry) = ctx.hook_entry() {
+        apply_hook(config, entry)?;
+    }
+    Ok(plan)
+}
+
 /// The precreate stage: the proposed config in, the config with the Plan
-/// applied out, and the Plan for the log.
-pub fn precreate(input: &[u8], inv: &Snapshot, cfg: &Config) -> Result<(Vec<u8>, Plan), HookError> {
+/// applied out, and the Plan for the log. A no-op Plan gives back the input
+/// bytes exactly.
+pub fn precreate(input: &[u8], ctx: &Context) -> Result<(Vec<u8>, Plan), HookError> {
     let mut config = oci::parse_value(input)?;
-    let view = ContainerView::from_value(&config)?;
-    let plan = plan::plan(&view, inv, &cfg.env);
+    let plan = edit(&mut config, ctx)?;
     if plan.is_noop() {
         return Ok((input.to_vec(), plan));
     }
-    apply_env(&mut config, &plan)?;
     let out = serde_json::to_vec(&config)?;
     Ok((out, plan))
 }
@@ -71,14 +253,22 @@ pub fn precreate(input: &[u8], inv: &Snapshot, cfg: &Config) -> Result<(Vec<u8>,
 mod tests {
     use super::*;
     use gpuarch_core::config::EnvConfig;
-    use serde_json::json;
 
-    fn host() -> Snapshot {
+    pub(crate) fn host() -> Snapshot {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../tests/fixtures/2080ti-3090.json"
         );
         Snapshot::from_json(&std::fs::read(path).unwrap()).unwrap()
+    }
+
+    pub(crate) fn ctx(config: Config) -> Context {
+        Context {
+            inventory: host(),
+            config,
+            hook_path: Some(PathBuf::from("/usr/bin/gpuarch-hook")),
+            hook_env: vec![format!("PATH={SAFE_PATH}")],
+        }
     }
 
     fn config(env: &[&str]) -> Value {
@@ -103,10 +293,9 @@ mod tests {
     }
 
     #[test]
-    fn precreate_adds_the_env_and_preserves_every_other_field() {
+    fn precreate_adds_env_and_hook_and_preserves_every_other_field() {
         let input = config(&["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0,1"]);
-        let (out, plan) =
-            precreate(input.to_string().as_bytes(), &host(), &Config::default()).unwrap();
+        let (out, plan) = precreate(input.to_string().as_bytes(), &ctx(Config::default())).unwrap();
         let out: Value = serde_json::from_slice(&out).unwrap();
         let env = env_of(&out);
         assert!(
@@ -116,12 +305,30 @@ mod tests {
         assert!(env.contains(&"GPUARCH_DTYPE=float16".to_owned()));
         assert_eq!(&env[..2], ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0,1"]);
         assert_eq!(env.len(), 2 + plan.env.len());
-        // Everything but process.env is exactly as it came in.
+        let hook = &out["hooks"]["createContainer"][0];
+        assert_eq!(hook["path"], "/usr/bin/gpuarch-hook");
+        assert_eq!(hook["args"], json!(["gpuarch-hook", "create-container"]));
+        assert_eq!(hook["timeout"], 6);
+        // Everything but what gpuarch owns is exactly as it came in.
         let mut a = out.clone();
         let mut b = input.clone();
         a["process"]["env"] = Value::Null;
         b["process"]["env"] = Value::Null;
+        a.as_object_mut().unwrap().remove("hooks");
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn an_existing_hook_list_is_kept_and_ours_added_once() {
+        let mut c = config(&["NVIDIA_VISIBLE_DEVICES=1"]);
+        c["hooks"] = json!({"prestart": [{"path": "/x"}], "createContainer": [{"path": "/y"}]});
+        let cx = ctx(Config::default());
+        edit(&mut c, &cx).unwrap();
+        edit(&mut c, &cx).unwrap();
+        assert_eq!(c["hooks"]["prestart"], json!([{"path": "/x"}]));
+        let cc = c["hooks"]["createContainer"].as_array().unwrap();
+        assert_eq!(cc.len(), 2, "{cc:?}");
+        assert_eq!(cc[0], json!({"path": "/y"}));
     }
 
     #[test]
@@ -131,7 +338,7 @@ mod tests {
             &["NVIDIA_VISIBLE_DEVICES=all", "GPUARCH_DISABLE=1"],
         ] {
             let input = format!("{}\n", config(env));
-            let (out, plan) = precreate(input.as_bytes(), &host(), &Config::default()).unwrap();
+            let (out, plan) = precreate(input.as_bytes(), &ctx(Config::default())).unwrap();
             assert!(plan.is_noop());
             assert_eq!(out, input.as_bytes());
         }
@@ -140,15 +347,13 @@ mod tests {
     #[test]
     fn container_values_are_kept_unless_override() {
         let input = config(&["NVIDIA_VISIBLE_DEVICES=1", "TORCH_CUDA_ARCH_LIST=8.0"]).to_string();
-        let (out, _) = precreate(input.as_bytes(), &host(), &Config::default()).unwrap();
+        let (out, _) = precreate(input.as_bytes(), &ctx(Config::default())).unwrap();
         let env = env_of(&serde_json::from_slice(&out).unwrap());
-        assert_eq!(
-            env.iter()
-                .filter(|e| e.starts_with("TORCH_CUDA_ARCH_LIST="))
-                .count(),
-            1
-        );
-        assert!(env.contains(&"TORCH_CUDA_ARCH_LIST=8.0".to_owned()));
+        let torch: Vec<_> = env
+            .iter()
+            .filter(|e| e.starts_with("TORCH_CUDA_ARCH_LIST="))
+            .collect();
+        assert_eq!(torch, ["TORCH_CUDA_ARCH_LIST=8.0"]);
 
         let cfg = Config {
             env: EnvConfig {
@@ -157,29 +362,67 @@ mod tests {
             },
             ..Config::default()
         };
-        let (out, _) = precreate(input.as_bytes(), &host(), &cfg).unwrap();
+        let (out, _) = precreate(input.as_bytes(), &ctx(cfg)).unwrap();
         let env = env_of(&serde_json::from_slice(&out).unwrap());
+        let torch: Vec<_> = env
+            .iter()
+            .filter(|e| e.starts_with("TORCH_CUDA_ARCH_LIST="))
+            .collect();
+        assert_eq!(torch, ["TORCH_CUDA_ARCH_LIST=8.6"]);
+    }
+
+    #[test]
+    fn kernel_packages_are_mounted_only_when_they_serve_every_gpu() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pkg = |name: &str, manifest: &str| {
+            std::fs::create_dir_all(tmp.path().join(name)).unwrap();
+            std::fs::write(tmp.path().join(name).join("manifest.json"), manifest).unwrap();
+        };
+        pkg("both", r#"{"targets": ["sm_75", "sm_86"]}"#);
+        pkg("ampere-only", r#"{"targets": ["sm_80"]}"#);
+        pkg("broken", "{");
+        let mut cfg = Config::default();
+        cfg.kernels.mount_root = tmp.path().to_owned();
+        let cx = ctx(cfg);
+
+        let mut c = config(&["NVIDIA_VISIBLE_DEVICES=0,1"]);
+        let plan = edit(&mut c, &cx).unwrap();
+        let mounts = c["mounts"].as_array().unwrap();
+        assert_eq!(mounts.len(), 2, "{mounts:?}");
+        assert_eq!(mounts[1]["destination"], "/opt/gpuarch/kernels/both");
+        assert_eq!(mounts[1]["options"][1], "ro");
         assert_eq!(
-            env.iter()
-                .filter(|e| e.starts_with("TORCH_CUDA_ARCH_LIST="))
-                .count(),
-            1
+            plan.env_get("GPUARCH_KERNELS_DIR"),
+            Some("/opt/gpuarch/kernels")
         );
-        assert!(env.contains(&"TORCH_CUDA_ARCH_LIST=8.6".to_owned()));
+        let notes = plan.notes.join("\n");
+        assert!(
+            notes.contains("ampere-only not mounted: no build in it runs on GPU 0"),
+            "{notes}"
+        );
+        assert!(notes.contains("broken skipped: manifest.json"), "{notes}");
+
+        // GPU 1 alone (8.6) is served by sm_80 SASS too.
+        let mut c = config(&["NVIDIA_VISIBLE_DEVICES=1"]);
+        edit(&mut c, &cx).unwrap();
+        assert_eq!(c["mounts"].as_array().unwrap().len(), 3);
     }
 
     #[test]
     fn bad_configs_are_errors_not_panics() {
-        let h = host();
-        let c = Config::default();
+        let c = ctx(Config::default());
         assert!(matches!(
-            precreate(b"{\"process\":", &h, &c),
+            precreate(b"{\"process\":", &c),
             Err(HookError::Oci(oci::OciError::Syntax { .. }))
         ));
-        assert!(matches!(precreate(b"[1]", &h, &c), Err(HookError::Oci(_))));
+        assert!(matches!(precreate(b"[1]", &c), Err(HookError::Oci(_))));
         let no_process = json!({"annotations": {"cdi.k8s.io/g": "nvidia.com/gpu=0"}}).to_string();
-        let e = precreate(no_process.as_bytes(), &h, &c).unwrap_err();
+        let e = precreate(no_process.as_bytes(), &c).unwrap_err();
         assert!(e.to_string().contains("no \"process\" object"), "{e}");
+        let mut bad_hooks = config(&["NVIDIA_VISIBLE_DEVICES=0"]);
+        bad_hooks["hooks"] = json!([]);
+        let e = edit(&mut bad_hooks, &c).unwrap_err();
+        assert!(e.to_string().contains("\"hooks\""), "{e}");
     }
 
     #[test]
@@ -189,7 +432,7 @@ mod tests {
         let refs: Vec<&str> = env.iter().map(String::as_str).collect();
         let input = config(&refs).to_string();
         let t = std::time::Instant::now();
-        let (out, plan) = precreate(input.as_bytes(), &host(), &Config::default()).unwrap();
+        let (out, plan) = precreate(input.as_bytes(), &ctx(Config::default())).unwrap();
         assert!(
             t.elapsed() < std::time::Duration::from_secs(5),
             "{:?}",

@@ -37,6 +37,7 @@ pub struct Artifacts {
     pub fake_nvml: PathBuf,
     pub gpuarchctl: PathBuf,
     pub gpuarch_hook: PathBuf,
+    pub gpuarch_runtime: PathBuf,
 }
 
 /// Build (once per test process) and locate the fake NVML and the binaries.
@@ -75,6 +76,7 @@ pub fn artifacts() -> &'static Artifacts {
             fake_nvml: profile_dir.join("libfake_nvml.so"),
             gpuarchctl: profile_dir.join("gpuarchctl"),
             gpuarch_hook: profile_dir.join("gpuarch-hook"),
+            gpuarch_runtime: profile_dir.join("gpuarch-runtime"),
         }
     })
 }

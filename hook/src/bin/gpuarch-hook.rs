@@ -1,23 +1,38 @@
-//! gpuarch-hook: the OCI hook. `precreate` reads the proposed config on stdin
-//! and writes it, with the Plan applied, on stdout.
+//! gpuarch-hook: the OCI hook.
 //!
-//! Fail open: on any error the config goes out unchanged and the reason goes
-//! to stderr; with `strict: true` in the config the hook exits 1 instead, and
-//! the engine fails the container's start with that reason.
+//! - `precreate` (podman hooks.d): the proposed config on stdin, the config
+//!   with the Plan applied on stdout.
+//! - `create-container` / `prestart`: the OCI state on stdin; writes the
+//!   Plan into the container as `/run/gpuarch/env` and
+//!   `/etc/profile.d/gpuarch.sh`.
+//!
+//! Fail open: on any error (or past `hook.timeout_ms`) the container starts
+//! unchanged and the reason is logged; with `strict: true` in the config the
+//! hook exits 1 with a one-line reason instead, failing the start.
 
 use std::io::Write;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpuarch_hook::stage::{self, Stage, State};
+use gpuarch_hook::{budget, log};
 
 fn usage() -> ExitCode {
-    eprintln!("usage: gpuarch-hook precreate < config.json > config.json");
+    eprintln!(
+        "usage: gpuarch-hook precreate < config.json > config.json\n       gpuarch-hook create-container|prestart < state.json"
+    );
     ExitCode::from(2)
 }
 
 fn main() -> ExitCode {
+    log::init("gpuarch-hook");
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("precreate") if args.len() == 1 => precreate(),
-        Some("--version") => {
+    match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        ["precreate"] => precreate(),
+        [stage::CREATE_CONTAINER] => in_container(Stage::CreateContainer),
+        [stage::PRESTART] => in_container(Stage::Prestart),
+        ["--version"] => {
             println!("gpuarch-hook {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
         }
@@ -25,50 +40,90 @@ fn main() -> ExitCode {
     }
 }
 
+/// The work's result, with a budget overrun as one more error.
+fn settle<T>(r: Result<Result<T, String>, budget::BudgetError>) -> Result<T, String> {
+    r.map_err(|e| e.to_string()).and_then(|r| r)
+}
+
 fn precreate() -> ExitCode {
     let input = match gpuarch_core::oci::read_bounded(std::io::stdin().lock()) {
-        Ok(b) => b,
+        Ok(b) => Arc::new(b),
         Err(e) => {
             // Nothing whole to pass through: the engine must not get half a config.
-            eprintln!("gpuarch-hook: {e}");
+            log::fatal(&e.to_string());
             return ExitCode::FAILURE;
         }
     };
-    // A config that cannot be read leaves strict off: fail open.
-    let (cfg, cfg_err) = match gpuarch_inventory::read_config() {
-        Ok(c) => (c, None),
-        Err(e) => (Default::default(), Some(e.to_string())),
-    };
+    let (cfg, cfg_err) = gpuarch_hook::load_config();
+    let strict = cfg.strict;
     let result = match cfg_err {
+        // A config that cannot be read leaves strict off: fail open.
         Some(e) => Err(e),
-        None => gpuarch_inventory::read_inventory(None, None)
-            .map_err(|e| e.to_string())
-            .and_then(|(inv, _)| {
-                gpuarch_hook::precreate(&input, &inv, &cfg).map_err(|e| e.to_string())
-            }),
+        None => {
+            let budget = Duration::from_millis(cfg.hook.timeout_ms);
+            let hook_path = std::env::current_exe().ok();
+            let work = Arc::clone(&input);
+            settle(budget::within(budget, move || {
+                let ctx = gpuarch_hook::load_context(cfg, hook_path)?;
+                gpuarch_hook::precreate(&work, &ctx).map_err(|e| e.to_string())
+            }))
+        }
     };
-    let out = match result {
+    let out: &[u8] = match &result {
         Ok((out, plan)) => {
-            for n in &plan.notes {
-                eprintln!("gpuarch-hook: {n}");
-            }
+            plan.notes.iter().for_each(|n| log::info(n));
             out
         }
-        Err(e) if cfg.strict => {
-            eprintln!("gpuarch-hook: {e} (strict: refusing to start the container)");
+        Err(e) if strict => {
+            log::fatal(&format!("{e} (strict: refusing to start the container)"));
             return ExitCode::FAILURE;
         }
         Err(e) => {
-            eprintln!("gpuarch-hook: {e}; the container starts unchanged");
-            input
+            log::warn(&format!("{e}; the container starts unchanged"));
+            &input
         }
     };
     let mut stdout = std::io::stdout().lock();
-    match stdout.write_all(&out).and_then(|()| stdout.flush()) {
+    match stdout.write_all(out).and_then(|()| stdout.flush()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("gpuarch-hook: cannot write the config: {e}");
+            log::fatal(&format!("cannot write the config: {e}"));
             ExitCode::FAILURE
+        }
+    }
+}
+
+fn in_container(which: Stage) -> ExitCode {
+    let (cfg, cfg_err) = gpuarch_hook::load_config();
+    let strict = cfg.strict;
+    let result = match cfg_err {
+        Some(e) => Err(e),
+        None => match State::read(std::io::stdin().lock()) {
+            Err(e) => Err(e.to_string()),
+            Ok(state) => {
+                let budget = Duration::from_millis(cfg.hook.timeout_ms);
+                settle(budget::within(budget, move || {
+                    let ctx = gpuarch_hook::load_context(cfg, None)?;
+                    stage::run(which, &state, &ctx).map_err(|e| e.to_string())
+                }))
+            }
+        },
+    };
+    match result {
+        Ok(out) => {
+            out.plan.notes.iter().for_each(|n| log::info(n));
+            ExitCode::SUCCESS
+        }
+        Err(e) if strict => {
+            log::fatal(&format!("{e} (strict: refusing to start the container)"));
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            log::warn(&format!(
+                "{e}; the container starts without /{} inside",
+                stage::ENV_FILE
+            ));
+            ExitCode::SUCCESS
         }
     }
 }

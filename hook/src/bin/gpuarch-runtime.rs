@@ -1,0 +1,79 @@
+//! gpuarch-runtime: an OCI runtime shim. On `create` and `run` it applies
+//! the Plan to the bundle's `config.json`, then execs the real runtime
+//! (`runtime.path` in the config, else the first of runc, crun on PATH)
+//! with exactly the arguments it was given; every other subcommand goes
+//! straight through. Its exit code is the runtime's.
+//!
+//! Fail open: on any error (or past `hook.timeout_ms`) the runtime runs on
+//! the original bundle and the reason is logged; with `strict: true` the
+//! shim exits 1 with a one-line reason instead.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use gpuarch_hook::shim::{self, Invocation};
+use gpuarch_hook::{budget, log};
+
+fn main() -> ExitCode {
+    log::init("gpuarch-runtime");
+    if std::env::var_os(shim::ACTIVE_ENV).is_some() {
+        log::fatal(
+            "started by gpuarch-runtime itself: runtime.path (or PATH) leads back to the shim",
+        );
+        return ExitCode::FAILURE;
+    }
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let inv = Invocation::parse(&args);
+    let (cfg, cfg_err) = gpuarch_hook::load_config();
+    let myself = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
+    let runtime = match shim::find_runtime(
+        cfg.runtime.path.as_deref(),
+        std::env::var_os("PATH").as_deref(),
+        &myself,
+    ) {
+        Ok(r) => r,
+        Err(e) => {
+            log::fatal(&e.to_string());
+            return ExitCode::FAILURE;
+        }
+    };
+    if inv.creates() {
+        let strict = cfg.strict;
+        let result = match cfg_err {
+            Some(e) => Err(e),
+            None => {
+                let bundle = inv
+                    .bundle
+                    .clone()
+                    .or_else(|| std::env::current_dir().ok())
+                    .unwrap_or_else(|| PathBuf::from("."));
+                let hook = myself.with_file_name("gpuarch-hook");
+                let hook = hook.is_file().then_some(hook);
+                let budget = Duration::from_millis(cfg.hook.timeout_ms);
+                budget::within(budget, move || {
+                    let ctx = gpuarch_hook::load_context(cfg, hook)?;
+                    shim::rewrite_bundle(&bundle, &ctx).map_err(|e| e.to_string())
+                })
+                .map_err(|e| e.to_string())
+                .and_then(|r| r)
+            }
+        };
+        match result {
+            Ok(plan) => plan.notes.iter().for_each(|n| log::info(n)),
+            Err(e) if strict => {
+                log::fatal(&format!("{e} (strict: refusing to create the container)"));
+                return ExitCode::FAILURE;
+            }
+            Err(e) => log::warn(&format!("{e}; the container starts unchanged")),
+        }
+    }
+    let err = std::process::Command::new(&runtime)
+        .args(&args)
+        .env(shim::ACTIVE_ENV, "1")
+        .exec();
+    log::fatal(&format!("cannot run {}: {err}", runtime.display()));
+    ExitCode::from(127)
+}

@@ -1,0 +1,245 @@
+//! Writing files inside a container's root filesystem without ever leaving
+//! it. The rootfs belongs to whoever owns the container, and the hook runs as
+//! root: every path is resolved by the kernel with `openat2(RESOLVE_IN_ROOT)`
+//! against a handle on the rootfs, so a symlink such as `/run -> /etc` on the
+//! host resolves to the rootfs's own `/etc`, never the host's.
+
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2, renameat};
+use nix::sys::stat::{Mode, fchmod, mkdirat};
+
+/// Something inside the rootfs could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum RootfsError {
+    #[error("cannot open the container rootfs {path}: {errno}")]
+    Open { path: PathBuf, errno: Errno },
+    #[error(
+        "openat2 is not available (Linux 5.6 or later is needed to write inside a container safely)"
+    )]
+    NoOpenat2,
+    #[error("{path} inside the container: {what}: {errno}")]
+    Inside {
+        path: PathBuf,
+        what: &'static str,
+        errno: Errno,
+    },
+    #[error("{path} is not a plain relative path inside the container")]
+    BadPath { path: PathBuf },
+}
+
+/// A handle on a container's root filesystem.
+#[derive(Debug)]
+pub struct Root {
+    fd: OwnedFd,
+}
+
+const IN_ROOT: ResolveFlag = ResolveFlag::RESOLVE_IN_ROOT.union(ResolveFlag::RESOLVE_NO_MAGICLINKS);
+
+fn inside<'a>(path: &'a Path, what: &'static str) -> impl Fn(Errno) -> RootfsError + 'a {
+    move |errno| match errno {
+        Errno::ENOSYS => RootfsError::NoOpenat2,
+        errno => RootfsError::Inside {
+            path: Path::new("/").join(path),
+            what,
+            errno,
+        },
+    }
+}
+
+impl Root {
+    /// Open the rootfs at `path` (a host path the engine chose, or
+    /// `/proc/PID/root` of the container's process).
+    pub fn open(path: &Path) -> Result<Self, RootfsError> {
+        let how = OpenHow::new().flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC);
+        let fd = openat2(nix::fcntl::AT_FDCWD, path, how).map_err(|errno| match errno {
+            Errno::ENOSYS => RootfsError::NoOpenat2,
+            errno => RootfsError::Open {
+                path: path.to_owned(),
+                errno,
+            },
+        })?;
+        Ok(Self { fd })
+    }
+
+    fn open_dir(&self, rel: &Path) -> Result<OwnedFd, Errno> {
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+            .resolve(IN_ROOT);
+        let rel = if rel.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            rel
+        };
+        openat2(self.fd.as_fd(), rel, how)
+    }
+
+    /// Open directory `rel` (relative to the container's `/`), creating the
+    /// missing parts with `mode`. Every prefix is resolved from the rootfs,
+    /// so symlinks on the way are followed as the container would see them.
+    pub fn mkdir_all(&self, rel: &Path, mode: u32) -> Result<OwnedFd, RootfsError> {
+        let mut names = Vec::new();
+        for c in rel.components() {
+            match c {
+                Component::Normal(n) => names.push(n),
+                Component::RootDir | Component::CurDir => {}
+                _ => {
+                    return Err(RootfsError::BadPath {
+                        path: rel.to_owned(),
+                    });
+                }
+            }
+        }
+        let mut dir = self
+            .open_dir(Path::new(""))
+            .map_err(inside(Path::new(""), "open"))?;
+        let mut prefix = PathBuf::new();
+        for name in names {
+            prefix.push(name);
+            dir = match self.open_dir(&prefix) {
+                Ok(fd) => fd,
+                Err(Errno::ENOENT) => {
+                    // `dir` is the resolved parent: create the one name in it.
+                    match mkdirat(dir.as_fd(), name, Mode::from_bits_truncate(mode)) {
+                        Ok(()) | Err(Errno::EEXIST) => {}
+                        Err(e) => return Err(inside(&prefix, "mkdir")(e)),
+                    }
+                    self.open_dir(&prefix)
+                        .map_err(inside(&prefix, "open after mkdir (a dangling symlink?)"))?
+                }
+                Err(e) => return Err(inside(&prefix, "open")(e)),
+            };
+        }
+        Ok(dir)
+    }
+
+    /// Replace file `rel` with `contents`: written to a temporary name in the
+    /// same directory, then renamed over, so a reader sees the old file or
+    /// the new one. A symlink at `rel` is replaced, never followed.
+    pub fn write_file(&self, rel: &Path, contents: &[u8], mode: u32) -> Result<(), RootfsError> {
+        let bad = || RootfsError::BadPath {
+            path: rel.to_owned(),
+        };
+        let name = rel.file_name().ok_or_else(bad)?;
+        let parent = rel.parent().ok_or_else(bad)?;
+        let dir = self.mkdir_all(parent, 0o755)?;
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(format!(".gpuarch-{}", std::process::id()));
+        let how = OpenHow::new()
+            .flags(
+                OFlag::O_WRONLY
+                    | OFlag::O_CREAT
+                    | OFlag::O_TRUNC
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_CLOEXEC,
+            )
+            .mode(Mode::from_bits_truncate(mode))
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+        let fd = openat2(dir.as_fd(), Path::new(&tmp_name), how).map_err(inside(rel, "create"))?;
+        let written = fchmod(fd.as_fd(), Mode::from_bits_truncate(mode))
+            .map_err(inside(rel, "chmod"))
+            .and_then(|()| {
+                std::fs::File::from(fd).write_all(contents).map_err(|e| {
+                    inside(rel, "write")(Errno::from_raw(
+                        e.raw_os_error().unwrap_or(nix::libc::EIO),
+                    ))
+                })
+            })
+            .and_then(|()| {
+                renameat(dir.as_fd(), Path::new(&tmp_name), dir.as_fd(), name)
+                    .map_err(inside(rel, "rename"))
+            });
+        if written.is_err() {
+            let _ = nix::unistd::unlinkat(
+                dir.as_fd(),
+                Path::new(&tmp_name),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            );
+        }
+        written
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{PermissionsExt, symlink};
+
+    #[test]
+    fn writes_inside_and_never_outside() {
+        let tmp = tempfile::tempdir().unwrap();
+        let rootfs = tmp.path().join("rootfs");
+        let host = tmp.path().join("host");
+        std::fs::create_dir_all(rootfs.join("etc")).unwrap();
+        std::fs::create_dir_all(&host).unwrap();
+        // Absolute and relative escapes.
+        symlink(&host, rootfs.join("run")).unwrap();
+        symlink("../../host", rootfs.join("etc/profile.d")).unwrap();
+
+        let root = Root::open(&rootfs).unwrap();
+        // /run points at a path the rootfs lacks: refused, host untouched.
+        let e = root
+            .write_file(Path::new("run/gpuarch/env"), b"A=1\n", 0o644)
+            .unwrap_err();
+        assert!(e.to_string().contains("/run inside the container"), "{e}");
+        assert_eq!(std::fs::read_dir(&host).unwrap().count(), 0, "host touched");
+        // Once the rootfs has that path, the link resolves to it.
+        let inner = rootfs.join(host.strip_prefix("/").unwrap());
+        std::fs::create_dir_all(&inner).unwrap();
+        std::fs::create_dir_all(rootfs.join("host")).unwrap();
+        root.write_file(Path::new("run/gpuarch/env"), b"A=1\n", 0o644)
+            .unwrap();
+        root.write_file(
+            Path::new("/etc/profile.d/gpuarch.sh"),
+            b"export A=1\n",
+            0o644,
+        )
+        .unwrap();
+        assert_eq!(std::fs::read_dir(&host).unwrap().count(), 0, "host touched");
+        let inner = inner.join("gpuarch/env");
+        assert_eq!(std::fs::read(&inner).unwrap(), b"A=1\n");
+        let meta = std::fs::metadata(&inner).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o644);
+        // `../..` from /etc stops at the rootfs's `/`.
+        assert_eq!(
+            std::fs::read(rootfs.join("host/gpuarch.sh")).unwrap(),
+            b"export A=1\n"
+        );
+    }
+
+    #[test]
+    fn a_symlinked_file_is_replaced_not_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let rootfs = tmp.path().join("rootfs");
+        std::fs::create_dir_all(rootfs.join("run/gpuarch")).unwrap();
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        symlink(&victim, rootfs.join("run/gpuarch/env")).unwrap();
+        let root = Root::open(&rootfs).unwrap();
+        root.write_file(Path::new("run/gpuarch/env"), b"A=1\n", 0o644)
+            .unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        let env = rootfs.join("run/gpuarch/env");
+        assert!(!env.symlink_metadata().unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read(&env).unwrap(), b"A=1\n");
+    }
+
+    #[test]
+    fn dotdot_and_missing_roots_are_errors() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = Root::open(tmp.path()).unwrap();
+        assert!(matches!(
+            root.write_file(Path::new("../x"), b"", 0o644),
+            Err(RootfsError::BadPath { .. })
+        ));
+        let e = Root::open(&tmp.path().join("nope")).unwrap_err();
+        assert!(
+            e.to_string().contains("cannot open the container rootfs"),
+            "{e}"
+        );
+    }
+}

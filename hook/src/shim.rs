@@ -1,0 +1,343 @@
+//! `gpuarch-runtime`: registered with an engine as its OCI runtime (Docker
+//! `daemon.json` `runtimes`, containerd runtime options), it applies the
+//! Plan to the bundle's `config.json` on `create` (and `run`), then execs the
+//! real runtime with the arguments it was given. Every other subcommand goes
+//! straight through; the exit code is always the runtime's.
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use gpuarch_core::oci;
+use gpuarch_core::plan::Plan;
+
+use crate::{Context, HookError};
+
+/// Set in the real runtime's environment: a shim that finds it set was
+/// started by itself (a `runtime.path` pointing back at the shim) and stops.
+pub const ACTIVE_ENV: &str = "GPUARCH_RUNTIME_ACTIVE";
+
+/// Runtimes tried on PATH, in order, when the config names none.
+pub const DEFAULT_RUNTIMES: [&str; 2] = ["runc", "crun"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShimError {
+    #[error("no OCI runtime: none of {} found on PATH (set runtime.path in the config)", DEFAULT_RUNTIMES.join(", "))]
+    NoRuntime,
+    #[error("runtime.path {0} is not an executable file")]
+    BadRuntime(PathBuf),
+    #[error("runtime.path {0} is gpuarch-runtime itself")]
+    IsSelf(PathBuf),
+    #[error("{path}: {source}")]
+    Config {
+        path: PathBuf,
+        source: oci::OciError,
+    },
+    #[error("{path}: {source}")]
+    Edit { path: PathBuf, source: HookError },
+    #[error("cannot replace {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Global options of runc and crun that take a value as the next argument.
+const GLOBAL_WITH_VALUE: [&str; 7] = [
+    "--root",
+    "--log",
+    "--log-format",
+    "--log-level",
+    "--criu",
+    "--rootless",
+    "--cgroup-manager",
+];
+
+/// What the shim needs from the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invocation {
+    /// `create`, `run`, `state`, ...; `None` for `--version` and the like.
+    pub command: Option<String>,
+    /// The bundle of a `create` or `run`: `--bundle`/`-b`, else the current
+    /// directory (`None` here).
+    pub bundle: Option<PathBuf>,
+}
+
+impl Invocation {
+    pub fn parse(args: &[OsString]) -> Self {
+        let mut i = 0;
+        let mut command = None;
+        while i < args.len() {
+            let a = args[i].to_string_lossy();
+            if a == "--" {
+                i += 1;
+                break;
+            }
+            if a.starts_with('-') {
+                // urfave/cli (runc) also takes long options with one dash.
+                let name = a.split('=').next().unwrap_or("");
+                let long = if name.starts_with("--") || name.len() == 2 {
+                    name.to_owned()
+                } else {
+                    format!("-{name}")
+                };
+                if GLOBAL_WITH_VALUE.contains(&long.as_str()) && !a.contains('=') {
+                    i += 1;
+                }
+                i += 1;
+                continue;
+            }
+            command = Some(a.into_owned());
+            i += 1;
+            break;
+        }
+        if command.is_none() && i < args.len() {
+            command = Some(args[i].to_string_lossy().into_owned());
+            i += 1;
+        }
+        let mut bundle = None;
+        if matches!(command.as_deref(), Some("create" | "run")) {
+            let rest = &args[i..];
+            let mut j = 0;
+            while j < rest.len() {
+                let a = rest[j].to_string_lossy();
+                if a == "--" {
+                    break;
+                }
+                let value = match a.as_ref() {
+                    "--bundle" | "-bundle" | "-b" | "--b" => rest.get(j + 1).map(PathBuf::from),
+                    _ => ["--bundle=", "-bundle=", "-b=", "--b="]
+                        .iter()
+                        .find_map(|p| a.strip_prefix(p))
+                        .map(PathBuf::from),
+                };
+                if value.is_some() {
+                    bundle = value;
+                }
+                j += 1;
+            }
+        }
+        Self { command, bundle }
+    }
+
+    pub fn creates(&self) -> bool {
+        matches!(self.command.as_deref(), Some("create" | "run"))
+    }
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+fn executable(p: &Path) -> bool {
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The real runtime: `configured` when set, else the first of
+/// [`DEFAULT_RUNTIMES`] on `path_env`; never `myself`.
+pub fn find_runtime(
+    configured: Option<&Path>,
+    path_env: Option<&OsStr>,
+    myself: &Path,
+) -> Result<PathBuf, ShimError> {
+    if let Some(p) = configured {
+        if same_file(p, myself) {
+            return Err(ShimError::IsSelf(p.to_owned()));
+        }
+        if !executable(p) {
+            return Err(ShimError::BadRuntime(p.to_owned()));
+        }
+        return Ok(p.to_owned());
+    }
+    let dirs: Vec<PathBuf> = path_env
+        .map(|p| std::env::split_paths(p).collect())
+        .unwrap_or_default();
+    for name in DEFAULT_RUNTIMES {
+        for d in &dirs {
+            let p = d.join(name);
+            if executable(&p) && !same_file(&p, myself) {
+                return Ok(p);
+            }
+        }
+    }
+    Err(ShimError::NoRuntime)
+}
+
+/// Apply the Plan to `<bundle>/config.json`. A no-op Plan leaves the file
+/// as it was; otherwise it is replaced atomically (a temporary file in the
+/// bundle renamed over it) with its mode and owner kept.
+pub fn rewrite_bundle(bundle: &Path, ctx: &Context) -> Result<Plan, ShimError> {
+    let path = bundle.join("config.json");
+    let cfg_err = |source| ShimError::Config {
+        path: path.clone(),
+        source,
+    };
+    let file = std::fs::File::open(&path).map_err(|e| cfg_err(oci::OciError::Read(e)))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| cfg_err(oci::OciError::Read(e)))?;
+    let mut config =
+        oci::parse_value(&oci::read_bounded(file).map_err(cfg_err)?).map_err(cfg_err)?;
+    let plan = crate::edit(&mut config, ctx).map_err(|source| ShimError::Edit {
+        path: path.clone(),
+        source,
+    })?;
+    if plan.is_noop() {
+        return Ok(plan);
+    }
+    let bytes = serde_json::to_vec(&config).map_err(|e| ShimError::Edit {
+        path: path.clone(),
+        source: e.into(),
+    })?;
+    let tmp = bundle.join(format!(".config.json.gpuarch-{}", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        f.set_permissions(std::fs::Permissions::from_mode(meta.mode() & 0o7777))?;
+        std::os::unix::fs::fchown(&f, Some(meta.uid()), Some(meta.gid()))?;
+        f.write_all(&bytes)?;
+        std::fs::rename(&tmp, &path)
+    };
+    write().map_err(|source| {
+        let _ = std::fs::remove_file(&tmp);
+        ShimError::Write {
+            path: path.clone(),
+            source,
+        }
+    })?;
+    Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tests::ctx;
+    use gpuarch_core::config::Config;
+    use serde_json::{Value, json};
+
+    fn inv(args: &[&str]) -> Invocation {
+        Invocation::parse(&args.iter().map(OsString::from).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn finds_the_command_and_the_bundle_as_engines_call_it() {
+        // As Docker/containerd call runc.
+        let i = inv(&[
+            "--root",
+            "/run/docker/runtime-runc/moby",
+            "--log",
+            "/x/log.json",
+            "--log-format",
+            "json",
+            "--systemd-cgroup",
+            "create",
+            "--bundle",
+            "/b",
+            "--pid-file",
+            "/p",
+            "id",
+        ]);
+        assert_eq!(i.command.as_deref(), Some("create"));
+        assert_eq!(i.bundle.as_deref(), Some(Path::new("/b")));
+        assert_eq!(
+            inv(&["run", "-b", "/c", "id"]).bundle.as_deref(),
+            Some(Path::new("/c"))
+        );
+        assert_eq!(
+            inv(&["--root=/r", "create", "--bundle=/d", "id"])
+                .bundle
+                .as_deref(),
+            Some(Path::new("/d"))
+        );
+        assert_eq!(inv(&["create", "id"]).bundle, None);
+        let start = inv(&["--root", "/r", "start", "-b", "/x"]);
+        assert_eq!(start.command.as_deref(), Some("start"));
+        assert!(!start.creates() && start.bundle.is_none());
+        assert_eq!(inv(&["--version"]).command, None);
+    }
+
+    #[test]
+    fn the_runtime_is_configured_or_found_and_never_the_shim() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = |name: &str| {
+            let p = tmp.path().join(name);
+            std::fs::write(&p, "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+            p
+        };
+        let me = bin("gpuarch-runtime");
+        let crun = bin("crun");
+        let path = tmp.path().as_os_str();
+        assert_eq!(find_runtime(None, Some(path), &me).unwrap(), crun);
+        std::os::unix::fs::symlink(&me, tmp.path().join("runc")).unwrap();
+        assert_eq!(
+            find_runtime(None, Some(path), &me).unwrap(),
+            crun,
+            "a runc that is the shim is skipped"
+        );
+        assert!(matches!(
+            find_runtime(Some(&me), None, &me),
+            Err(ShimError::IsSelf(_))
+        ));
+        assert!(matches!(
+            find_runtime(Some(Path::new("/nonexistent/runc")), None, &me),
+            Err(ShimError::BadRuntime(_))
+        ));
+        assert!(matches!(
+            find_runtime(None, None, &me),
+            Err(ShimError::NoRuntime)
+        ));
+    }
+
+    #[test]
+    fn rewrites_config_json_atomically_keeping_its_mode() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("config.json");
+        let original = json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]}, "root": {"path": "rootfs"}, "x-vendor": {"a": [1]}});
+        std::fs::write(&path, original.to_string()).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let plan = rewrite_bundle(tmp.path(), &ctx(Config::default())).unwrap();
+        assert_eq!(plan.env_get("TORCH_CUDA_ARCH_LIST"), Some("7.5"));
+        let got: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert!(
+            got["process"]["env"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("GPUARCH_DTYPE=float16"))
+        );
+        assert_eq!(got["x-vendor"], original["x-vendor"]);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777,
+            0o600
+        );
+        assert_eq!(
+            std::fs::read_dir(tmp.path()).unwrap().count(),
+            1,
+            "no temporary file left"
+        );
+
+        // No GPU: the file is not even rewritten.
+        std::fs::write(&path, "{\"process\": {\"env\": []}}  ").unwrap();
+        rewrite_bundle(tmp.path(), &ctx(Config::default())).unwrap();
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            b"{\"process\": {\"env\": []}}  "
+        );
+
+        std::fs::write(&path, "{").unwrap();
+        let e = rewrite_bundle(tmp.path(), &ctx(Config::default()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("config.json") && e.contains("not valid JSON"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), b"{");
+    }
+}
