@@ -1,0 +1,647 @@
+//! Real containers: runc and crun behind `gpuarch-runtime`, podman with the
+//! shipped hooks.d file. Each test builds a busybox-static rootfs, starts a
+//! container on the 2080 Ti + 3090 topology and reads what the process
+//! inside sees: its env, `/run/gpuarch/env`, mounted kernel packages.
+//!
+//! Needs root and runc, crun, podman and a static busybox (`.ci/run`
+//! installs them); a test whose tool is missing says so and skips.
+
+#![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use gpuarch_tests::{artifacts, fixture, workspace_root};
+use serde_json::{Value, json};
+
+const BUSYBOX: &str = "/bin/busybox";
+/// What every container runs: its env, a separator, the env file.
+const SCRIPT: &str = "env; echo @@@; cat /run/gpuarch/env 2>/dev/null; echo @@@; \
+     ls /opt/gpuarch/kernels 2>/dev/null; cat /opt/gpuarch/kernels/*/manifest.json 2>/dev/null; \
+     touch /opt/gpuarch/kernels/demo/x 2>/dev/null && echo WRITABLE; true";
+
+fn which(tool: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(tool))
+            .find(|p| p.is_file())
+    })
+}
+
+/// `None` when this machine can run the test; else the reason it cannot.
+fn missing(tools: &[&str]) -> Option<String> {
+    if !nix::unistd::Uid::effective().is_root() {
+        return Some("needs root to run containers".into());
+    }
+    if !Path::new(BUSYBOX).is_file() {
+        return Some(format!("no {BUSYBOX} (apt install busybox-static)"));
+    }
+    tools
+        .iter()
+        .find(|t| which(t).is_none())
+        .map(|t| format!("{t} is not installed"))
+}
+
+macro_rules! require {
+    ($($tool:expr),*) => {
+        if let Some(why) = missing(&[$($tool),*]) {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+}
+
+fn unique(prefix: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "gpuarch-{prefix}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// A busybox rootfs with the directories a container needs.
+fn make_rootfs(dir: &Path) {
+    for d in ["bin", "etc", "run", "proc", "sys", "dev", "tmp", "opt"] {
+        std::fs::create_dir_all(dir.join(d)).unwrap();
+    }
+    std::fs::copy(BUSYBOX, dir.join("bin/busybox")).unwrap();
+    for applet in ["sh", "env", "cat", "echo", "ls", "touch", "true"] {
+        symlink("busybox", dir.join("bin").join(applet)).unwrap();
+    }
+}
+
+/// What the container saw.
+#[derive(Debug)]
+struct Seen {
+    out: Output,
+    env: BTreeMap<String, String>,
+    env_file: String,
+    kernels: String,
+}
+
+impl Seen {
+    fn parse(out: Output) -> Self {
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut parts = stdout.split("@@@\n");
+        let env = parts
+            .next()
+            .unwrap_or("")
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let env_file = parts.next().unwrap_or("").to_owned();
+        let kernels = parts.next().unwrap_or("").to_owned();
+        Self {
+            out,
+            env,
+            env_file,
+            kernels,
+        }
+    }
+
+    fn get(&self, k: &str) -> Option<&str> {
+        self.env.get(k).map(String::as_str)
+    }
+
+    fn ok(&self) -> &Self {
+        assert!(
+            self.out.status.success(),
+            "container failed: {:?}\nstdout: {}\nstderr: {}",
+            self.out.status,
+            String::from_utf8_lossy(&self.out.stdout),
+            self.stderr()
+        );
+        self
+    }
+
+    fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.out.stderr).into_owned()
+    }
+
+    /// The three hints of the issue, and the env file agreeing with the env.
+    fn hints(&self) -> (Option<&str>, Option<&str>, Option<&str>) {
+        for k in ["TORCH_CUDA_ARCH_LIST", "GPUARCH_DTYPE"] {
+            if let Some(v) = self.get(k) {
+                assert!(
+                    self.env_file.contains(&format!("{k}={v}\n")),
+                    "/run/gpuarch/env disagrees on {k}: {}",
+                    self.env_file
+                );
+            }
+        }
+        (
+            self.get("TORCH_CUDA_ARCH_LIST"),
+            self.get("GPUARCH_DTYPE"),
+            self.get("GPUARCH_ATTN_IMPLEMENTATION"),
+        )
+    }
+
+    fn untouched(&self) {
+        let ours: Vec<_> = self
+            .env
+            .keys()
+            .filter(|k| k.starts_with("GPUARCH_") && *k != "GPUARCH_DISABLE")
+            .collect();
+        assert!(ours.is_empty(), "gpuarch env leaked in: {ours:?}");
+        assert!(self.env_file.is_empty(), "env file: {}", self.env_file);
+    }
+}
+
+/// A test's scratch space: a rootfs, a gpuarch config, an inventory.
+struct Scene {
+    dir: tempfile::TempDir,
+    config_yaml: String,
+    /// `GPUARCH_INVENTORY`; `None` leaves the hook to NVML.
+    inventory: Option<PathBuf>,
+    extra_env: Vec<(String, String)>,
+}
+
+impl Scene {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        make_rootfs(&dir.path().join("rootfs"));
+        Self {
+            dir,
+            config_yaml: String::new(),
+            inventory: Some(fixture("2080ti-3090")),
+            extra_env: Vec::new(),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn rootfs(&self) -> PathBuf {
+        self.path().join("rootfs")
+    }
+
+    fn config_file(&self, runtime: Option<&Path>) -> PathBuf {
+        let p = self.path().join("config.yaml");
+        let mut yaml = self.config_yaml.clone();
+        if let Some(r) = runtime {
+            yaml.push_str(&format!("\nruntime:\n  path: {}\n", r.display()));
+        }
+        std::fs::write(&p, yaml).unwrap();
+        p
+    }
+
+    /// A bundle for runc/crun: the runtime's own `spec`, our process.
+    fn bundle(&self, runtime: &str, env: &[&str]) -> PathBuf {
+        let b = self.path().join(unique("bundle"));
+        std::fs::create_dir_all(&b).unwrap();
+        let o = Command::new(runtime)
+            .arg("spec")
+            .current_dir(&b)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{runtime} spec: {o:?}");
+        let mut c: Value =
+            serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+        c["root"] = json!({"path": self.rootfs(), "readonly": false});
+        c["process"]["terminal"] = json!(false);
+        c["process"]["args"] = json!(["sh", "-c", SCRIPT]);
+        let base = c["process"]["env"].as_array().unwrap().clone();
+        c["process"]["env"] = Value::Array(
+            base.into_iter()
+                .chain(env.iter().map(|e| json!(e)))
+                .collect(),
+        );
+        c["mounts"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev"]}));
+        std::fs::write(b.join("config.json"), c.to_string()).unwrap();
+        b
+    }
+
+    /// `gpuarch-runtime run` in front of `runtime` (runc or crun).
+    fn shim(&self, runtime: &str, env: &[&str]) -> Seen {
+        let bundle = self.bundle(runtime, env);
+        let real = which(runtime).unwrap();
+        let shim = &artifacts().gpuarch_runtime;
+        let id = unique(runtime);
+        let mut cmd = if runtime == "crun" {
+            // crun wants cgroup v2 alone: hide the hybrid v1 "unified" mount
+            // in a private mount namespace (a no-op where there is none).
+            let mut c = Command::new("unshare");
+            c.args(["--mount", "--propagation", "private", "sh", "-c"])
+                .arg("umount /sys/fs/cgroup/unified 2>/dev/null; exec \"$@\"")
+                .arg("sh")
+                .arg(shim);
+            c
+        } else {
+            Command::new(shim)
+        };
+        cmd.args(["run", "--bundle"])
+            .arg(&bundle)
+            .arg(&id)
+            .env("GPUARCH_CONFIG", self.config_file(Some(&real)))
+            .env_remove("GPUARCH_INVENTORY");
+        if let Some(inv) = &self.inventory {
+            cmd.env("GPUARCH_INVENTORY", inv);
+        }
+        for (k, v) in &self.extra_env {
+            cmd.env(k, v);
+        }
+        Seen::parse(cmd.output().unwrap())
+    }
+
+    /// podman with the shipped hooks.d file (path and env filled in).
+    fn podman(&self, args: &[&str]) -> Seen {
+        let hooks = self.path().join("hooks.d");
+        std::fs::create_dir_all(&hooks).unwrap();
+        let shipped = workspace_root().join("packaging/oci-hooks.d/gpuarch-hook.json");
+        let mut h: Value = serde_json::from_slice(&std::fs::read(shipped).unwrap()).unwrap();
+        assert_eq!(h["stages"], json!(["precreate"]));
+        h["hook"]["path"] = json!(artifacts().gpuarch_hook);
+        let mut env = vec![format!(
+            "GPUARCH_CONFIG={}",
+            self.config_file(None).display()
+        )];
+        if let Some(inv) = &self.inventory {
+            env.push(format!("GPUARCH_INVENTORY={}", inv.display()));
+        }
+        env.extend(self.extra_env.iter().map(|(k, v)| format!("{k}={v}")));
+        h["hook"]["env"] = json!(env);
+        std::fs::write(hooks.join("gpuarch-hook.json"), h.to_string()).unwrap();
+        let store = self.path().join("podman");
+        let o = Command::new("podman")
+            .arg("--root")
+            .arg(store.join("root"))
+            .arg("--runroot")
+            .arg(store.join("runroot"))
+            .args([
+                "--runtime",
+                "runc",
+                "--storage-driver",
+                "vfs",
+                "--cgroup-manager",
+                "cgroupfs",
+                "--events-backend",
+                "file",
+                "--hooks-dir",
+            ])
+            .arg(&hooks)
+            .args([
+                "run",
+                "--rm",
+                "--network",
+                "none",
+                // A fresh /run per container, as runc's bundles get: the
+                // rootfs directory is shared by a test's containers.
+                "--tmpfs",
+                "/run",
+                "--ulimit",
+                "nofile=1024:1024",
+                "--ulimit",
+                "nproc=1024:1024",
+            ])
+            .args(args)
+            .arg("--rootfs")
+            .arg(self.rootfs())
+            .args(["/bin/sh", "-c", SCRIPT])
+            .output()
+            .unwrap();
+        Seen::parse(o)
+    }
+}
+
+/// The issue's table, through one way of starting containers.
+fn matrix(start: impl Fn(&Scene, &[&str]) -> Seen) {
+    let s = Scene::new();
+    let cases: [(&[&str], _); 4] = [
+        (&["NVIDIA_VISIBLE_DEVICES=0"], ("7.5", "float16", "sdpa")),
+        (
+            &["NVIDIA_VISIBLE_DEVICES=1"],
+            ("8.6", "bfloat16", "flash_attention_2"),
+        ),
+        (
+            &["NVIDIA_VISIBLE_DEVICES=0,1"],
+            ("7.5;8.6", "float16", "sdpa"),
+        ),
+        (
+            &["NVIDIA_VISIBLE_DEVICES=0,1", "CUDA_VISIBLE_DEVICES=1"],
+            ("8.6", "bfloat16", "flash_attention_2"),
+        ),
+    ];
+    for (env, (arch, dtype, attn)) in cases {
+        let seen = start(&s, env);
+        assert_eq!(
+            seen.ok().hints(),
+            (Some(arch), Some(dtype), Some(attn)),
+            "{env:?}: {seen:?}"
+        );
+        assert_eq!(seen.get("CUDA_DEVICE_ORDER"), Some("PCI_BUS_ID"));
+    }
+    for env in [
+        &[][..],
+        &["NVIDIA_VISIBLE_DEVICES=none"],
+        &["NVIDIA_VISIBLE_DEVICES=all", "GPUARCH_DISABLE=1"],
+    ] {
+        start(&s, env).ok().untouched();
+    }
+    let own = start(
+        &s,
+        &["NVIDIA_VISIBLE_DEVICES=0", "TORCH_CUDA_ARCH_LIST=9.0"],
+    );
+    assert_eq!(own.ok().get("TORCH_CUDA_ARCH_LIST"), Some("9.0"));
+    assert_eq!(own.get("GPUARCH_DTYPE"), Some("float16"));
+    assert!(
+        own.env_file.contains("TORCH_CUDA_ARCH_LIST=9.0\n"),
+        "{}",
+        own.env_file
+    );
+}
+
+#[test]
+fn runc_behind_the_shim() {
+    require!("runc");
+    matrix(|s, env| s.shim("runc", env));
+}
+
+#[test]
+fn crun_behind_the_shim() {
+    require!("crun", "runc", "unshare");
+    matrix(|s, env| s.shim("crun", env));
+}
+
+#[test]
+fn podman_with_the_precreate_hook() {
+    require!("podman", "runc");
+    matrix(|s, env| {
+        let args: Vec<String> = env
+            .iter()
+            .flat_map(|e| ["-e".to_owned(), (*e).to_owned()])
+            .collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        s.podman(&args)
+    });
+}
+
+#[test]
+fn podman_device_nodes_assign_gpus() {
+    require!("podman", "runc");
+    let s = Scene::new();
+    // Stand-in device nodes with the NVIDIA major and each GPU's minor.
+    let dev = s.path().join("dev");
+    std::fs::create_dir_all(&dev).unwrap();
+    for minor in [0, 1] {
+        let p = dev.join(format!("nvidia{minor}"));
+        nix::sys::stat::mknod(
+            &p,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            nix::sys::stat::makedev(195, minor),
+        )
+        .unwrap();
+    }
+    let d = |n: u64| {
+        format!(
+            "{}:/dev/nvidia{n}",
+            dev.join(format!("nvidia{n}")).display()
+        )
+    };
+    let one = s.podman(&["--device", &d(1)]);
+    assert_eq!(
+        one.ok().hints(),
+        (Some("8.6"), Some("bfloat16"), Some("flash_attention_2"))
+    );
+    let both = s.podman(&["--device", &d(0), "--device", &d(1)]);
+    assert_eq!(
+        both.ok().hints(),
+        (Some("7.5;8.6"), Some("float16"), Some("sdpa"))
+    );
+}
+
+/// Kernel packages are mounted read-only where they serve every GPU.
+#[test]
+fn kernel_packages_are_mounted_read_only() {
+    require!("runc");
+    let mut s = Scene::new();
+    let root = s.path().join("kernels");
+    for (name, targets) in [
+        ("demo", r#"["sm_75", "sm_86"]"#),
+        ("hopper", r#"["sm_90a"]"#),
+    ] {
+        std::fs::create_dir_all(root.join(name)).unwrap();
+        std::fs::write(
+            root.join(name).join("manifest.json"),
+            format!(r#"{{"package": "{name}", "targets": {targets}}}"#),
+        )
+        .unwrap();
+    }
+    s.config_yaml = format!("kernels:\n  mount_root: {}\n", root.display());
+    let seen = s.shim("runc", &["NVIDIA_VISIBLE_DEVICES=0,1"]);
+    seen.ok();
+    assert_eq!(
+        seen.get("GPUARCH_KERNELS_DIR"),
+        Some("/opt/gpuarch/kernels")
+    );
+    assert!(seen.kernels.starts_with("demo\n"), "{}", seen.kernels);
+    assert!(
+        seen.kernels.contains(r#""package": "demo""#),
+        "{}",
+        seen.kernels
+    );
+    assert!(!seen.kernels.contains("hopper"), "{}", seen.kernels);
+    assert!(!seen.kernels.contains("WRITABLE"), "{}", seen.kernels);
+    assert!(!root.join("demo/x").exists());
+}
+
+/// A rootfs whose /run and /opt/gpuarch point at host directories: every
+/// write and mount lands inside the rootfs, and the host stays as it was.
+#[test]
+fn a_hostile_rootfs_cannot_reach_the_host() {
+    require!("runc", "podman");
+    let mut s = Scene::new();
+    let host_run = s.path().join("host-run");
+    let host_opt = s.path().join("host-opt");
+    std::fs::create_dir_all(&host_run).unwrap();
+    std::fs::create_dir_all(&host_opt).unwrap();
+    let rootfs = s.rootfs();
+    std::fs::remove_dir(rootfs.join("run")).unwrap();
+    symlink(&host_run, rootfs.join("run")).unwrap();
+    symlink(&host_opt, rootfs.join("opt/gpuarch")).unwrap();
+    let pkgs = s.path().join("kernels");
+    std::fs::create_dir_all(pkgs.join("demo")).unwrap();
+    std::fs::write(
+        pkgs.join("demo/manifest.json"),
+        r#"{"targets": ["sm_75", "sm_86"]}"#,
+    )
+    .unwrap();
+    s.config_yaml = format!("kernels:\n  mount_root: {}\n", pkgs.display());
+
+    let host_empty = || {
+        for d in [&host_run, &host_opt] {
+            let left: Vec<_> = std::fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+            assert!(left.is_empty(), "written on the host: {left:?}");
+        }
+    };
+    let seen = s.shim("runc", &["NVIDIA_VISIBLE_DEVICES=0,1"]);
+    assert_eq!(seen.ok().hints().0, Some("7.5;8.6"));
+    assert!(seen.kernels.contains("\"targets\""), "{seen:?}");
+    host_empty();
+    let seen = s.podman(&["-e", "NVIDIA_VISIBLE_DEVICES=1"]);
+    assert_eq!(seen.ok().hints().0, Some("8.6"));
+    host_empty();
+}
+
+/// The container's loader variables never reach the hook or what it runs.
+#[test]
+fn the_containers_ld_preload_never_runs_on_the_host() {
+    require!("runc", "podman", "gcc");
+    let s = Scene::new();
+    let marker = s.path().join("preload-ran");
+    let src = s.path().join("evil.c");
+    std::fs::write(
+        &src,
+        format!(
+            "#include <fcntl.h>\n__attribute__((constructor)) static void evil(void) {{ open(\"{}\", O_CREAT | O_WRONLY, 0644); }}\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    let lib = s.path().join("evil.so");
+    let o = Command::new("gcc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    // The library works: a host program with it preloaded leaves the marker.
+    Command::new("true")
+        .env("LD_PRELOAD", &lib)
+        .status()
+        .unwrap();
+    assert!(marker.exists(), "the test's preload library does not run");
+    std::fs::remove_file(&marker).unwrap();
+
+    let preload = format!("LD_PRELOAD={}", lib.display());
+    let libpath = format!("LD_LIBRARY_PATH={}", s.path().display());
+    let env = [
+        "NVIDIA_VISIBLE_DEVICES=1",
+        preload.as_str(),
+        libpath.as_str(),
+    ];
+    let seen = s.shim("runc", &env);
+    assert_eq!(seen.ok().hints().0, Some("8.6"));
+    let args: Vec<&str> = env.iter().flat_map(|e| ["-e", e]).collect();
+    let seen = s.podman(&args);
+    assert_eq!(seen.ok().hints().0, Some("8.6"));
+    assert!(
+        !marker.exists(),
+        "the container's LD_PRELOAD ran on the host"
+    );
+}
+
+/// Broken input in each mode: the container starts unchanged; with strict
+/// it does not start, and the reason is one line on stderr.
+#[test]
+fn failures_are_open_by_default_and_closed_with_strict() {
+    require!("runc", "crun", "podman", "unshare");
+    let mut s = Scene::new();
+    let bad = s.path().join("bad-inventory.json");
+    std::fs::write(&bad, "{\"schema\": 1, \"devices\": [").unwrap();
+    s.inventory = Some(bad);
+    let gpu = ["NVIDIA_VISIBLE_DEVICES=0"];
+    let starts: [(&str, &dyn Fn(&Scene) -> Seen); 3] = [
+        ("runc", &|s| s.shim("runc", &gpu)),
+        ("crun", &|s| s.shim("crun", &gpu)),
+        ("podman", &|s| s.podman(&["-e", gpu[0]])),
+    ];
+    for (name, start) in starts {
+        s.config_yaml = String::new();
+        let seen = start(&s);
+        seen.ok().untouched();
+        if name != "podman" {
+            // podman keeps a passing hook's stderr to itself.
+            assert!(
+                seen.stderr().contains("bad-inventory.json"),
+                "{name}: {}",
+                seen.stderr()
+            );
+            assert!(
+                seen.stderr().contains("the container starts unchanged"),
+                "{name}: {}",
+                seen.stderr()
+            );
+        }
+        s.config_yaml = "strict: true\n".into();
+        let seen = start(&s);
+        assert!(
+            !seen.out.status.success(),
+            "{name}: strict start succeeded: {seen:?}"
+        );
+        if name == "podman" {
+            // podman drops a failing precreate hook's stderr and names the
+            // hook; the reason is in the journal (journalctl -t gpuarch-hook).
+            assert!(
+                seen.stderr().contains("gpuarch-hook precreate"),
+                "{}",
+                seen.stderr()
+            );
+        } else {
+            assert!(
+                seen.stderr().contains("strict: refusing"),
+                "{name}: {}",
+                seen.stderr()
+            );
+            assert!(
+                seen.stderr().contains("bad-inventory.json"),
+                "{name}: {}",
+                seen.stderr()
+            );
+        }
+        assert!(seen.out.stdout.is_empty(), "{name}: the container ran");
+    }
+}
+
+/// A hung NVML costs at most the budget: the container starts unchanged.
+#[test]
+fn a_hung_nvml_costs_at_most_the_budget() {
+    require!("runc");
+    if Path::new(gpuarch_inventory::DEFAULT_SNAPSHOT).exists() {
+        eprintln!(
+            "SKIPPED: {} exists, so the hook would not ask NVML",
+            gpuarch_inventory::DEFAULT_SNAPSHOT
+        );
+        return;
+    }
+    let mut s = Scene::new();
+    s.inventory = None;
+    s.config_yaml = "hook:\n  timeout_ms: 300\n".into();
+    s.extra_env = vec![
+        (
+            "GPUARCH_NVML_LIB".into(),
+            artifacts().fake_nvml.display().to_string(),
+        ),
+        (
+            "FAKE_NVML_TOPOLOGY".into(),
+            fixture("2080ti-3090").display().to_string(),
+        ),
+        ("FAKE_NVML_SLEEP".into(), "nvmlInit_v2=20000".into()),
+    ];
+    let t = std::time::Instant::now();
+    let seen = s.shim("runc", &["NVIDIA_VISIBLE_DEVICES=0"]);
+    seen.ok().untouched();
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(
+        seen.stderr().contains("gave up after 300ms"),
+        "{}",
+        seen.stderr()
+    );
+}
