@@ -554,7 +554,8 @@ fn failures_are_open_by_default_and_closed_with_strict() {
     std::fs::write(&bad, "{\"schema\": 1, \"devices\": [").unwrap();
     s.inventory = Some(bad);
     let gpu = ["NVIDIA_VISIBLE_DEVICES=0"];
-    let starts: [(&str, &dyn Fn(&Scene) -> Seen); 3] = [
+    type Start<'a> = &'a dyn Fn(&Scene) -> Seen;
+    let starts: [(&str, Start); 3] = [
         ("runc", &|s| s.shim("runc", &gpu)),
         ("crun", &|s| s.shim("crun", &gpu)),
         ("podman", &|s| s.podman(&["-e", gpu[0]])),
