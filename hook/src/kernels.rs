@@ -6,6 +6,11 @@
 //! package is mounted, read-only, at `/opt/gpuarch/kernels/<package>` when
 //! every GPU the container was given can run one of them. Which file serves
 //! which GPU is the manifest's business, read by the software inside.
+//!
+//! A manifest may also list `libraries`: directories of the package (such
+//! as `lib`) holding shared libraries. Those need the loader cache inside
+//! the container updated, which only a hook running at `createContainer`
+//! can do, so only then is that entry added (see [`crate::stage`]).
 
 use std::path::{Path, PathBuf};
 
@@ -25,11 +30,21 @@ const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 pub struct KernelMount {
     pub package: String,
     pub source: PathBuf,
+    /// Library directories, relative to the package (`lib`).
+    pub libraries: Vec<String>,
 }
 
 impl KernelMount {
     pub fn destination(&self) -> String {
         format!("{CONTAINER_DIR}/{}", self.package)
+    }
+
+    /// The library directories as the container sees them.
+    pub fn library_dirs(&self) -> Vec<String> {
+        self.libraries
+            .iter()
+            .map(|l| format!("{}/{l}", self.destination()))
+            .collect()
     }
 
     /// The OCI `mounts` entry.
@@ -51,7 +66,20 @@ fn valid_name(n: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'+'))
 }
 
-fn read_targets(manifest: &Path) -> Result<Vec<Target>, String> {
+/// What the hook reads of a package's manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Manifest {
+    pub targets: Vec<Target>,
+    pub libraries: Vec<String>,
+}
+
+/// A library directory must stay inside its package: relative, plain names.
+fn valid_subdir(d: &str) -> bool {
+    !d.is_empty() && d.len() <= 256 && d.split('/').all(valid_name)
+}
+
+/// Read `manifest.json` (at most 1 MiB).
+pub fn read_manifest(manifest: &Path) -> Result<Manifest, String> {
     use std::io::Read;
     let f = std::fs::File::open(manifest).map_err(|e| e.to_string())?;
     let mut bytes = Vec::new();
@@ -66,12 +94,28 @@ fn read_targets(manifest: &Path) -> Result<Vec<Target>, String> {
         .get("targets")
         .and_then(Value::as_array)
         .ok_or("no \"targets\" list")?;
-    list.iter()
+    let targets = list
+        .iter()
         .map(|t| {
             let s = t.as_str().ok_or("a target that is not a string")?;
             Target::parse(s).map_err(|e| e.to_string())
         })
-        .collect()
+        .collect::<Result<_, String>>()?;
+    let libraries = match v.get("libraries") {
+        None => Vec::new(),
+        Some(l) => l
+            .as_array()
+            .ok_or("\"libraries\" is not a list")?
+            .iter()
+            .map(|d| match d.as_str() {
+                Some(d) if valid_subdir(d) => Ok(d.to_owned()),
+                _ => Err(format!(
+                    "library directory {d} is not a relative path inside the package"
+                )),
+            })
+            .collect::<Result<_, String>>()?,
+    };
+    Ok(Manifest { targets, libraries })
 }
 
 /// The packages under `root` that serve every GPU of `plan`, and a note for
@@ -115,8 +159,8 @@ pub fn discover(root: &Path, plan: &Plan, driver_cuda: &str) -> (Vec<KernelMount
     names.sort();
     for name in names {
         let dir = root.join(&name);
-        let targets = match read_targets(&dir.join("manifest.json")) {
-            Ok(t) => t,
+        let Manifest { targets, libraries } = match read_manifest(&dir.join("manifest.json")) {
+            Ok(m) => m,
             Err(e) => {
                 notes.push(format!("kernel package {name} skipped: manifest.json: {e}"));
                 continue;
@@ -131,6 +175,7 @@ pub fn discover(root: &Path, plan: &Plan, driver_cuda: &str) -> (Vec<KernelMount
             None => mounts.push(KernelMount {
                 package: name,
                 source: dir,
+                libraries,
             }),
             Some(g) => notes.push(format!(
                 "kernel package {name} not mounted: no build in it runs on {}",

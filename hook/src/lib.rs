@@ -230,10 +230,37 @@ pub fn edit(config: &mut Value, ctx: &Context) -> Result<Plan, HookError> {
     }
     plan.notes.extend(notes);
     apply_env(config, &plan)?;
-    if let Some(entry) = ctx.hook_entry() {
-        apply_hook(config, entry)?;
+    // The env is in the config now; the in-container stage is needed only
+    // for what the config cannot say: the loader cache for mounted
+    // libraries (it also writes the env files while it is there).
+    if mounts.iter().any(|m| !m.libraries.is_empty()) {
+        match ctx.hook_entry() {
+            Some(entry) => {
+                apply_hook(config, entry)?;
+                plan.notes.push(
+                    "createContainer hook added: mounted libraries need ldconfig inside the container"
+                        .to_owned(),
+                );
+            }
+            None => plan.notes.push(
+                "mounted libraries need ldconfig, but gpuarch-hook was not found beside this program: no createContainer hook"
+                    .to_owned(),
+            ),
+        }
     }
     Ok(plan)
+}
+
+/// A field error found in a parsed value, located in the bytes it came
+/// from (parsed again, only on this error path).
+pub fn locate(e: HookError, bytes: &[u8]) -> HookError {
+    match e {
+        HookError::Oci(oci::OciError::Value(_)) => match ContainerView::from_json(bytes) {
+            Err(located) => HookError::Oci(located),
+            Ok(_) => e,
+        },
+        e => e,
+    }
 }
 
 /// The precreate stage: the proposed config in, the config with the Plan
@@ -241,7 +268,7 @@ pub fn edit(config: &mut Value, ctx: &Context) -> Result<Plan, HookError> {
 /// bytes exactly.
 pub fn precreate(input: &[u8], ctx: &Context) -> Result<(Vec<u8>, Plan), HookError> {
     let mut config = oci::parse_value(input)?;
-    let plan = edit(&mut config, ctx)?;
+    let plan = edit(&mut config, ctx).map_err(|e| locate(e, input))?;
     if plan.is_noop() {
         return Ok((input.to_vec(), plan));
     }
@@ -305,30 +332,40 @@ mod tests {
         assert!(env.contains(&"GPUARCH_DTYPE=float16".to_owned()));
         assert_eq!(&env[..2], ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0,1"]);
         assert_eq!(env.len(), 2 + plan.env.len());
-        let hook = &out["hooks"]["createContainer"][0];
-        assert_eq!(hook["path"], "/usr/bin/gpuarch-hook");
-        assert_eq!(hook["args"], json!(["gpuarch-hook", "create-container"]));
-        assert_eq!(hook["timeout"], 6);
+        // Nothing to do inside the container: no hook entry.
+        assert!(out.get("hooks").is_none(), "{out}");
         // Everything but what gpuarch owns is exactly as it came in.
         let mut a = out.clone();
         let mut b = input.clone();
         a["process"]["env"] = Value::Null;
         b["process"]["env"] = Value::Null;
-        a.as_object_mut().unwrap().remove("hooks");
         assert_eq!(a, b);
     }
 
     #[test]
-    fn an_existing_hook_list_is_kept_and_ours_added_once() {
+    fn mounted_libraries_add_our_hook_once_beside_existing_ones() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("pkg/lib")).unwrap();
+        std::fs::write(
+            tmp.path().join("pkg/manifest.json"),
+            r#"{"targets": ["sm_86"], "libraries": ["lib"]}"#,
+        )
+        .unwrap();
+        let mut cfg = Config::default();
+        cfg.kernels.mount_root = tmp.path().to_owned();
+        let cx = ctx(cfg);
         let mut c = config(&["NVIDIA_VISIBLE_DEVICES=1"]);
         c["hooks"] = json!({"prestart": [{"path": "/x"}], "createContainer": [{"path": "/y"}]});
-        let cx = ctx(Config::default());
         edit(&mut c, &cx).unwrap();
         edit(&mut c, &cx).unwrap();
         assert_eq!(c["hooks"]["prestart"], json!([{"path": "/x"}]));
         let cc = c["hooks"]["createContainer"].as_array().unwrap();
         assert_eq!(cc.len(), 2, "{cc:?}");
         assert_eq!(cc[0], json!({"path": "/y"}));
+        assert_eq!(cc[1]["path"], "/usr/bin/gpuarch-hook");
+        assert_eq!(cc[1]["args"], json!(["gpuarch-hook", "create-container"]));
+        assert_eq!(cc[1]["timeout"], 6);
+        assert_eq!(cc[1]["env"], json!([format!("PATH={SAFE_PATH}")]));
     }
 
     #[test]
@@ -419,10 +456,13 @@ mod tests {
         let no_process = json!({"annotations": {"cdi.k8s.io/g": "nvidia.com/gpu=0"}}).to_string();
         let e = precreate(no_process.as_bytes(), &c).unwrap_err();
         assert!(e.to_string().contains("no \"process\" object"), "{e}");
-        let mut bad_hooks = config(&["NVIDIA_VISIBLE_DEVICES=0"]);
-        bad_hooks["hooks"] = json!([]);
-        let e = edit(&mut bad_hooks, &c).unwrap_err();
-        assert!(e.to_string().contains("\"hooks\""), "{e}");
+        let mut bad_env = config(&[]);
+        bad_env["process"]["env"] = json!("NVIDIA_VISIBLE_DEVICES=0");
+        let e = edit(&mut bad_env, &c).unwrap_err();
+        assert!(e.to_string().contains("expected a sequence"), "{e}");
+        // From bytes, the same mistake comes with its line and column.
+        let e = precreate(bad_env.to_string().as_bytes(), &c).unwrap_err();
+        assert!(e.to_string().contains("at line 1, column"), "{e}");
     }
 
     #[test]

@@ -12,6 +12,12 @@
 //! `pivot_root`, so the rootfs path (and a `/run` tmpfs mounted on it) is
 //! what the container will see. `prestart` runs in the runtime's namespace
 //! after `pivot_root`; there the container's root is `/proc/PID/root`.
+//!
+//! When kernel packages with `libraries` are mounted, their directories go
+//! into `/etc/ld.so.conf.d/gpuarch.conf` and the host's `ldconfig -r` (which
+//! chroots into the rootfs) rebuilds the container's loader cache. It runs
+//! with an empty environment plus a fixed PATH: nothing of the container's
+//! env (`LD_PRELOAD`, `LD_LIBRARY_PATH`, ...) reaches it.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -21,8 +27,8 @@ use gpuarch_core::oci::{self, ContainerView};
 use gpuarch_core::plan::{self, EnvVar, Plan};
 use serde::Deserialize;
 
-use crate::Context;
 use crate::rootfs::{Root, RootfsError};
+use crate::{Context, kernels};
 
 pub const CREATE_CONTAINER: &str = "create-container";
 pub const PRESTART: &str = "prestart";
@@ -33,6 +39,15 @@ pub const MAX_STATE_BYTES: u64 = 1 << 20;
 /// Files written inside the container, relative to its `/`.
 pub const ENV_FILE: &str = "run/gpuarch/env";
 pub const PROFILE_FILE: &str = "etc/profile.d/gpuarch.sh";
+pub const LD_CONF_FILE: &str = "etc/ld.so.conf.d/gpuarch.conf";
+
+/// Where the host's ldconfig is looked for, in order (Ubuntu's
+/// `/sbin/ldconfig` is a shell wrapper around `ldconfig.real`).
+pub const LDCONFIG: [&str; 3] = [
+    "/sbin/ldconfig.real",
+    "/sbin/ldconfig",
+    "/usr/sbin/ldconfig",
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
@@ -53,6 +68,8 @@ pub enum StageError {
     NoRoot { path: PathBuf },
     #[error("{0}")]
     Rootfs(#[from] RootfsError),
+    #[error("ldconfig: {0}")]
+    Ldconfig(String),
 }
 
 /// The fields of the OCI state gpuarch reads.
@@ -163,8 +180,8 @@ pub fn run(stage: Stage, state: &State, ctx: &Context) -> Result<Outcome, StageE
             path: config_path.clone(),
         })?;
     let rootfs = match stage {
-        Stage::Prestart if state.pid > 0 => PathBuf::from(format!("/proc/{}/root", state.pid)),
-        _ => state.bundle.join(root_path),
+        Stage::CreateContainer => state.bundle.join(root_path),
+        Stage::Prestart => prestart_rootfs(state, &state.bundle.join(root_path))?,
     };
     let root = Root::open(&rootfs)?;
     let mut env_file = String::new();
@@ -175,6 +192,16 @@ pub fn run(stage: Stage, state: &State, ctx: &Context) -> Result<Outcome, StageE
     }
     root.write_file(Path::new(ENV_FILE), env_file.as_bytes(), 0o644)?;
     root.write_file(Path::new(PROFILE_FILE), profile.as_bytes(), 0o644)?;
+    let libs = library_dirs(&config, &ctx.config.kernels.mount_root);
+    if !libs.is_empty() {
+        let conf = format!("{}\n", libs.join("\n"));
+        root.write_file(Path::new(LD_CONF_FILE), conf.as_bytes(), 0o644)?;
+        ldconfig(&rootfs, &libs)?;
+        notes.push(format!(
+            "ldconfig ran inside the container for {}",
+            libs.join(", ")
+        ));
+    }
     let mut plan = full;
     plan.notes.extend(notes);
     plan.notes.push(format!(
@@ -182,6 +209,89 @@ pub fn run(stage: Stage, state: &State, ctx: &Context) -> Result<Outcome, StageE
         env.len()
     ));
     Ok(Outcome { plan, env })
+}
+
+/// The rootfs as seen from the runtime's namespace at `prestart`. The
+/// container's process may not have called `pivot_root` yet (runc has not):
+/// then `/proc/PID/root` is the root of its mount namespace, a copy of the
+/// host's tree, and the rootfs with the container's mounts on it is at the
+/// bundle's path below it. Once it has, `/proc/PID/root` is the rootfs
+/// itself. Which one is told by comparing it with the rootfs directory;
+/// `/proc/PID/root` alone is never taken for the rootfs on a guess, since
+/// before `pivot_root` that would be the host.
+fn prestart_rootfs(state: &State, rootfs: &Path) -> Result<PathBuf, StageError> {
+    use std::os::unix::fs::MetadataExt;
+    if state.pid <= 0 {
+        return Ok(rootfs.to_owned());
+    }
+    let proc_root = PathBuf::from(format!("/proc/{}/root", state.pid));
+    let id = |p: &Path| std::fs::metadata(p).map(|m| (m.dev(), m.ino()));
+    match (id(&proc_root), id(rootfs)) {
+        (Ok(a), Ok(b)) if a == b => Ok(proc_root),
+        (Ok(_), _) => Ok(proc_root.join(rootfs.strip_prefix("/").unwrap_or(rootfs))),
+        (Err(e), _) => Err(StageError::State(format!(
+            "container process {}: {e}",
+            state.pid
+        ))),
+    }
+}
+
+/// Library directories (as the container sees them) of the kernel packages
+/// this config mounts from `mount_root`, read from their manifests on the
+/// host side.
+fn library_dirs(config: &serde_json::Value, mount_root: &Path) -> Vec<String> {
+    let Some(mounts) = config.get("mounts").and_then(serde_json::Value::as_array) else {
+        return Vec::new();
+    };
+    let prefix = format!("{}/", kernels::CONTAINER_DIR);
+    let mut dirs = Vec::new();
+    for m in mounts {
+        let (Some(dest), Some(src)) = (
+            m.get("destination").and_then(serde_json::Value::as_str),
+            m.get("source").and_then(serde_json::Value::as_str),
+        ) else {
+            continue;
+        };
+        let src = Path::new(src);
+        if !dest.starts_with(&prefix) || src.parent() != Some(mount_root) {
+            continue;
+        }
+        if let Ok(man) = kernels::read_manifest(&src.join("manifest.json")) {
+            dirs.extend(man.libraries.iter().map(|l| format!("{dest}/{l}")));
+        }
+    }
+    dirs
+}
+
+/// Rebuild the container's loader cache with the host's ldconfig.
+fn ldconfig(rootfs: &Path, dirs: &[String]) -> Result<(), StageError> {
+    let bin = LDCONFIG
+        .iter()
+        .map(Path::new)
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            StageError::Ldconfig(format!("not found (looked for {})", LDCONFIG.join(", ")))
+        })?;
+    let out = std::process::Command::new(bin)
+        .arg("-r")
+        .arg(rootfs)
+        .args(dirs)
+        .env_clear()
+        .env("PATH", crate::SAFE_PATH)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| StageError::Ldconfig(format!("{}: {e}", bin.display())))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        let err = String::from_utf8_lossy(&out.stderr);
+        Err(StageError::Ldconfig(format!(
+            "{} exited with {}: {}",
+            bin.display(),
+            out.status,
+            err.lines().last().unwrap_or("")
+        )))
+    }
 }
 
 #[cfg(test)]

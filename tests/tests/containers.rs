@@ -21,7 +21,8 @@ const BUSYBOX: &str = "/bin/busybox";
 /// What every container runs: its env, a separator, the env file.
 const SCRIPT: &str = "env; echo @@@; cat /run/gpuarch/env 2>/dev/null; echo @@@; \
      ls /opt/gpuarch/kernels 2>/dev/null; cat /opt/gpuarch/kernels/*/manifest.json 2>/dev/null; \
-     touch /opt/gpuarch/kernels/demo/x 2>/dev/null && echo WRITABLE; true";
+     touch /opt/gpuarch/kernels/demo/x 2>/dev/null && echo WRITABLE; echo @@@; \
+     cat /etc/ld.so.cache 2>/dev/null; true";
 
 fn which(tool: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|p| {
@@ -81,6 +82,7 @@ struct Seen {
     env: BTreeMap<String, String>,
     env_file: String,
     kernels: String,
+    ld_cache: String,
 }
 
 impl Seen {
@@ -96,11 +98,13 @@ impl Seen {
             .collect();
         let env_file = parts.next().unwrap_or("").to_owned();
         let kernels = parts.next().unwrap_or("").to_owned();
+        let ld_cache = parts.next().unwrap_or("").to_owned();
         Self {
             out,
             env,
             env_file,
             kernels,
+            ld_cache,
         }
     }
 
@@ -123,17 +127,8 @@ impl Seen {
         String::from_utf8_lossy(&self.out.stderr).into_owned()
     }
 
-    /// The three hints of the issue, and the env file agreeing with the env.
+    /// The three hints of the issue, as the container's env has them.
     fn hints(&self) -> (Option<&str>, Option<&str>, Option<&str>) {
-        for k in ["TORCH_CUDA_ARCH_LIST", "GPUARCH_DTYPE"] {
-            if let Some(v) = self.get(k) {
-                assert!(
-                    self.env_file.contains(&format!("{k}={v}\n")),
-                    "/run/gpuarch/env disagrees on {k}: {}",
-                    self.env_file
-                );
-            }
-        }
         (
             self.get("TORCH_CUDA_ARCH_LIST"),
             self.get("GPUARCH_DTYPE"),
@@ -193,6 +188,12 @@ impl Scene {
 
     /// A bundle for runc/crun: the runtime's own `spec`, our process.
     fn bundle(&self, runtime: &str, env: &[&str]) -> PathBuf {
+        self.bundle_with(runtime, env, None)
+    }
+
+    /// A bundle with `hooks` set in its config, as an engine that runs
+    /// gpuarch-hook as a plain OCI hook would write it.
+    fn bundle_with(&self, runtime: &str, env: &[&str], hooks: Option<Value>) -> PathBuf {
         let b = self.path().join(unique("bundle"));
         std::fs::create_dir_all(&b).unwrap();
         let o = Command::new(runtime)
@@ -216,6 +217,9 @@ impl Scene {
             .as_array_mut()
             .unwrap()
             .push(json!({"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev"]}));
+        if let Some(h) = hooks {
+            c["hooks"] = h;
+        }
         std::fs::write(b.join("config.json"), c.to_string()).unwrap();
         b
     }
@@ -223,8 +227,29 @@ impl Scene {
     /// `gpuarch-runtime run` in front of `runtime` (runc or crun).
     fn shim(&self, runtime: &str, env: &[&str]) -> Seen {
         let bundle = self.bundle(runtime, env);
+        self.run_bundle(runtime, &bundle, true)
+    }
+
+    /// The hook entry an engine would put in a config for `stage`.
+    fn hook_entry(&self, stage: &str) -> Value {
+        let mut env = vec![format!(
+            "GPUARCH_CONFIG={}",
+            self.config_file(None).display()
+        )];
+        if let Some(inv) = &self.inventory {
+            env.push(format!("GPUARCH_INVENTORY={}", inv.display()));
+        }
+        json!([{"path": artifacts().gpuarch_hook, "args": ["gpuarch-hook", stage], "env": env}])
+    }
+
+    /// Run `bundle` with `runtime`, through the shim or not.
+    fn run_bundle(&self, runtime: &str, bundle: &Path, shim: bool) -> Seen {
         let real = which(runtime).unwrap();
-        let shim = &artifacts().gpuarch_runtime;
+        let shim = if shim {
+            artifacts().gpuarch_runtime.clone()
+        } else {
+            real.clone()
+        };
         let id = unique(runtime);
         let mut cmd = if runtime == "crun" {
             // crun wants cgroup v2 alone: hide the hybrid v1 "unified" mount
@@ -236,10 +261,10 @@ impl Scene {
                 .arg(shim);
             c
         } else {
-            Command::new(shim)
+            Command::new(&shim)
         };
         cmd.args(["run", "--bundle"])
-            .arg(&bundle)
+            .arg(bundle)
             .arg(&id)
             .env("GPUARCH_CONFIG", self.config_file(Some(&real)))
             .env_remove("GPUARCH_INVENTORY");
@@ -352,11 +377,8 @@ fn matrix(start: impl Fn(&Scene, &[&str]) -> Seen) {
     );
     assert_eq!(own.ok().get("TORCH_CUDA_ARCH_LIST"), Some("9.0"));
     assert_eq!(own.get("GPUARCH_DTYPE"), Some("float16"));
-    assert!(
-        own.env_file.contains("TORCH_CUDA_ARCH_LIST=9.0\n"),
-        "{}",
-        own.env_file
-    );
+    // The env says it all: nothing had to run inside the container.
+    assert!(own.env_file.is_empty(), "{}", own.env_file);
 }
 
 #[test]
@@ -439,6 +461,8 @@ fn kernel_packages_are_mounted_read_only() {
     s.config_yaml = format!("kernels:\n  mount_root: {}\n", root.display());
     let seen = s.shim("runc", &["NVIDIA_VISIBLE_DEVICES=0,1"]);
     seen.ok();
+    // Cubins only: nothing to run inside the container.
+    assert!(seen.env_file.is_empty(), "{}", seen.env_file);
     assert_eq!(
         seen.get("GPUARCH_KERNELS_DIR"),
         Some("/opt/gpuarch/kernels")
@@ -644,5 +668,138 @@ fn a_hung_nvml_costs_at_most_the_budget() {
         seen.stderr().contains("gave up after 300ms"),
         "{}",
         seen.stderr()
+    );
+}
+
+/// A package with shared libraries: the shim adds a createContainer entry,
+/// which registers them with the container's loader (ldconfig) and writes
+/// the env files while inside.
+#[test]
+fn mounted_libraries_reach_the_containers_loader_cache() {
+    require!("runc", "gcc");
+    let mut s = Scene::new();
+    let root = s.path().join("kernels");
+    let lib = root.join("fa2/lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::write(
+        root.join("fa2/manifest.json"),
+        r#"{"targets": ["sm_80"], "libraries": ["lib"]}"#,
+    )
+    .unwrap();
+    let src = s.path().join("demo.c");
+    std::fs::write(&src, "int gpuarch_demo(void) { return 86; }\n").unwrap();
+    let o = Command::new("gcc")
+        .args(["-shared", "-fPIC", "-Wl,-soname,libgpuarchdemo.so.1", "-o"])
+        .arg(lib.join("libgpuarchdemo.so.1"))
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    s.config_yaml = format!("kernels:\n  mount_root: {}\n", root.display());
+
+    let seen = s.shim("runc", &["NVIDIA_VISIBLE_DEVICES=1"]);
+    seen.ok();
+    assert!(
+        seen.ld_cache
+            .contains("/opt/gpuarch/kernels/fa2/lib/libgpuarchdemo.so.1"),
+        "loader cache: {:?}\nstderr: {}",
+        seen.ld_cache,
+        seen.stderr()
+    );
+    assert!(
+        seen.env_file
+            .contains("GPUARCH_KERNELS_DIR=/opt/gpuarch/kernels\n"),
+        "{}",
+        seen.env_file
+    );
+    let conf = std::fs::read_to_string(s.rootfs().join("etc/ld.so.conf.d/gpuarch.conf")).unwrap();
+    assert_eq!(conf, "/opt/gpuarch/kernels/fa2/lib\n");
+    // The 2080 Ti has no sm_80 build: not mounted, nothing to register.
+    std::fs::remove_file(s.rootfs().join("etc/ld.so.cache")).unwrap();
+    let seen = s.shim("runc", &["NVIDIA_VISIBLE_DEVICES=0,1"]);
+    assert!(seen.ok().ld_cache.is_empty(), "{}", seen.ld_cache);
+}
+
+/// Engines with neither precreate nor the shim run gpuarch-hook as a plain
+/// OCI hook: the env can no longer change, so the Plan is written into the
+/// container for shells, at createContainer (runc says "creating", crun
+/// "created" with pid 0) or at prestart (through /proc/PID/root).
+#[test]
+fn the_in_container_stages_write_the_plan_for_shells() {
+    require!("runc", "crun", "unshare");
+    // Before pivot_root, /proc/PID/root is the host's tree: these must not
+    // appear on the host (they did once, and this test caught it).
+    let host_files = ["/run/gpuarch/env", "/etc/profile.d/gpuarch.sh"];
+    let before: Vec<bool> = host_files.iter().map(|f| Path::new(f).exists()).collect();
+    let s = Scene::new();
+    for runtime in ["runc", "crun"] {
+        for (stage, key) in [
+            ("create-container", "createContainer"),
+            ("prestart", "prestart"),
+        ] {
+            let hooks = json!({ key: s.hook_entry(stage) });
+            let env = ["NVIDIA_VISIBLE_DEVICES=0,1", "TORCH_CUDA_ARCH_LIST=9.0"];
+            let b = s.bundle_with(runtime, &env, Some(hooks.clone()));
+            let seen = s.run_bundle(runtime, &b, false);
+            let what = format!("{runtime} {stage}");
+            seen.ok();
+            assert_eq!(seen.get("GPUARCH_DTYPE"), None, "{what}: env changed");
+            for line in [
+                "GPUARCH_DTYPE=float16\n",
+                "GPUARCH_COMPUTE_CAPABILITIES=7.5,8.6\n",
+                "TORCH_CUDA_ARCH_LIST=9.0\n",
+            ] {
+                assert!(seen.env_file.contains(line), "{what}: {}", seen.env_file);
+            }
+            let profile =
+                std::fs::read_to_string(s.rootfs().join("etc/profile.d/gpuarch.sh")).unwrap();
+            assert!(
+                profile.contains("export GPUARCH_DTYPE='float16'"),
+                "{profile}"
+            );
+
+            let b = s.bundle_with(runtime, &["PATH=/bin"], Some(hooks));
+            s.run_bundle(runtime, &b, false).ok().untouched();
+            let after: Vec<bool> = host_files.iter().map(|f| Path::new(f).exists()).collect();
+            assert_eq!(before, after, "{what} wrote {host_files:?} on the host");
+        }
+    }
+}
+
+/// A rootfs whose /etc points at a host path that the rootfs lacks: the
+/// stage refuses to write there. Fail open starts the container; strict
+/// fails it, with the reason in the runtime's error.
+#[test]
+fn a_stage_that_cannot_write_safely_fails_open_or_strict() {
+    require!("runc");
+    let mut s = Scene::new();
+    let host_etc = s.path().join("host-etc");
+    std::fs::create_dir_all(&host_etc).unwrap();
+    let rootfs = s.rootfs();
+    std::fs::remove_dir(rootfs.join("etc")).unwrap();
+    symlink(&host_etc, rootfs.join("etc")).unwrap();
+    let env = ["NVIDIA_VISIBLE_DEVICES=1"];
+
+    let hooks = json!({ "createContainer": s.hook_entry("create-container") });
+    let b = s.bundle_with("runc", &env, Some(hooks));
+    let seen = s.run_bundle("runc", &b, false);
+    seen.ok();
+    assert!(
+        seen.env_file.contains("GPUARCH_DTYPE=bfloat16\n"),
+        "{seen:?}"
+    );
+
+    s.config_yaml = "strict: true\n".into();
+    let hooks = json!({ "createContainer": s.hook_entry("create-container") });
+    let b = s.bundle_with("runc", &env, Some(hooks));
+    let seen = s.run_bundle("runc", &b, false);
+    assert!(!seen.out.status.success(), "{seen:?}");
+    let err = seen.stderr();
+    assert!(err.contains("strict: refusing"), "{err}");
+    assert!(err.contains("/etc"), "{err}");
+    assert_eq!(
+        std::fs::read_dir(&host_etc).unwrap().count(),
+        0,
+        "host written"
     );
 }
