@@ -24,3 +24,25 @@ fn every_fixture_is_a_valid_snapshot() {
         assert!(!s.devices.is_empty(), "{name}");
     }
 }
+
+#[test]
+fn the_engine_snippets_name_the_installed_programs() {
+    let read = |p: &str| {
+        std::fs::read_to_string(workspace_root().join(p)).unwrap_or_else(|e| panic!("{p}: {e}"))
+    };
+    let hook: serde_json::Value =
+        serde_json::from_str(&read("packaging/oci-hooks.d/gpuarch-hook.json")).expect("hooks.d");
+    assert_eq!(hook["version"], "1.0.0");
+    assert_eq!(hook["hook"]["path"], "/usr/bin/gpuarch-hook");
+    assert_eq!(hook["hook"]["args"][1], "precreate");
+    let docker: serde_json::Value =
+        serde_json::from_str(&read("packaging/docker/daemon.json")).expect("daemon.json");
+    assert_eq!(
+        docker["runtimes"]["gpuarch"]["path"],
+        "/usr/bin/gpuarch-runtime"
+    );
+    assert!(
+        read("packaging/containerd/gpuarch.toml")
+            .contains("BinaryName = \"/usr/bin/gpuarch-runtime\"")
+    );
+}
