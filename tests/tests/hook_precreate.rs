@@ -22,8 +22,14 @@ fn hook(stdin: &[u8], config_yaml: &str) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    child.wait_with_output().unwrap()
+    // Feed stdin from a thread: the hook may stream output before the end.
+    let mut pipe = child.stdin.take().unwrap();
+    let input = stdin.to_vec();
+    let feeder = std::thread::spawn(move || pipe.write_all(&input));
+    let out = child.wait_with_output().unwrap();
+    // A hook that refuses may stop reading: a broken pipe is its answer.
+    let _ = feeder.join().unwrap();
+    out
 }
 
 fn config(env: &[&str]) -> Value {
@@ -85,4 +91,20 @@ fn a_broken_gpuarch_config_fails_open() {
         log.contains("config.yaml") && log.contains("line 1"),
         "{log}"
     );
+}
+
+#[test]
+fn an_oversized_config_streams_through_unchanged_or_fails_strict() {
+    // 65 MiB: over the 64 MiB bound, valid JSON, GPUs requested.
+    let mut input =
+        b"{\"process\": {\"env\": [\"NVIDIA_VISIBLE_DEVICES=1\"]}, \"pad\": \"".to_vec();
+    input.resize(65 << 20, b'x');
+    input.extend_from_slice(b"\"}");
+    let o = hook(&input, "");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.stdout == input, "output differs from the input");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("over 64 MiB"));
+    let o = hook(&input, "strict: true\n");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(o.stdout.is_empty());
 }

@@ -10,7 +10,7 @@
 //! unchanged and the reason is logged; with `strict: true` in the config the
 //! hook exits 1 with a one-line reason instead, failing the start.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,14 +46,18 @@ fn settle<T>(r: Result<Result<T, String>, budget::BudgetError>) -> Result<T, Str
 }
 
 fn precreate() -> ExitCode {
-    let input = match gpuarch_core::oci::read_bounded(std::io::stdin().lock()) {
-        Ok(b) => Arc::new(b),
-        Err(e) => {
-            // Nothing whole to pass through: the engine must not get half a config.
-            log::fatal(&e.to_string());
-            return ExitCode::FAILURE;
-        }
-    };
+    let limit = gpuarch_core::oci::MAX_CONFIG_BYTES;
+    let mut stdin = std::io::stdin().lock();
+    let mut bytes = Vec::new();
+    if let Err(e) = (&mut stdin).take(limit + 1).read_to_end(&mut bytes) {
+        // Nothing whole to pass through: the engine must not get half a config.
+        log::fatal(&format!("cannot read the OCI config: {e}"));
+        return ExitCode::FAILURE;
+    }
+    if bytes.len() as u64 > limit {
+        return too_large(&bytes, stdin);
+    }
+    let input = Arc::new(bytes);
     let (cfg, cfg_err) = gpuarch_hook::load_config();
     let strict = cfg.strict;
     let result = match cfg_err {
@@ -88,6 +92,36 @@ fn precreate() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             log::fatal(&format!("cannot write the config: {e}"));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A config over the bound is not parsed: it streams through unchanged
+/// (fail open, in constant memory beyond what was read), or with `strict`
+/// the start fails.
+fn too_large(head: &[u8], mut rest: impl Read) -> ExitCode {
+    let reason = format!(
+        "OCI config is over {} MiB; not planning it",
+        gpuarch_core::oci::MAX_CONFIG_BYTES >> 20
+    );
+    let (cfg, _) = gpuarch_hook::load_config();
+    if cfg.strict {
+        log::fatal(&format!(
+            "{reason} (strict: refusing to start the container)"
+        ));
+        return ExitCode::FAILURE;
+    }
+    log::warn(&format!("{reason}; the container starts unchanged"));
+    let mut stdout = std::io::stdout().lock();
+    let copied = stdout
+        .write_all(head)
+        .and_then(|()| std::io::copy(&mut rest, &mut stdout))
+        .and_then(|_| stdout.flush());
+    match copied {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log::fatal(&format!("cannot pass the config through: {e}"));
             ExitCode::FAILURE
         }
     }
