@@ -343,6 +343,26 @@ mod tests {
     }
 
     #[test]
+    fn numbers_come_out_with_the_digits_they_came_in_with() {
+        let input = br#"{"process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"]},
+            "x-vendor": {"a": 1.10, "b": -99999999999999999999999, "c": 0.1000000000000000055511151231257827, "d": 1e400}}"#;
+        let (out, plan) = precreate(input, &ctx(Config::default())).unwrap();
+        assert!(!plan.is_noop());
+        let out = String::from_utf8(out).unwrap();
+        for digits in [
+            "\"a\":1.10",
+            "\"b\":-99999999999999999999999",
+            "\"c\":0.1000000000000000055511151231257827",
+        ] {
+            assert!(out.contains(digits), "{digits} lost: {out}");
+        }
+        assert!(
+            out.contains("\"d\":1e+400") || out.contains("\"d\":1e400"),
+            "{out}"
+        );
+    }
+
+    #[test]
     fn mounted_libraries_add_our_hook_once_beside_existing_ones() {
         let tmp = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(tmp.path().join("pkg/lib")).unwrap();
