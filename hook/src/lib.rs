@@ -109,6 +109,18 @@ pub fn load_context(config: Config, hook_path: Option<PathBuf>) -> Result<Contex
     })
 }
 
+/// Read a bundle's `config.json` (bounded) into its bytes, its JSON value
+/// and the file's metadata.
+pub fn read_config_file(
+    path: &std::path::Path,
+) -> Result<(Vec<u8>, Value, std::fs::Metadata), oci::OciError> {
+    let file = std::fs::File::open(path)?;
+    let meta = file.metadata()?;
+    let bytes = oci::read_bounded(file)?;
+    let value = oci::parse_value(&bytes)?;
+    Ok((bytes, value, meta))
+}
+
 /// Set the Plan's env in `process.env`. An entry of the same name is
 /// replaced: the Plan holds a variable the container sets only when the
 /// config says to override it. Nothing else in the config is touched.

@@ -175,15 +175,10 @@ pub fn rewrite_bundle(bundle: &Path, ctx: &Context) -> Result<Plan, ShimError> {
         path: path.clone(),
         source,
     };
-    let file = std::fs::File::open(&path).map_err(|e| cfg_err(oci::OciError::Read(e)))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| cfg_err(oci::OciError::Read(e)))?;
-    let mut config =
-        oci::parse_value(&oci::read_bounded(file).map_err(cfg_err)?).map_err(cfg_err)?;
-    let plan = crate::edit(&mut config, ctx).map_err(|source| ShimError::Edit {
+    let (bytes, mut config, meta) = crate::read_config_file(&path).map_err(cfg_err)?;
+    let plan = crate::edit(&mut config, ctx).map_err(|e| ShimError::Edit {
         path: path.clone(),
-        source,
+        source: crate::locate(e, &bytes),
     })?;
     if plan.is_noop() {
         return Ok(plan);
@@ -328,6 +323,19 @@ mod tests {
         assert_eq!(
             std::fs::read(&path).unwrap(),
             b"{\"process\": {\"env\": []}}  "
+        );
+
+        std::fs::write(
+            &path,
+            "{\"process\": {\"env\": \"NVIDIA_VISIBLE_DEVICES=0\"}}",
+        )
+        .unwrap();
+        let e = rewrite_bundle(tmp.path(), &ctx(Config::default()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("config.json") && e.contains("at line 1, column"),
+            "{e}"
         );
 
         std::fs::write(&path, "{").unwrap();

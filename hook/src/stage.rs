@@ -148,10 +148,10 @@ pub fn run(stage: Stage, state: &State, ctx: &Context) -> Result<Outcome, StageE
         path: config_path.clone(),
         source,
     };
-    let file = std::fs::File::open(&config_path).map_err(|e| bundle_err(oci::OciError::Read(e)))?;
-    let config =
-        oci::parse_value(&oci::read_bounded(file).map_err(bundle_err)?).map_err(bundle_err)?;
-    let view = ContainerView::from_value(&config).map_err(bundle_err)?;
+    let (bytes, config, _) = crate::read_config_file(&config_path).map_err(bundle_err)?;
+    let view = ContainerView::from_value(&config)
+        .or_else(|_| ContainerView::from_json(&bytes))
+        .map_err(bundle_err)?;
     let full_cfg = EnvConfig {
         override_existing: true,
         ..ctx.config.env.clone()
