@@ -80,15 +80,8 @@ fn valid_subdir(d: &str) -> bool {
 
 /// Read `manifest.json` (at most 1 MiB).
 pub fn read_manifest(manifest: &Path) -> Result<Manifest, String> {
-    use std::io::Read;
     let f = std::fs::File::open(manifest).map_err(|e| e.to_string())?;
-    let mut bytes = Vec::new();
-    f.take(MAX_MANIFEST_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
-    if bytes.len() as u64 > MAX_MANIFEST_BYTES {
-        return Err(format!("larger than {MAX_MANIFEST_BYTES} bytes"));
-    }
+    let bytes = crate::read_at_most(f, MAX_MANIFEST_BYTES)?;
     let v: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
     let list = v
         .get("targets")

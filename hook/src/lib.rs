@@ -109,6 +109,20 @@ pub fn load_context(config: Config, hook_path: Option<PathBuf>) -> Result<Contex
     })
 }
 
+/// Read all of `r`, refusing more than `limit` bytes without reading past
+/// the bound.
+pub fn read_at_most(r: impl std::io::Read, limit: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    r.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > limit {
+        return Err(format!("larger than {limit} bytes"));
+    }
+    Ok(bytes)
+}
+
 /// Read a bundle's `config.json` (bounded) into its bytes, its JSON value
 /// and the file's metadata.
 pub fn read_config_file(
@@ -153,7 +167,7 @@ pub fn apply_env(config: &mut Value, plan: &Plan) -> Result<(), HookError> {
     Ok(())
 }
 
-/// Append `items` to the list at `config[key]` (created when absent).
+/// The list at `config[key]`, created empty when absent.
 fn list_at<'a>(config: &'a mut Value, key: &str) -> Result<&'a mut Vec<Value>, HookError> {
     config
         .as_object_mut()
@@ -221,8 +235,8 @@ fn apply_hook(config: &mut Value, entry: Value) -> Result<(), HookError> {
     Ok(())
 }
 
-/// Plan the container of `config` and apply the Plan: env, kernel mounts
-/// and the `createContainer` entry that writes the env files inside it.
+/// Plan the container of `config` and apply the Plan: env, kernel mounts,
+/// and a `createContainer` entry when mounted libraries need ldconfig.
 /// Returns the Plan; a no-op Plan leaves `config` untouched.
 pub fn edit(config: &mut Value, ctx: &Context) -> Result<Plan, HookError> {
     let view = ContainerView::from_value(config)?;
@@ -236,11 +250,9 @@ pub fn edit(config: &mut Value, ctx: &Context) -> Result<Plan, HookError> {
         &ctx.inventory.cuda_driver_version,
     );
     plan.notes.extend(notes);
-    let mut notes = Vec::new();
-    if apply_mounts(config, &mounts, &mut notes)? > 0 {
+    if apply_mounts(config, &mounts, &mut plan.notes)? > 0 {
         plan.add_kernels_dir(kernels::CONTAINER_DIR, &view, &ctx.config.env);
     }
-    plan.notes.extend(notes);
     apply_env(config, &plan)?;
     // The env is in the config now; the in-container stage is needed only
     // for what the config cannot say: the loader cache for mounted
@@ -332,7 +344,7 @@ mod tests {
     }
 
     #[test]
-    fn precreate_adds_env_and_hook_and_preserves_every_other_field() {
+    fn precreate_adds_env_and_preserves_every_other_field() {
         let input = config(&["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0,1"]);
         let (out, plan) = precreate(input.to_string().as_bytes(), &ctx(Config::default())).unwrap();
         let out: Value = serde_json::from_slice(&out).unwrap();

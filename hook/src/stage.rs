@@ -95,16 +95,7 @@ impl State {
 
     /// Read the state from `r`, refusing more than [`MAX_STATE_BYTES`].
     pub fn read(r: impl Read) -> Result<Self, StageError> {
-        let mut bytes = Vec::new();
-        r.take(MAX_STATE_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| StageError::State(e.to_string()))?;
-        if bytes.len() as u64 > MAX_STATE_BYTES {
-            return Err(StageError::State(format!(
-                "larger than {MAX_STATE_BYTES} bytes"
-            )));
-        }
-        Self::parse(&bytes)
+        Self::parse(&crate::read_at_most(r, MAX_STATE_BYTES).map_err(StageError::State)?)
     }
 }
 

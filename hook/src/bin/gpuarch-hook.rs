@@ -40,11 +40,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// The work's result, with a budget overrun as one more error.
-fn settle<T>(r: Result<Result<T, String>, budget::BudgetError>) -> Result<T, String> {
-    r.map_err(|e| e.to_string()).and_then(|r| r)
-}
-
 fn precreate() -> ExitCode {
     let limit = gpuarch_core::oci::MAX_CONFIG_BYTES;
     let mut stdin = std::io::stdin().lock();
@@ -67,10 +62,10 @@ fn precreate() -> ExitCode {
             let budget = Duration::from_millis(cfg.hook.timeout_ms);
             let hook_path = std::env::current_exe().ok();
             let work = Arc::clone(&input);
-            settle(budget::within(budget, move || {
+            budget::run(budget, move || {
                 let ctx = gpuarch_hook::load_context(cfg, hook_path)?;
                 gpuarch_hook::precreate(&work, &ctx).map_err(|e| e.to_string())
-            }))
+            })
         }
     };
     let out: &[u8] = match &result {
@@ -136,10 +131,10 @@ fn in_container(which: Stage) -> ExitCode {
             Err(e) => Err(e.to_string()),
             Ok(state) => {
                 let budget = Duration::from_millis(cfg.hook.timeout_ms);
-                settle(budget::within(budget, move || {
+                budget::run(budget, move || {
                     let ctx = gpuarch_hook::load_context(cfg, None)?;
                     stage::run(which, &state, &ctx).map_err(|e| e.to_string())
-                }))
+                })
             }
         },
     };

@@ -53,12 +53,10 @@ fn main() -> ExitCode {
                 let hook = myself.with_file_name("gpuarch-hook");
                 let hook = hook.is_file().then_some(hook);
                 let budget = Duration::from_millis(cfg.hook.timeout_ms);
-                budget::within(budget, move || {
+                budget::run(budget, move || {
                     let ctx = gpuarch_hook::load_context(cfg, hook)?;
                     shim::rewrite_bundle(&bundle, &ctx).map_err(|e| e.to_string())
                 })
-                .map_err(|e| e.to_string())
-                .and_then(|r| r)
             }
         };
         match result {
