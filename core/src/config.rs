@@ -14,6 +14,9 @@
 //!   path: null           # default: the first of runc, crun on PATH
 //! kernels:
 //!   mount_root: /var/lib/gpuarch/kernels   # default: where prepared packages live
+//! daemon:
+//!   refresh_interval_s: 60   # default: seconds between NVML reads (1 to 86400)
+//!   nvml_timeout_ms: 10000   # default: budget of one NVML read (1 to 600000)
 //! ```
 
 use std::collections::BTreeSet;
@@ -34,6 +37,57 @@ pub struct Config {
     pub hook: HookConfig,
     pub runtime: RuntimeConfig,
     pub kernels: KernelsConfig,
+    pub daemon: DaemonConfig,
+}
+
+/// What gpuarchd does on its own.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DaemonConfig {
+    /// Seconds between inventory refreshes from NVML. Default 60; 1 to
+    /// 86400. After a failed refresh the daemon retries sooner (1 s, 2 s,
+    /// 4 s, ... up to this interval).
+    #[serde(deserialize_with = "refresh_interval_s")]
+    pub refresh_interval_s: u64,
+    /// Budget of one NVML read, in milliseconds; past it the refresh counts
+    /// as failed and the inventory is marked stale. Default 10000; 1 to
+    /// 600000.
+    #[serde(deserialize_with = "nvml_timeout_ms")]
+    pub nvml_timeout_ms: u64,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        Self {
+            refresh_interval_s: 60,
+            nvml_timeout_ms: 10_000,
+        }
+    }
+}
+
+fn in_range<'de, D: serde::Deserializer<'de>>(
+    d: D,
+    name: &str,
+    range: std::ops::RangeInclusive<u64>,
+) -> Result<u64, D::Error> {
+    let v = u64::deserialize(d)?;
+    if range.contains(&v) {
+        Ok(v)
+    } else {
+        Err(serde::de::Error::custom(format!(
+            "{name} {v} is out of range ({} to {})",
+            range.start(),
+            range.end()
+        )))
+    }
+}
+
+fn refresh_interval_s<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    in_range(d, "refresh_interval_s", 1..=86_400)
+}
+
+fn nvml_timeout_ms<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    in_range(d, "nvml_timeout_ms", 1..=600_000)
 }
 
 /// Limits of one `gpuarch-hook` or `gpuarch-runtime` invocation.
@@ -54,14 +108,7 @@ impl Default for HookConfig {
 }
 
 fn timeout_ms<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    let v = u64::deserialize(d)?;
-    if (1..=60_000).contains(&v) {
-        Ok(v)
-    } else {
-        Err(serde::de::Error::custom(format!(
-            "timeout_ms {v} is out of range (1 to 60000)"
-        )))
-    }
+    in_range(d, "timeout_ms", 1..=60_000)
 }
 
 /// The real runtime that `gpuarch-runtime` runs.
@@ -171,6 +218,11 @@ mod tests {
             Some(std::path::Path::new("/usr/bin/crun"))
         );
         assert_eq!(c.kernels.mount_root, PathBuf::from("/srv/k"));
+        let c =
+            Config::from_yaml("daemon: {refresh_interval_s: 5, nvml_timeout_ms: 250}\n").unwrap();
+        assert_eq!(c.daemon.refresh_interval_s, 5);
+        assert_eq!(c.daemon.nvml_timeout_ms, 250);
+        assert_eq!(Config::default().daemon.refresh_interval_s, 60);
     }
 
     #[test]
@@ -198,6 +250,14 @@ mod tests {
             e.to_string().contains("runtime.path must be absolute"),
             "{e}"
         );
+
+        let e = Config::from_yaml("daemon:\n  refresh_interval_s: 0\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("refresh_interval_s 0 is out of range"),
+            "{e}"
+        );
+        assert_eq!(e.location.map(|l| l.0), Some(2), "{e}");
 
         let e = Config::from_yaml("strict: maybe\n").unwrap_err();
         assert!(e.to_string().starts_with("line 1"), "{e}");

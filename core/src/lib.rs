@@ -11,6 +11,7 @@
 //! - [`oci`]: the few fields of an OCI config that device selection reads;
 //! - [`select`]: which GPUs a container was given;
 //! - [`plan`]: what a container gets (env and notes);
+//! - [`requirement`]: the `Match` grammar (`arch>=8.0,feature=bf16`);
 //! - [`config`]: the parts of `/etc/gpuarch/config.yaml` the Plan obeys.
 
 pub mod arch;
@@ -18,5 +19,6 @@ pub mod config;
 pub mod features;
 pub mod oci;
 pub mod plan;
+pub mod requirement;
 pub mod select;
 pub mod snapshot;

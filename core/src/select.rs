@@ -228,6 +228,24 @@ pub fn select_request(list: &str, view: &ContainerView, inv: &Snapshot) -> Selec
     finish(Some(Source::Request), gpus, notes, view)
 }
 
+/// Check one entry of an explicit device list strictly: it must name a
+/// device of this host (`all`, an index, `N:M`, a GPU or MIG UUID). For
+/// callers such as the D-Bus `Plan`, where a wrong name is the caller's
+/// mistake to be told about, not a note to skip past.
+pub fn check_request_entry(entry: &str, inv: &Snapshot) -> Result<(), String> {
+    let t = entry.trim();
+    if t.is_empty() {
+        return Err("empty device name".to_owned());
+    }
+    if t.contains(',') {
+        return Err(format!(
+            "{} holds a comma: give one device per entry",
+            shown(t)
+        ));
+    }
+    resolve(t, inv).map(|_| ())
+}
+
 fn select_source(
     view: &ContainerView,
     inv: &Snapshot,
@@ -620,5 +638,23 @@ pub(crate) mod tests {
         let s = select_request("GPU-bbbb,0", &ContainerView::default(), &host());
         assert_eq!(s.source, Some(Source::Request));
         assert_eq!(uuids(&s), ["GPU-aaaa", "GPU-bbbb"]);
+    }
+
+    #[test]
+    fn strict_request_entries_name_the_problem() {
+        let inv = host();
+        for ok in ["0", "all", "GPU-bbbb", "2:1", "MIG-aaaa", " 1 "] {
+            assert_eq!(check_request_entry(ok, &inv), Ok(()), "{ok}");
+        }
+        for (bad, want) in [
+            ("7", "no GPU with index 7"),
+            ("", "empty device name"),
+            ("0,1", "one device per entry"),
+            ("GPU-ffff", "no GPU with UUID"),
+            ("bogus", "is not an index"),
+        ] {
+            let e = check_request_entry(bad, &inv).unwrap_err();
+            assert!(e.contains(want), "{bad}: {e}");
+        }
     }
 }
