@@ -1,5 +1,6 @@
-//! gpuarchctl: the admin and scheduler CLI. Offline commands for now: they
-//! read the snapshot or NVML directly.
+//! gpuarchctl: the admin and scheduler CLI. It asks gpuarchd over D-Bus;
+//! with `--offline` (implied by `--inventory` and `--nvml-lib`) it reads the
+//! snapshot or NVML itself and answers with the same core code.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -24,20 +25,25 @@ pub const EXIT_ERROR: u8 = 2;
     name = "gpuarchctl",
     version,
     about = "Ask gpuarch about this node's GPUs: what they are, what they can run, what a container gets",
-    after_help = "Inventory source: --nvml-lib reads NVML from that library; otherwise --inventory or \
+    after_help = "Source: gpuarchd on the system bus (DBUS_SYSTEM_BUS_ADDRESS to name another bus). \
+With --offline: --nvml-lib reads NVML from that library; otherwise --inventory or \
 GPUARCH_INVENTORY names a snapshot; otherwise /run/gpuarch/inventory.json if present; otherwise NVML \
-(GPUARCH_NVML_LIB or libnvidia-ml.so.1).\n\
+(GPUARCH_NVML_LIB or libnvidia-ml.so.1). --nvml-lib and --inventory imply --offline; so do \
+plan --config and plan --env, which plan locally.\n\
 Config: GPUARCH_CONFIG or /etc/gpuarch/config.yaml (absent: defaults).\n\
-Exit status: 0 ok (or yes), 1 no (arch check), 2 error."
+Exit status: 0 ok (or yes), 1 no (arch check, match with no GPU), 2 error."
 )]
 pub struct Cli {
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
-    /// Read the inventory from NVML in this library.
+    /// Do not ask gpuarchd: read the snapshot or NVML directly.
+    #[arg(long, global = true)]
+    pub offline: bool,
+    /// Read the inventory from NVML in this library (implies --offline).
     #[arg(long, global = true, value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
-    /// Read the inventory from this snapshot file.
+    /// Read the inventory from this snapshot file (implies --offline).
     #[arg(long, global = true, value_name = "PATH")]
     pub inventory: Option<PathBuf>,
     #[command(subcommand)]
@@ -46,8 +52,16 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Cmd {
+    /// Is gpuarchd running, and how fresh is its inventory?
+    Status,
     /// List the GPUs (and MIG devices) of this node.
     Devices,
+    /// UUIDs of the GPUs meeting a requirement such as 'arch>=8.0,feature=bf16'
+    /// (terms: arch>=X.Y, arch>X.Y, arch<=X.Y, arch<X.Y, arch=X.Y, arch!=X.Y,
+    /// feature=NAME). Exit status 1 when no GPU does.
+    Match { requirement: String },
+    /// Ask gpuarchd to re-read its config and the GPUs now (root or group gpuarch).
+    Reload,
     /// Show what a container would get: its GPUs, env and the reasons.
     Plan(PlanArgs),
     /// Questions about compute capabilities and build targets.
@@ -114,16 +128,104 @@ pub fn one_line(e: &anyhow::Error) -> String {
 /// Run a parsed command line; the returned byte is the exit status.
 pub fn run(cli: &Cli) -> Result<u8> {
     let mut out = String::new();
+    let offline = cli.offline || cli.nvml_lib.is_some() || cli.inventory.is_some();
     let code = match &cli.cmd {
-        Cmd::Devices => devices(cli, &mut out)?,
-        Cmd::Plan(args) => plan_cmd(cli, args, &mut out)?,
         Cmd::Arch(a) => arch(cli, a, &mut out)?,
+        Cmd::Plan(args) if offline || args.config.is_some() || !args.env.is_empty() => {
+            plan_cmd(cli, args, &mut out)?
+        }
+        Cmd::Devices if offline => {
+            let (snap, from) = load_inventory(cli)?;
+            devices(cli, &snap, &from, &mut out)
+        }
+        Cmd::Match { requirement } if offline => {
+            let (snap, _) = load_inventory(cli)?;
+            let uuids = crate::service::match_uuids(requirement, &snap).map_err(|e| anyhow!(e))?;
+            render_match(cli, requirement, &uuids, &mut out)?
+        }
+        Cmd::Status if offline => offline_status(cli, &mut out)?,
+        Cmd::Reload if offline => {
+            return Err(anyhow!(
+                "reload asks gpuarchd to re-read NVML and its config; there is nothing to reload --offline"
+            ));
+        }
+        _ => crate::remote::run(cli, &mut out)?,
     };
     print!("{out}");
     Ok(code)
 }
 
-fn load_inventory(cli: &Cli) -> Result<(Snapshot, String)> {
+/// `match` output: UUIDs one per line, or JSON. 1 when none matched.
+pub(crate) fn render_match(
+    cli: &Cli,
+    requirement: &str,
+    uuids: &[String],
+    out: &mut String,
+) -> Result<u8> {
+    if cli.json {
+        let doc = json!({"requirement": requirement, "uuids": uuids});
+        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        for u in uuids {
+            let _ = writeln!(out, "{u}");
+        }
+    }
+    Ok(if uuids.is_empty() { EXIT_NO } else { 0 })
+}
+
+fn offline_status(cli: &Cli, out: &mut String) -> Result<u8> {
+    let (snap, from) = load_inventory(cli)?;
+    let age = humantime_age(&snap.generated_at);
+    if cli.json {
+        let doc = json!({
+            "daemon": null,
+            "inventory": {
+                "source": from,
+                "devices": snap.devices.len(),
+                "generated_at": snap.generated_at,
+                "age_s": age.map(|a| a.as_secs()),
+                "stale": snap.stale,
+            }
+        });
+        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        let _ = writeln!(out, "daemon: not asked (--offline)");
+        let _ = writeln!(
+            out,
+            "inventory: {} GPU(s) from {from}, read {}{}{}",
+            snap.devices.len(),
+            snap.generated_at,
+            age.map(|a| format!(" ({} ago)", short_duration(a)))
+                .unwrap_or_default(),
+            if snap.stale {
+                ", STALE: the daemon's last refresh failed"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(0)
+}
+
+/// Time since an RFC 3339 stamp, if it parses and is in the past.
+pub(crate) fn humantime_age(stamp: &str) -> Option<std::time::Duration> {
+    let t = humantime::parse_rfc3339(stamp).ok()?;
+    std::time::SystemTime::now().duration_since(t).ok()
+}
+
+/// `3d 4h`, `5m 2s`, `42s`: the two largest units.
+pub(crate) fn short_duration(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    let (days, h, m, sec) = (s / 86400, s / 3600 % 24, s / 60 % 60, s % 60);
+    match (days, h, m) {
+        (0, 0, 0) => format!("{sec}s"),
+        (0, 0, _) => format!("{m}m {sec}s"),
+        (0, _, _) => format!("{h}h {m}m"),
+        _ => format!("{days}d {h}h"),
+    }
+}
+
+pub(crate) fn load_inventory(cli: &Cli) -> Result<(Snapshot, String)> {
     Ok(gpuarch_inventory::read_inventory(
         cli.nvml_lib.as_deref(),
         cli.inventory.as_deref(),
@@ -163,12 +265,11 @@ fn table(rows: &[Vec<String>]) -> String {
     s
 }
 
-fn devices(cli: &Cli, out: &mut String) -> Result<u8> {
-    let (snap, from) = load_inventory(cli)?;
+pub(crate) fn devices(cli: &Cli, snap: &Snapshot, from: &str, out: &mut String) -> u8 {
     if cli.json {
         out.push_str(&snap.to_json_pretty());
         out.push('\n');
-        return Ok(0);
+        return 0;
     }
     let mut rows = vec![
         [
@@ -227,7 +328,7 @@ fn devices(cli: &Cli, out: &mut String) -> Result<u8> {
             ""
         }
     );
-    Ok(0)
+    0
 }
 
 fn read_oci_config(path: &Path) -> Result<Vec<u8>> {
@@ -274,7 +375,7 @@ fn plan_cmd(cli: &Cli, args: &PlanArgs, out: &mut String) -> Result<u8> {
     Ok(0)
 }
 
-fn render_plan(plan: &Plan, out: &mut String) {
+pub(crate) fn render_plan(plan: &Plan, out: &mut String) {
     match plan.source {
         Some(src) if !plan.gpus.is_empty() => {
             let _ = writeln!(out, "GPUs (from {src}, in CUDA order):");

@@ -1,4 +1,217 @@
-//! gpuarchd and gpuarchctl. The daemon arrives with its own issue; for now
-//! this crate holds gpuarchctl's offline commands.
+//! gpuarchd, the node daemon, and gpuarchctl, its CLI.
+//!
+//! gpuarchd owns the GPU inventory: it reads NVML at start and on a timer,
+//! serves it on the system bus as `io.gpuarch1`, and writes the snapshot the
+//! hook reads. Modules:
+//!
+//! - [`state`]: the inventory and config in force, and what each update changed;
+//! - [`refresh`]: NVML reads, backoff, snapshot writes, change signals;
+//! - [`service`]: the D-Bus interfaces and the caller checks;
+//! - [`watch`]: config file watching;
+//! - [`sdnotify`], [`logging`]: systemd citizenship;
+//! - [`client`], [`ctl`]: gpuarchctl.
 
+pub mod client;
 pub mod ctl;
+pub mod logging;
+pub mod refresh;
+mod remote;
+pub mod sdnotify;
+pub mod service;
+pub mod state;
+pub mod watch;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::{mpsc, watch as tokio_watch};
+use tracing::{error, info, warn};
+
+use crate::refresh::Refresher;
+use crate::service::Request;
+use crate::state::Shared;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpuarchd",
+    version,
+    about = "gpuarch's node daemon: the GPU inventory on D-Bus (io.gpuarch1) and in /run/gpuarch/inventory.json",
+    after_help = "Config: --config, else GPUARCH_CONFIG, else /etc/gpuarch/config.yaml (absent: defaults); \
+changes apply without restart, and on SIGHUP. NVML: --nvml-lib, else GPUARCH_NVML_LIB, else libnvidia-ml.so.1. \
+Bus: the system bus, or DBUS_SYSTEM_BUS_ADDRESS."
+)]
+pub struct Args {
+    /// More log output: -v debug, -vv trace (default info, or RUST_LOG).
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// The config file (it must exist).
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// Where to write the inventory snapshot.
+    #[arg(long, value_name = "PATH", default_value = gpuarch_inventory::DEFAULT_SNAPSHOT)]
+    pub snapshot: PathBuf,
+    /// The NVML library to load.
+    #[arg(long, value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
+    /// Check the config (PATH, else the one gpuarchd would read) and exit:
+    /// 0 valid, 1 invalid.
+    #[arg(long, value_name = "PATH", num_args = 0..=1)]
+    pub check_config: Option<Option<PathBuf>>,
+}
+
+impl Args {
+    fn config_file(&self) -> (PathBuf, bool) {
+        match &self.config {
+            Some(p) => (p.clone(), true),
+            None => gpuarch_inventory::config_path(),
+        }
+    }
+}
+
+/// Re-read the config; put it in force if valid. Ok(true) when it changed.
+/// An invalid file is logged with its line and reason, and the config in
+/// force stays.
+pub fn reload_config(shared: &Shared) -> Result<bool, String> {
+    match gpuarch_inventory::read_config_at(&shared.config_path, shared.config_must_exist) {
+        Ok(cfg) => {
+            let changed = shared.set_config(cfg);
+            if changed {
+                info!("config {} reloaded", shared.config_path.display());
+            }
+            Ok(changed)
+        }
+        Err(e) => {
+            error!("{e}; the previous config stays in force");
+            Err(format!("{e}; the previous config stays in force"))
+        }
+    }
+}
+
+/// `--check-config`: print the verdict; the exit status.
+pub fn check_config(args: &Args, path: Option<PathBuf>) -> u8 {
+    let (path, must) = match path {
+        Some(p) => (p, true),
+        None => args.config_file(),
+    };
+    match gpuarch_inventory::read_config_at(&path, must) {
+        Ok(_) if !path.exists() => {
+            println!("{}: absent; the defaults apply", path.display());
+            0
+        }
+        Ok(_) => {
+            println!("{}: valid", path.display());
+            0
+        }
+        Err(e) => {
+            eprintln!("gpuarchd: {e}");
+            1
+        }
+    }
+}
+
+/// Run the daemon until SIGTERM or SIGINT.
+pub fn run(args: Args) -> Result<()> {
+    if let Some(w) = logging::init(args.verbose) {
+        warn!("{w}");
+    }
+    let (config_path, must_exist) = args.config_file();
+    let config = gpuarch_inventory::read_config_at(&config_path, must_exist)
+        .context("refusing to start with an invalid config")?;
+    let nvml_lib = args
+        .nvml_lib
+        .clone()
+        .or_else(|| std::env::var_os("GPUARCH_NVML_LIB").map(PathBuf::from));
+    let shared = Arc::new(Shared::new(
+        config,
+        args.snapshot.clone(),
+        config_path,
+        must_exist,
+    ));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let result = rt.block_on(serve(shared, nvml_lib));
+    // A hung NVML read must not hold up the exit.
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    result
+}
+
+async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+
+    let mut refresher = Refresher::new(shared.clone(), nvml_lib);
+    // The first read before the name is taken: READY=1 means "answering,
+    // with an inventory" (or, if NVML is down, with the reason).
+    let _ = refresher.refresh(true).await;
+
+    let (req_tx, req_rx) = mpsc::channel::<Request>(64);
+    let conn = zbus::connection::Builder::system()
+        .serve_at(
+            service::OBJECT_PATH,
+            service::Inventory {
+                shared: shared.clone(),
+            },
+        )
+        .serve_at(
+            service::OBJECT_PATH,
+            service::Daemon {
+                shared: shared.clone(),
+                requests: req_tx.clone(),
+            },
+        )
+        .name(service::BUS_NAME)
+        .build()
+        .await
+        .with_context(|| format!("owning {} on the system bus", service::BUS_NAME))?;
+    refresher.set_connection(conn.clone());
+    info!(
+        "serving {} at {} on the system bus",
+        service::BUS_NAME,
+        service::OBJECT_PATH
+    );
+
+    let (stop_tx, stop_rx) = tokio_watch::channel(false);
+    let refresh_task = tokio::spawn(refresher.run(req_rx, stop_rx.clone()));
+    let _watcher = watch::start(shared.clone(), req_tx.clone());
+    if let Some(every) = sdnotify::watchdog_interval() {
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => { let _ = sdnotify::notify("WATCHDOG=1"); }
+                    _ = stop.changed() => return,
+                }
+            }
+        });
+    }
+    if let Err(e) = sdnotify::notify("READY=1") {
+        warn!("cannot notify systemd: {e}");
+    }
+
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = hup.recv() => {
+                info!("SIGHUP: reloading the config and the inventory");
+                let (tx, _rx) = tokio::sync::oneshot::channel();
+                let _ = req_tx.send(Request::Reload(tx)).await;
+            }
+        }
+    }
+    info!("stopping");
+    let _ = sdnotify::notify("STOPPING=1\nSTATUS=stopping");
+    let _ = stop_tx.send(true);
+    // The refresher stops between steps; a snapshot write in progress
+    // finishes (it is a rename, so the file is whole either way).
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), refresh_task).await;
+    drop(conn);
+    Ok(())
+}

@@ -327,22 +327,44 @@ pub enum ConfigFileError {
     },
 }
 
+/// The config file to read: `GPUARCH_CONFIG` if set (it must then exist),
+/// else [`DEFAULT_CONFIG`] (which may be absent: defaults apply).
+pub fn config_path() -> (PathBuf, bool) {
+    match std::env::var_os("GPUARCH_CONFIG") {
+        Some(p) => (PathBuf::from(p), true),
+        None => (PathBuf::from(DEFAULT_CONFIG), false),
+    }
+}
+
 /// Read the config named by `GPUARCH_CONFIG`, else [`DEFAULT_CONFIG`]. The
 /// default file may be absent (defaults apply); a named one must exist.
 pub fn read_config() -> Result<gpuarch_core::config::Config, ConfigFileError> {
-    let (path, named) = match std::env::var_os("GPUARCH_CONFIG") {
-        Some(p) => (PathBuf::from(p), true),
-        None => (PathBuf::from(DEFAULT_CONFIG), false),
-    };
-    let text = match fs::read_to_string(&path) {
+    let (path, named) = config_path();
+    read_config_at(&path, named)
+}
+
+/// Read and check the config at `path`. With `must_exist` false a missing
+/// file is the default config.
+pub fn read_config_at(
+    path: &Path,
+    must_exist: bool,
+) -> Result<gpuarch_core::config::Config, ConfigFileError> {
+    let text = match fs::read_to_string(path) {
         Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound && !named => {
+        Err(e) if e.kind() == io::ErrorKind::NotFound && !must_exist => {
             return Ok(gpuarch_core::config::Config::default());
         }
-        Err(source) => return Err(ConfigFileError::Read { path, source }),
+        Err(source) => {
+            return Err(ConfigFileError::Read {
+                path: path.to_owned(),
+                source,
+            });
+        }
     };
-    gpuarch_core::config::Config::from_yaml(&text)
-        .map_err(|source| ConfigFileError::Parse { path, source })
+    gpuarch_core::config::Config::from_yaml(&text).map_err(|source| ConfigFileError::Parse {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// Read the inventory from the usual source: NVML from `nvml_lib` if given;

@@ -36,6 +36,7 @@ pub fn fixture(name: &str) -> PathBuf {
 pub struct Artifacts {
     pub fake_nvml: PathBuf,
     pub gpuarchctl: PathBuf,
+    pub gpuarchd: PathBuf,
     pub gpuarch_hook: PathBuf,
     pub gpuarch_runtime: PathBuf,
 }
@@ -75,6 +76,7 @@ pub fn artifacts() -> &'static Artifacts {
         Artifacts {
             fake_nvml: profile_dir.join("libfake_nvml.so"),
             gpuarchctl: profile_dir.join("gpuarchctl"),
+            gpuarchd: profile_dir.join("gpuarchd"),
             gpuarch_hook: profile_dir.join("gpuarch-hook"),
             gpuarch_runtime: profile_dir.join("gpuarch-runtime"),
         }

@@ -1,5 +1,5 @@
-//! gpuarchctl as a user runs it: the real binary, NVML through the real
-//! nvml-wrapper and the fake library, or a snapshot file.
+//! gpuarchctl --offline as a user runs it: the real binary, NVML through the
+//! real nvml-wrapper and the fake library, or a snapshot file.
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
 
@@ -22,10 +22,12 @@ fn ctl(topology: &str, args: &[&str]) -> Output {
         .expect("run gpuarchctl")
 }
 
-/// gpuarchctl with only the arguments and env given.
+/// gpuarchctl --offline (no daemon asked) with only the arguments and env
+/// given. tests/tests/daemon_dbus.rs covers the daemon path.
 fn ctl_plain(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(&artifacts().gpuarchctl);
-    c.args(args)
+    c.arg("--offline")
+        .args(args)
         .env("GPUARCH_CONFIG", "/dev/null")
         .env_remove("GPUARCH_INVENTORY")
         .env_remove("GPUARCH_NVML_LIB");

@@ -46,3 +46,83 @@ fn the_engine_snippets_name_the_installed_programs() {
             .contains("BinaryName = \"/usr/bin/gpuarch-runtime\"")
     );
 }
+
+fn have(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+}
+
+/// `systemd-analyze verify` on the unit, with ExecStart pointed at the built
+/// gpuarchd (verify insists the binary exists; nothing else is changed).
+#[test]
+fn the_unit_verifies_and_is_type_notify_with_hardening() {
+    if !have("systemd-analyze") {
+        eprintln!("SKIPPED: systemd-analyze is not installed");
+        return;
+    }
+    let unit = std::fs::read_to_string(workspace_root().join("systemd/gpuarchd.service")).unwrap();
+    for line in [
+        "Type=notify",
+        "ExecStart=/usr/bin/gpuarchd",
+        "ProtectSystem=strict",
+        "ProtectHome=yes",
+        "NoNewPrivileges=yes",
+        "RestrictAddressFamilies=AF_UNIX",
+        "WatchdogSec=",
+    ] {
+        assert!(unit.lines().any(|l| l.starts_with(line)), "missing {line}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let gpuarchd = gpuarch_tests::artifacts().gpuarchd.clone();
+    let path = dir.path().join("gpuarchd.service");
+    std::fs::write(
+        &path,
+        unit.replace("/usr/bin/gpuarchd", gpuarchd.to_str().unwrap()),
+    )
+    .unwrap();
+    let o = std::process::Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && err.trim().is_empty(), "{err}");
+}
+
+#[test]
+fn tmpfiles_and_sysusers_create_what_the_daemon_needs() {
+    if !have("systemd-tmpfiles") || !have("systemd-sysusers") {
+        eprintln!("SKIPPED: systemd-tmpfiles or systemd-sysusers is not installed");
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let o = std::process::Command::new("systemd-tmpfiles")
+        .arg("--create")
+        .arg(format!("--root={}", root.path().display()))
+        .arg(workspace_root().join("systemd/tmpfiles.d/gpuarch.conf"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for d in [
+        "run/gpuarch",
+        "var/cache/gpuarch",
+        "var/lib/gpuarch/kernels",
+    ] {
+        let m = std::fs::metadata(root.path().join(d)).unwrap_or_else(|e| panic!("{d}: {e}"));
+        assert!(m.is_dir(), "{d}");
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777,
+            0o755,
+            "{d}: the snapshot and kernels are world-readable"
+        );
+    }
+    std::fs::create_dir_all(root.path().join("etc")).unwrap();
+    let o = std::process::Command::new("systemd-sysusers")
+        .arg(format!("--root={}", root.path().display()))
+        .arg(workspace_root().join("systemd/sysusers.d/gpuarch.conf"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let group = std::fs::read_to_string(root.path().join("etc/group")).unwrap();
+    assert!(group.lines().any(|l| l.starts_with("gpuarch:")), "{group}");
+}

@@ -1,0 +1,317 @@
+//! The D-Bus service: `io.gpuarch1.Inventory` and `io.gpuarch1.Daemon` at
+//! `/io/gpuarch1`. Reads are open to everyone; `Reload` checks the caller's
+//! credentials as the bus reports them (the bus policy checks first).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use gpuarch_core::config::Config;
+use gpuarch_core::features::Feature;
+use gpuarch_core::oci::ContainerView;
+use gpuarch_core::plan;
+use gpuarch_core::requirement::Requirement;
+use gpuarch_core::select;
+use gpuarch_core::snapshot::Snapshot;
+use tokio::sync::{mpsc, oneshot};
+use zbus::message::Header;
+use zbus::object_server::SignalEmitter;
+use zbus::{Connection, Variant, fdo, interface};
+
+use crate::state::Shared;
+
+/// The well-known name on the system bus.
+pub const BUS_NAME: &str = "io.gpuarch1";
+/// The one object.
+pub const OBJECT_PATH: &str = "/io/gpuarch1";
+/// Members of this group (and root) may call privileged methods.
+pub const ADMIN_GROUP: &str = "gpuarch";
+
+/// What the D-Bus side asks of the refresher.
+#[derive(Debug)]
+pub enum Request {
+    /// Re-read the config and the inventory now; answer when done.
+    Reload(oneshot::Sender<Result<(), String>>),
+    /// The config changed (watcher or SIGHUP): re-plan the refresh timer.
+    ConfigChanged,
+}
+
+/// Microseconds since the epoch, as systemd's timestamps; 0 for never.
+pub fn usec(t: Option<SystemTime>) -> u64 {
+    t.and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+fn no_inventory(shared: &Shared) -> fdo::Error {
+    let why = shared
+        .inventory()
+        .last_error
+        .unwrap_or_else(|| "the first NVML read has not finished".to_owned());
+    fdo::Error::Failed(format!(
+        "no GPU inventory yet: NVML has not answered since gpuarchd started ({why})"
+    ))
+}
+
+fn current(shared: &Shared) -> fdo::Result<Arc<Snapshot>> {
+    shared.snapshot().ok_or_else(|| no_inventory(shared))
+}
+
+/// One device as `a{sv}`.
+fn device_dict(d: &gpuarch_core::snapshot::Device) -> BTreeMap<String, Variant<'static>> {
+    let cc = d.compute_capability;
+    let features: Vec<String> = Feature::ALL
+        .iter()
+        .filter(|f| f.supported_on(cc))
+        .map(|f| f.name().to_owned())
+        .collect();
+    let mig: Vec<BTreeMap<String, Variant<'static>>> = d
+        .mig
+        .iter()
+        .map(|m| {
+            BTreeMap::from([
+                ("index".to_owned(), Variant::from(m.index)),
+                ("uuid".to_owned(), Variant::from(m.uuid.clone())),
+                ("name".to_owned(), Variant::from(m.name.clone())),
+                ("memory_bytes".to_owned(), Variant::from(m.memory_bytes)),
+            ])
+        })
+        .collect();
+    BTreeMap::from([
+        ("index".to_owned(), Variant::from(d.index)),
+        ("minor".to_owned(), Variant::from(d.minor)),
+        ("uuid".to_owned(), Variant::from(d.uuid.clone())),
+        ("name".to_owned(), Variant::from(d.name.clone())),
+        (
+            "compute_capability".to_owned(),
+            Variant::from(cc.to_string()),
+        ),
+        (
+            "arch".to_owned(),
+            Variant::from(cc.arch_name().unwrap_or_default().to_owned()),
+        ),
+        ("pci_bus_id".to_owned(), Variant::from(d.pci_bus_id.clone())),
+        ("memory_bytes".to_owned(), Variant::from(d.memory_bytes)),
+        ("features".to_owned(), Variant::from(features)),
+        ("mig".to_owned(), Variant::from(mig)),
+    ])
+}
+
+/// The Plan for an explicit device list: every entry must name a device.
+pub fn plan_for(
+    devices: &[String],
+    snap: &Snapshot,
+    cfg: &Config,
+) -> Result<(BTreeMap<String, String>, Vec<String>), String> {
+    for d in devices {
+        select::check_request_entry(d, snap).map_err(|e| format!("device {d:?}: {e}"))?;
+    }
+    let p = plan::plan_request(
+        &devices.join(","),
+        &ContainerView::with_env(Vec::<(String, String)>::new()),
+        snap,
+        &cfg.env,
+    );
+    Ok((p.env.into_iter().collect(), p.notes))
+}
+
+/// UUIDs of the GPUs meeting `requirement`, in index order.
+pub fn match_uuids(requirement: &str, snap: &Snapshot) -> Result<Vec<String>, String> {
+    let r: Requirement = requirement.parse().map_err(|e| format!("{e}"))?;
+    Ok(r.matching(snap).map(|d| d.uuid.clone()).collect())
+}
+
+/// `io.gpuarch1.Inventory`.
+#[derive(Debug)]
+pub struct Inventory {
+    pub shared: Arc<Shared>,
+}
+
+/// The GPUs of this node and what they can run.
+#[interface(name = "io.gpuarch1.Inventory")]
+impl Inventory {
+    /// One dictionary per GPU, in index order: index (u), minor (u), uuid,
+    /// name, compute_capability ("8.6"), arch ("Ampere", "" if unknown),
+    /// pci_bus_id, memory_bytes (t), features (as: bf16, tf32, fp8,
+    /// flash_attention_2, flash_attention_3, flashinfer), mig (aa{sv}:
+    /// index, uuid, name, memory_bytes).
+    #[zbus(out_args("devices"))]
+    fn list_devices(&self) -> fdo::Result<Vec<BTreeMap<String, Variant<'static>>>> {
+        Ok(current(&self.shared)?
+            .devices
+            .iter()
+            .map(device_dict)
+            .collect())
+    }
+
+    /// What a container on these GPUs gets: the variables gpuarch would
+    /// inject and one note per decision. Devices as NVIDIA_VISIBLE_DEVICES
+    /// names them, one per entry: "0", "GPU-<uuid>", "0:1", "MIG-<uuid>",
+    /// "all". An entry naming no device here is an InvalidArgs error.
+    #[zbus(out_args("env", "notes"))]
+    fn plan(&self, devices: Vec<String>) -> fdo::Result<(BTreeMap<String, String>, Vec<String>)> {
+        let snap = current(&self.shared)?;
+        plan_for(&devices, &snap, &self.shared.config()).map_err(fdo::Error::InvalidArgs)
+    }
+
+    /// UUIDs of the GPUs meeting every comma-joined term of the requirement:
+    /// arch>=X.Y, arch>X.Y, arch<=X.Y, arch<X.Y, arch=X.Y, arch!=X.Y,
+    /// feature=NAME. A bad term is an InvalidArgs error naming it.
+    #[zbus(name = "Match", out_args("uuids"))]
+    fn match_devices(&self, requirement: &str) -> fdo::Result<Vec<String>> {
+        let snap = current(&self.shared)?;
+        match_uuids(requirement, &snap).map_err(fdo::Error::InvalidArgs)
+    }
+
+    /// Compute capability of each GPU, in index order.
+    #[zbus(property)]
+    fn compute_capabilities(&self) -> Vec<String> {
+        self.shared.snapshot().map_or_else(Vec::new, |s| {
+            s.devices
+                .iter()
+                .map(|d| d.compute_capability.to_string())
+                .collect()
+        })
+    }
+
+    /// The NVIDIA driver's version ("" before the first NVML read).
+    #[zbus(property)]
+    fn driver_version(&self) -> String {
+        self.shared
+            .snapshot()
+            .map(|s| s.driver_version.clone())
+            .unwrap_or_default()
+    }
+
+    /// The CUDA version the driver supports, MAJOR.MINOR.
+    #[zbus(property)]
+    fn cuda_driver_version(&self) -> String {
+        self.shared
+            .snapshot()
+            .map(|s| s.cuda_driver_version.clone())
+            .unwrap_or_default()
+    }
+
+    /// True while the last refresh failed and the inventory served is the
+    /// last good one.
+    #[zbus(property)]
+    fn stale(&self) -> bool {
+        self.shared.snapshot().is_some_and(|s| s.stale)
+    }
+
+    /// When the inventory served was read and last changed (RFC 3339).
+    #[zbus(property)]
+    fn generated_at(&self) -> String {
+        self.shared
+            .snapshot()
+            .map(|s| s.generated_at.clone())
+            .unwrap_or_default()
+    }
+
+    /// When NVML last answered, in microseconds since the epoch (0: never).
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn last_refresh(&self) -> u64 {
+        usec(self.shared.inventory().last_success)
+    }
+
+    /// Why the last refresh failed ("" when it succeeded).
+    #[zbus(property)]
+    fn last_error(&self) -> String {
+        self.shared.inventory().last_error.unwrap_or_default()
+    }
+
+    /// The set of GPUs or their properties changed.
+    #[zbus(signal)]
+    pub async fn devices_changed(emitter: &SignalEmitter<'_>) -> zbus::Result<()>;
+}
+
+/// Why a privileged call is refused, if it is.
+async fn authorize(conn: &Connection, hdr: &Header<'_>, method: &str) -> fdo::Result<()> {
+    let sender = hdr
+        .sender()
+        .ok_or_else(|| fdo::Error::AccessDenied(format!("{method}: the call has no sender")))?;
+    let creds = fdo::DBusProxy::new(conn)
+        .await?
+        .get_connection_credentials(sender.clone().into())
+        .await?;
+    let uid = creds.unix_user_id().ok_or_else(|| {
+        fdo::Error::AccessDenied(format!("{method}: the bus did not say who the caller is"))
+    })?;
+    if uid == 0 {
+        return Ok(());
+    }
+    let admin = nix::unistd::Group::from_name(ADMIN_GROUP)
+        .ok()
+        .flatten()
+        .map(|g| g.gid.as_raw());
+    let groups: Vec<u32> = match creds.unix_group_ids() {
+        Some(g) => g.clone(),
+        // Buses without UnixGroupIDs: the groups the user database gives.
+        None => groups_of(uid),
+    };
+    if admin.is_some_and(|g| groups.contains(&g)) {
+        return Ok(());
+    }
+    Err(fdo::Error::AccessDenied(format!(
+        "{method} is for root and members of group {ADMIN_GROUP}; the caller (uid {uid}) is neither"
+    )))
+}
+
+fn groups_of(uid: u32) -> Vec<u32> {
+    let Ok(Some(user)) = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) else {
+        return Vec::new();
+    };
+    let Ok(name) = std::ffi::CString::new(user.name) else {
+        return Vec::new();
+    };
+    nix::unistd::getgrouplist(&name, user.gid)
+        .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
+        .unwrap_or_default()
+}
+
+/// `io.gpuarch1.Daemon`.
+#[derive(Debug)]
+pub struct Daemon {
+    pub shared: Arc<Shared>,
+    pub requests: mpsc::Sender<Request>,
+}
+
+/// The daemon itself.
+#[interface(name = "io.gpuarch1.Daemon")]
+impl Daemon {
+    /// Re-read the config and the GPU inventory now; returns when done.
+    /// For root and group gpuarch. Fails (with the reason) when the config
+    /// is invalid (the previous one stays in force) or NVML did not answer
+    /// (the last inventory is served, stale).
+    async fn reload(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> fdo::Result<()> {
+        authorize(conn, &hdr, "Reload").await?;
+        let (tx, rx) = oneshot::channel();
+        let gone = || fdo::Error::Failed("gpuarchd is stopping".to_owned());
+        self.requests
+            .send(Request::Reload(tx))
+            .await
+            .map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?.map_err(fdo::Error::Failed)
+    }
+
+    /// gpuarchd's version.
+    #[zbus(property(emits_changed_signal = "const"))]
+    fn version(&self) -> String {
+        env!("CARGO_PKG_VERSION").to_owned()
+    }
+
+    /// When gpuarchd started, in microseconds since the epoch.
+    #[zbus(property(emits_changed_signal = "const"))]
+    fn started_at(&self) -> u64 {
+        usec(Some(self.shared.started))
+    }
+}
+
+/// Age of a time in microseconds since the epoch, for display.
+pub fn age(usec_since_epoch: u64) -> Option<Duration> {
+    let t = UNIX_EPOCH + Duration::from_micros(usec_since_epoch);
+    (usec_since_epoch > 0).then(|| SystemTime::now().duration_since(t).unwrap_or_default())
+}

@@ -1,0 +1,243 @@
+//! What the daemon knows: the last good inventory, whether it is stale, and
+//! the config in force. Plain data behind short locks; the D-Bus methods read
+//! it, the refresher and the config watcher write it. Every write returns
+//! what changed, so signals go out only on real change.
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::SystemTime;
+
+use gpuarch_core::config::Config;
+use gpuarch_core::snapshot::Snapshot;
+
+/// The inventory as the daemon serves it.
+#[derive(Clone, Debug, Default)]
+pub struct Inventory {
+    /// The last inventory read successfully (or adopted from an earlier
+    /// snapshot at start), with `stale` set when the last refresh failed.
+    /// `None` until NVML has answered once.
+    pub snapshot: Option<Arc<Snapshot>>,
+    /// Why the last refresh failed; `None` after a success.
+    pub last_error: Option<String>,
+    /// When NVML last answered (the content may be older: `generated_at`
+    /// says when it last changed).
+    pub last_success: Option<SystemTime>,
+}
+
+/// What one update changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Change {
+    /// The devices (identity, capability, memory, MIG layout) changed.
+    pub devices: bool,
+    /// The driver or its CUDA version changed.
+    pub driver: bool,
+    /// Staleness flipped.
+    pub stale: bool,
+}
+
+impl Change {
+    /// Anything a snapshot reader would see.
+    pub fn any(self) -> bool {
+        self.devices || self.driver || self.stale
+    }
+}
+
+/// Everything shared between the tasks of the daemon.
+#[derive(Debug)]
+pub struct Shared {
+    inventory: RwLock<Inventory>,
+    config: RwLock<Arc<Config>>,
+    pub started: SystemTime,
+    pub snapshot_path: PathBuf,
+    /// The config file and whether it must exist (named explicitly).
+    pub config_path: PathBuf,
+    pub config_must_exist: bool,
+}
+
+fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    pub fn new(
+        config: Config,
+        snapshot_path: PathBuf,
+        config_path: PathBuf,
+        config_must_exist: bool,
+    ) -> Self {
+        Self {
+            inventory: RwLock::new(Inventory::default()),
+            config: RwLock::new(Arc::new(config)),
+            started: SystemTime::now(),
+            snapshot_path,
+            config_path,
+            config_must_exist,
+        }
+    }
+
+    pub fn inventory(&self) -> Inventory {
+        read(&self.inventory).clone()
+    }
+
+    /// The snapshot being served, if any.
+    pub fn snapshot(&self) -> Option<Arc<Snapshot>> {
+        read(&self.inventory).snapshot.clone()
+    }
+
+    pub fn config(&self) -> Arc<Config> {
+        read(&self.config).clone()
+    }
+
+    /// Put a new config in force; true if it differs from the old one.
+    pub fn set_config(&self, cfg: Config) -> bool {
+        let mut c = write(&self.config);
+        if **c == cfg {
+            return false;
+        }
+        *c = Arc::new(cfg);
+        true
+    }
+
+    /// NVML answered with `snap`. Returns what changed; the snapshot keeps its
+    /// old `generated_at` when nothing did, so the file's time says when the
+    /// content was first seen.
+    pub fn refreshed(&self, snap: Snapshot) -> Change {
+        let mut inv = write(&self.inventory);
+        inv.last_error = None;
+        inv.last_success = Some(SystemTime::now());
+        let change = match &inv.snapshot {
+            None => Change {
+                devices: true,
+                driver: true,
+                stale: false,
+            },
+            Some(old) => Change {
+                devices: old.devices != snap.devices,
+                driver: old.driver_version != snap.driver_version
+                    || old.cuda_driver_version != snap.cuda_driver_version,
+                stale: old.stale,
+            },
+        };
+        if change.any() || inv.snapshot.is_none() {
+            inv.snapshot = Some(Arc::new(snap));
+        }
+        change
+    }
+
+    /// A refresh failed: keep the last good inventory, marked stale.
+    pub fn failed(&self, reason: String) -> Change {
+        let mut inv = write(&self.inventory);
+        inv.last_error = Some(reason);
+        match &mut inv.snapshot {
+            Some(s) if !s.stale => {
+                Arc::make_mut(s).stale = true;
+                Change {
+                    stale: true,
+                    ..Change::default()
+                }
+            }
+            _ => Change::default(),
+        }
+    }
+
+    /// Serve `snap` (a snapshot left by an earlier run, read at start when
+    /// NVML does not answer) as the last good inventory; the failure that
+    /// follows marks it stale.
+    pub fn adopt(&self, snap: Snapshot, reason: String) {
+        let mut inv = write(&self.inventory);
+        inv.snapshot = Some(Arc::new(snap));
+        inv.last_error = Some(reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuarch_core::arch::ComputeCapability;
+    use gpuarch_core::snapshot::Device;
+
+    fn snap(caps: &[(u8, u8)], at: &str) -> Snapshot {
+        Snapshot {
+            schema: 1,
+            source: "nvml".into(),
+            generated_at: at.into(),
+            driver_version: "580.95.05".into(),
+            cuda_driver_version: "13.0".into(),
+            stale: false,
+            devices: caps
+                .iter()
+                .enumerate()
+                .map(|(i, (ma, mi))| Device {
+                    index: i as u32,
+                    minor: i as u32,
+                    uuid: format!("GPU-{i}"),
+                    name: "gpu".into(),
+                    compute_capability: ComputeCapability::new(*ma, *mi),
+                    pci_bus_id: format!("00000000:0{i}:00.0"),
+                    memory_bytes: 1 << 30,
+                    mig: vec![],
+                })
+                .collect(),
+        }
+    }
+
+    fn shared() -> Shared {
+        Shared::new(Config::default(), "/x".into(), "/y".into(), false)
+    }
+
+    #[test]
+    fn only_real_changes_count() {
+        let s = shared();
+        assert!(s.refreshed(snap(&[(7, 5), (8, 6)], "t1")).devices);
+        // Same devices read later: no change, and the first time is kept.
+        assert_eq!(
+            s.refreshed(snap(&[(7, 5), (8, 6)], "t2")),
+            Change::default()
+        );
+        assert_eq!(s.snapshot().unwrap().generated_at, "t1");
+        let c = s.refreshed(snap(&[(7, 5), (9, 0)], "t3"));
+        assert!(c.devices && !c.driver && !c.stale);
+        assert_eq!(s.snapshot().unwrap().generated_at, "t3");
+    }
+
+    #[test]
+    fn failure_keeps_the_last_inventory_marked_stale_once() {
+        let s = shared();
+        // No inventory yet: nothing to mark.
+        assert_eq!(s.failed("no driver".into()), Change::default());
+        assert!(s.snapshot().is_none());
+        s.refreshed(snap(&[(8, 0)], "t1"));
+        let c = s.failed("NVML gone".into());
+        assert!(c.stale && !c.devices);
+        assert!(s.snapshot().unwrap().stale);
+        assert_eq!(s.snapshot().unwrap().devices.len(), 1);
+        assert_eq!(s.inventory().last_error.as_deref(), Some("NVML gone"));
+        assert_eq!(s.failed("still gone".into()), Change::default());
+        // Recovery with the same devices: only staleness changes.
+        let c = s.refreshed(snap(&[(8, 0)], "t2"));
+        assert_eq!(
+            c,
+            Change {
+                stale: true,
+                ..Change::default()
+            }
+        );
+        assert!(!s.snapshot().unwrap().stale);
+        assert!(s.inventory().last_error.is_none());
+    }
+
+    #[test]
+    fn config_changes_are_detected() {
+        let s = shared();
+        assert!(!s.set_config(Config::default()));
+        assert!(s.set_config(Config {
+            strict: true,
+            ..Config::default()
+        }));
+        assert!(s.config().strict);
+    }
+}
