@@ -127,7 +127,7 @@ pub struct Inventory {
 }
 
 /// The GPUs of this node and what they can run.
-#[interface(name = "io.gpuarch1.Inventory")]
+#[interface(name = "io.gpuarch1.Inventory", spawn = false)]
 impl Inventory {
     /// One dictionary per GPU, in index order: index (u), minor (u), uuid,
     /// name, compute_capability ("8.6"), arch ("Ampere", "" if unknown),

@@ -3,6 +3,8 @@
 //! cdylib and the workspace's binaries), built on first use into the same
 //! target directory and profile as the running test.
 
+pub mod daemon;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;

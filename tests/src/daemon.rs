@@ -1,0 +1,254 @@
+//! A private system bus with gpuarchd on it, for the daemon's tests and
+//! benchmark: a real `dbus-daemon` configured like the system bus (deny by
+//! default, holes punched by `packaging/dbus/io.gpuarch1.conf`), the fake
+//! NVML behind the real nvml-wrapper, and a real sd_notify socket.
+//!
+//! Test support: a failed unwrap here is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use gpuarch_core::snapshot::Snapshot;
+
+use crate::{artifacts, fixture, workspace_root};
+
+/// Which bus policy the private bus runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Policy {
+    /// The shipped io.gpuarch1.conf, as installed.
+    Shipped,
+    /// The shipped file, then a rule letting anyone call anything on
+    /// io.gpuarch1: only the daemon's own check stands.
+    Open,
+}
+
+/// A private system bus, a gpuarchd on it, and the files they use.
+#[derive(Debug)]
+pub struct Node {
+    dir: tempfile::TempDir,
+    bus: Child,
+    pub address: String,
+    pub daemon: Option<Child>,
+    notify: UnixDatagram,
+    /// Every sd_notify datagram received so far.
+    pub notes: Vec<String>,
+}
+
+fn bus_config(dir: &Path, policy: Policy) -> String {
+    let shipped = workspace_root().join("packaging/dbus/io.gpuarch1.conf");
+    let open = if policy == Policy::Open {
+        r#"<policy context="default"><allow send_destination="io.gpuarch1"/></policy>"#
+    } else {
+        ""
+    };
+    format!(
+        r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:path={dir}/bus</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <deny own="*"/>
+    <deny send_type="method_call"/>
+    <allow send_type="signal"/>
+    <allow send_requested_reply="true" send_type="method_return"/>
+    <allow send_requested_reply="true" send_type="error"/>
+    <allow receive_type="method_call"/>
+    <allow receive_type="method_return"/>
+    <allow receive_type="error"/>
+    <allow receive_type="signal"/>
+    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus"/>
+    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus.Introspectable"/>
+    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus.Properties"/>
+  </policy>
+  <include>{shipped}</include>
+  {open}
+</busconfig>
+"#,
+        dir = dir.display(),
+        shipped = shipped.display(),
+    )
+}
+
+impl Node {
+    pub fn new(topology: &str, policy: Policy) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("gpuarchd-")
+            .tempdir()
+            .unwrap();
+        // Other users (nobody) must reach the bus socket and run gpuarchctl.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::copy(fixture(topology), dir.path().join("topology.json")).unwrap();
+        std::fs::write(dir.path().join("config.yaml"), "# defaults\n").unwrap();
+        std::fs::copy(&artifacts().gpuarchctl, dir.path().join("gpuarchctl")).unwrap();
+        let conf = dir.path().join("bus.conf");
+        std::fs::write(&conf, bus_config(dir.path(), policy)).unwrap();
+        let mut bus = Command::new("dbus-daemon")
+            .arg(format!("--config-file={}", conf.display()))
+            .args(["--nofork", "--print-address"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut address = String::new();
+        BufReader::new(bus.stdout.take().unwrap())
+            .read_line(&mut address)
+            .unwrap();
+        let address = address.trim().to_owned();
+        assert!(address.starts_with("unix:"), "dbus-daemon said {address:?}");
+        let notify = UnixDatagram::bind(dir.path().join("notify")).unwrap();
+        Node {
+            dir,
+            bus,
+            address,
+            daemon: None,
+            notify,
+            notes: Vec::new(),
+        }
+    }
+
+    /// The dbus-daemon's process id.
+    pub fn bus_pid(&self) -> u32 {
+        self.bus.id()
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn daemon_cmd(&self) -> Command {
+        let mut c = Command::new(&artifacts().gpuarchd);
+        c.arg("--nvml-lib")
+            .arg(&artifacts().fake_nvml)
+            .arg("--snapshot")
+            .arg(self.path("run/inventory.json"))
+            .arg("--config")
+            .arg(self.path("config.yaml"))
+            .arg("-v")
+            .env("DBUS_SYSTEM_BUS_ADDRESS", &self.address)
+            .env("FAKE_NVML_TOPOLOGY", self.path("topology.json"))
+            .env("NOTIFY_SOCKET", self.path("notify"))
+            .env_remove("GPUARCH_CONFIG")
+            .env_remove("JOURNAL_STREAM")
+            .env_remove("RUST_LOG");
+        c
+    }
+
+    /// Start gpuarchd and wait for READY=1; the time it took.
+    pub fn start(&mut self, env: &[(&str, &str)]) -> Duration {
+        let log = std::fs::File::create(self.path("daemon.log")).unwrap();
+        self.notes.clear();
+        let t0 = Instant::now();
+        let mut cmd = self.daemon_cmd();
+        cmd.envs(env.iter().copied()).stderr(log);
+        self.daemon = Some(cmd.spawn().unwrap());
+        self.wait_note("READY=1", Duration::from_secs(10));
+        t0.elapsed()
+    }
+
+    /// Wait for a datagram containing `what`; all are kept in `notes`.
+    pub fn wait_note(&mut self, what: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let mut buf = [0u8; 4096];
+        while !self.notes.iter().any(|n| n.contains(what)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "no {what} within {limit:?}; got {:?}; log:\n{}",
+                self.notes,
+                self.log()
+            );
+            self.notify.set_read_timeout(Some(left)).unwrap();
+            if let Ok(n) = self.notify.recv(&mut buf) {
+                self.notes
+                    .push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.path("daemon.log")).unwrap_or_default()
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot::from_json(&std::fs::read(self.path("run/inventory.json")).unwrap()).unwrap()
+    }
+
+    /// SIGTERM; the exit status and how long it took.
+    pub fn stop(&mut self) -> (std::process::ExitStatus, Duration) {
+        let mut child = self.daemon.take().unwrap();
+        let t0 = Instant::now();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let status = child.wait().unwrap();
+        (status, t0.elapsed())
+    }
+
+    /// gpuarchctl as root, or as nobody with `groups` (setpriv).
+    pub fn ctl(&self, as_nobody: Option<&[u32]>, args: &[&str]) -> Output {
+        let ctl = self.path("gpuarchctl");
+        let mut cmd = match as_nobody {
+            None => Command::new(&ctl),
+            Some(groups) => {
+                let mut c = Command::new("setpriv");
+                c.args(["--reuid=65534", "--regid=65534"]);
+                if groups.is_empty() {
+                    c.arg("--clear-groups");
+                } else {
+                    let list: Vec<String> = groups.iter().map(u32::to_string).collect();
+                    c.arg(format!("--groups={}", list.join(",")));
+                }
+                c.arg("--").arg(&ctl);
+                c
+            }
+        };
+        cmd.args(args)
+            .env("DBUS_SYSTEM_BUS_ADDRESS", &self.address)
+            .env_remove("GPUARCH_INVENTORY")
+            .output()
+            .unwrap()
+    }
+
+    pub fn rewrite_topology(&self, f: impl FnOnce(&mut Snapshot)) {
+        let mut s =
+            Snapshot::from_json(&std::fs::read(self.path("topology.json")).unwrap()).unwrap();
+        f(&mut s);
+        std::fs::write(self.path("topology.json"), s.to_json_pretty()).unwrap();
+    }
+
+    pub async fn conn(&self) -> zbus::Connection {
+        zbus::connection::Builder::address(self.address.as_str())
+            .build()
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+        let _ = self.bus.kill();
+        let _ = self.bus.wait();
+    }
+}
+
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
