@@ -12,6 +12,9 @@ use crate::ctl::{Cli, Cmd, devices, humantime_age, render_match, short_duration}
 use crate::service::{BUS_NAME, age};
 
 const NOT_RUNNING: &str = "gpuarchd is not running";
+/// How long gpuarchctl waits for the daemon (Reload waits for NVML, whose
+/// own budget is at most this long by default).
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
 const HINT: &str = "use --offline to read NVML or the snapshot directly";
 
 /// A D-Bus failure as one line a person can act on.
@@ -49,7 +52,7 @@ pub fn run(cli: &Cli, out: &mut String) -> Result<u8> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    rt.block_on(async {
+    let work = async {
         let conn = Connection::system().await.map_err(|e| {
             anyhow!("{NOT_RUNNING} here: cannot reach the system bus ({e}); {HINT}")
         })?;
@@ -110,6 +113,14 @@ pub fn run(cli: &Cli, out: &mut String) -> Result<u8> {
             Cmd::Status => status(cli, &conn, &inv, out).await,
             Cmd::Arch(_) => Err(anyhow!("arch commands do not ask the daemon")),
         }
+    };
+    rt.block_on(async {
+        tokio::time::timeout(PATIENCE, work).await.unwrap_or_else(|_| {
+            Err(anyhow!(
+                "gpuarchd did not answer within {} s (is it hung? see journalctl -u gpuarchd); {HINT}",
+                PATIENCE.as_secs()
+            ))
+        })
     })
 }
 

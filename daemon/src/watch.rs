@@ -22,6 +22,13 @@ pub fn start(
     requests: mpsc::Sender<Request>,
 ) -> Option<notify::RecommendedWatcher> {
     let path = shared.config_path.clone();
+    if path.exists() && !path.is_file() {
+        info!(
+            "{} is not a regular file; not watching it for changes",
+            path.display()
+        );
+        return None;
+    }
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
