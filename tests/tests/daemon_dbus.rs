@@ -639,3 +639,36 @@ fn gpuarchctl_talks_to_the_daemon_and_says_when_it_is_down() {
     let o = node.ctl(None, &["--offline", "--inventory", snap, "devices"]);
     assert!(o.status.success());
 }
+
+#[test]
+fn a_hung_nvml_costs_the_budget_not_the_daemon() {
+    require!();
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    std::fs::write(
+        node.path("config.yaml"),
+        "daemon: {nvml_timeout_ms: 200, refresh_interval_s: 1}\n",
+    )
+    .unwrap();
+    // Every NVML read wedges for 3 s in nvmlDeviceGetCount.
+    let took = node.start(&[("FAKE_NVML_SLEEP", "nvmlDeviceGetCount_v2=3000")]);
+    assert!(took < Duration::from_secs(2), "READY=1 after {took:?}");
+    let t0 = Instant::now();
+    let o = node.ctl(None, &["status"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "status waited on NVML"
+    );
+    assert!(out.contains("NVML did not answer within 200 ms"), "{out}");
+    // A Reload while that read is still stuck answers at once, saying so.
+    let t0 = Instant::now();
+    let o = node.ctl(None, &["reload"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    assert!(text(&o).1.contains("NVML"), "{}", text(&o).1);
+    // SIGTERM does not wait for the stuck thread.
+    let (status, took) = node.stop();
+    assert!(status.success(), "{status}\n{}", node.log());
+    assert!(took < Duration::from_secs(1), "stop took {took:?}");
+}
