@@ -176,6 +176,20 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
         service::OBJECT_PATH
     );
 
+    // The stream ends when the bus connection does (dbus-daemon restarted);
+    // NameLost says another owner took the name. Either way this process
+    // can no longer answer: exit with an error so systemd restarts it.
+    let rule = zbus::MatchRule::builder()
+        .msg_type(zbus::message::Type::Signal)
+        .sender("org.freedesktop.DBus")
+        .interface("org.freedesktop.DBus")
+        .member("NameLost")
+        .build()
+        .context("NameLost match rule")?;
+    let mut lost = zbus::MessageStream::for_match_rule(rule, &conn, None)
+        .await
+        .context("watching the bus connection")?;
+
     let (stop_tx, stop_rx) = tokio_watch::channel(false);
     let refresh_task = tokio::spawn(refresher.run(req_rx, stop_rx.clone()));
     let _watcher = watch::start(shared.clone(), req_tx.clone());
@@ -195,10 +209,23 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
         warn!("cannot notify systemd: {e}");
     }
 
+    let mut outcome = Ok(());
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
+            m = futures_util::StreamExt::next(&mut lost) => match m {
+                None | Some(Err(_)) => {
+                    outcome = Err(anyhow::anyhow!("lost the connection to the system bus"));
+                    break;
+                }
+                Some(Ok(msg)) => {
+                    if msg.body().deserialize::<&str>().ok() == Some(service::BUS_NAME) {
+                        outcome = Err(anyhow::anyhow!("lost the bus name {}", service::BUS_NAME));
+                        break;
+                    }
+                }
+            },
             _ = hup.recv() => {
                 info!("SIGHUP: reloading the config and the inventory");
                 let (tx, _rx) = tokio::sync::oneshot::channel();
@@ -206,12 +233,15 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
             }
         }
     }
-    info!("stopping");
+    match &outcome {
+        Ok(()) => info!("stopping"),
+        Err(e) => error!("{e}; stopping so that systemd restarts gpuarchd"),
+    }
     let _ = sdnotify::notify("STOPPING=1\nSTATUS=stopping");
     let _ = stop_tx.send(true);
     // The refresher stops between steps; a snapshot write in progress
     // finishes (it is a rename, so the file is whole either way).
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), refresh_task).await;
     drop(conn);
-    Ok(())
+    outcome
 }

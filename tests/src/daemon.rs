@@ -114,6 +114,12 @@ impl Node {
         }
     }
 
+    /// Stop the bus under the daemon, as a dbus-daemon restart would.
+    pub fn kill_bus(&mut self) {
+        let _ = self.bus.kill();
+        let _ = self.bus.wait();
+    }
+
     /// The dbus-daemon's process id.
     pub fn bus_pid(&self) -> u32 {
         self.bus.id()

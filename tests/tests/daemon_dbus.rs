@@ -672,3 +672,28 @@ fn a_hung_nvml_costs_the_budget_not_the_daemon() {
     assert!(status.success(), "{status}\n{}", node.log());
     assert!(took < Duration::from_secs(1), "stop took {took:?}");
 }
+
+#[test]
+fn losing_the_bus_stops_the_daemon_with_an_error_for_systemd_to_restart() {
+    require!();
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    node.start(&[]);
+    node.kill_bus();
+    let mut child = node.daemon.take().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "gpuarchd outlived its bus");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success());
+    let log = node.log();
+    assert!(
+        log.contains("lost the connection to the system bus"),
+        "{log}"
+    );
+    // The hook's snapshot is still there and whole.
+    assert_eq!(node.snapshot().devices.len(), 2);
+}
