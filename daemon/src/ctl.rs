@@ -399,16 +399,29 @@ pub(crate) fn render_plan(plan: &Plan, out: &mut String) {
         }
         _ => out.push_str("GPUs: none\n"),
     }
-    if plan.is_noop() {
+    render_env_notes(
+        plan.env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        &plan.notes,
+        out,
+    );
+}
+
+/// The env a container gets and the notes saying why.
+pub(crate) fn render_env_notes<'a>(
+    env: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
+    notes: &[String],
+    out: &mut String,
+) {
+    if env.len() == 0 {
         out.push_str("env: none (the container starts unchanged)\n");
     } else {
         out.push_str("env:\n");
-        for (k, v) in &plan.env {
+        for (k, v) in env {
             let _ = writeln!(out, "  {k}={v}");
         }
     }
     out.push_str("notes:\n");
-    for n in &plan.notes {
+    for n in notes {
         let _ = writeln!(out, "  - {n}");
     }
 }

@@ -8,7 +8,9 @@ use serde_json::json;
 use zbus::Connection;
 
 use crate::client::{DaemonProxy, InventoryProxy, device_from};
-use crate::ctl::{Cli, Cmd, devices, humantime_age, render_match, short_duration};
+use crate::ctl::{
+    Cli, Cmd, devices, humantime_age, render_env_notes, render_match, short_duration,
+};
 use crate::service::{BUS_NAME, age};
 
 const NOT_RUNNING: &str = "gpuarchd is not running";
@@ -83,18 +85,11 @@ pub fn run(cli: &Cli, out: &mut String) -> Result<u8> {
                     let doc = json!({"env": env, "notes": notes});
                     let _ = writeln!(out, "{}", serde_json::to_string_pretty(&doc)?);
                 } else {
-                    if env.is_empty() {
-                        out.push_str("env: none (the container starts unchanged)\n");
-                    } else {
-                        out.push_str("env:\n");
-                        for (k, v) in &env {
-                            let _ = writeln!(out, "  {k}={v}");
-                        }
-                    }
-                    out.push_str("notes:\n");
-                    for n in &notes {
-                        let _ = writeln!(out, "  - {n}");
-                    }
+                    render_env_notes(
+                        env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                        &notes,
+                        out,
+                    );
                 }
                 Ok(0)
             }

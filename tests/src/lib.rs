@@ -33,6 +33,15 @@ pub fn fixture(name: &str) -> PathBuf {
         .join(format!("{name}.json"))
 }
 
+/// The first `tool` on PATH, as a shell would find it.
+pub fn which(tool: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(tool))
+            .find(|p| p.is_file())
+    })
+}
+
 /// Paths of built artifacts.
 #[derive(Debug)]
 pub struct Artifacts {

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use gpuarch_tests::{artifacts, fixture, workspace_root};
+use gpuarch_tests::{artifacts, fixture, which, workspace_root};
 use serde_json::{Value, json};
 
 const BUSYBOX: &str = "/bin/busybox";
@@ -23,14 +23,6 @@ const SCRIPT: &str = "env; echo @@@; cat /run/gpuarch/env 2>/dev/null; echo @@@;
      ls /opt/gpuarch/kernels 2>/dev/null; cat /opt/gpuarch/kernels/*/manifest.json 2>/dev/null; \
      touch /opt/gpuarch/kernels/demo/x 2>/dev/null && echo WRITABLE; echo @@@; \
      cat /etc/ld.so.cache 2>/dev/null; true";
-
-fn which(tool: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join(tool))
-            .find(|p| p.is_file())
-    })
-}
 
 /// `None` when this machine can run the test; else the reason it cannot.
 fn missing(tools: &[&str]) -> Option<String> {

@@ -17,12 +17,7 @@ use futures_util::StreamExt;
 use gpuarch_core::snapshot::Snapshot;
 use gpuarch_daemon::client::{DaemonProxy, InventoryProxy};
 use gpuarch_tests::daemon::{Node, Policy, block_on};
-use gpuarch_tests::{artifacts, fixture, workspace_root};
-
-fn which(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-}
+use gpuarch_tests::{artifacts, fixture, which, workspace_root};
 
 fn missing(tools: &[&str]) -> Option<String> {
     if !nix::unistd::Uid::effective().is_root() {
@@ -32,7 +27,7 @@ fn missing(tools: &[&str]) -> Option<String> {
     }
     tools
         .iter()
-        .find(|t| !which(t))
+        .find(|t| which(t).is_none())
         .map(|t| format!("{t} is not installed"))
 }
 

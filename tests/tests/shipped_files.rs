@@ -48,8 +48,7 @@ fn the_engine_snippets_name_the_installed_programs() {
 }
 
 fn have(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+    gpuarch_tests::which(tool).is_some()
 }
 
 /// `systemd-analyze verify` on the unit, with ExecStart pointed at the built
