@@ -122,7 +122,7 @@ impl Shared {
                 stale: old.stale,
             },
         };
-        if change.any() || inv.snapshot.is_none() {
+        if change.any() {
             inv.snapshot = Some(Arc::new(snap));
         }
         change

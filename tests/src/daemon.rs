@@ -232,6 +232,19 @@ impl Node {
         std::fs::write(self.path("topology.json"), s.to_json_pretty()).unwrap();
     }
 
+    /// Does anyone own io.gpuarch1 on this bus now?
+    pub fn name_owned(&self) -> bool {
+        block_on(async {
+            let conn = self.conn().await;
+            zbus::fdo::DBusProxy::new(&conn)
+                .await
+                .unwrap()
+                .name_has_owner("io.gpuarch1".try_into().unwrap())
+                .await
+                .unwrap()
+        })
+    }
+
     pub async fn conn(&self) -> zbus::Connection {
         zbus::connection::Builder::address(self.address.as_str())
             .build()

@@ -42,6 +42,18 @@ pub fn which(tool: &str) -> Option<PathBuf> {
     })
 }
 
+/// Why a test that needs root and `tools` cannot run here (`root_for` says
+/// what root is needed for), or `None` when it can.
+pub fn cannot_run(root_for: &str, tools: &[&str]) -> Option<String> {
+    if !nix::unistd::Uid::effective().is_root() {
+        return Some(format!("needs root {root_for}"));
+    }
+    tools
+        .iter()
+        .find(|t| which(t).is_none())
+        .map(|t| format!("{t} is not installed"))
+}
+
 /// Paths of built artifacts.
 #[derive(Debug)]
 pub struct Artifacts {

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use gpuarch_tests::{artifacts, fixture, which, workspace_root};
+use gpuarch_tests::{artifacts, cannot_run, fixture, which, workspace_root};
 use serde_json::{Value, json};
 
 const BUSYBOX: &str = "/bin/busybox";
@@ -26,16 +26,13 @@ const SCRIPT: &str = "env; echo @@@; cat /run/gpuarch/env 2>/dev/null; echo @@@;
 
 /// `None` when this machine can run the test; else the reason it cannot.
 fn missing(tools: &[&str]) -> Option<String> {
-    if !nix::unistd::Uid::effective().is_root() {
-        return Some("needs root to run containers".into());
+    if let Some(why) = cannot_run("to run containers", &[]) {
+        return Some(why);
     }
     if !Path::new(BUSYBOX).is_file() {
         return Some(format!("no {BUSYBOX} (apt install busybox-static)"));
     }
-    tools
-        .iter()
-        .find(|t| which(t).is_none())
-        .map(|t| format!("{t} is not installed"))
+    cannot_run("to run containers", tools)
 }
 
 macro_rules! require {

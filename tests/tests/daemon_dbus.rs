@@ -17,18 +17,13 @@ use futures_util::StreamExt;
 use gpuarch_core::snapshot::Snapshot;
 use gpuarch_daemon::client::{DaemonProxy, InventoryProxy};
 use gpuarch_tests::daemon::{Node, Policy, block_on};
-use gpuarch_tests::{artifacts, fixture, which, workspace_root};
+use gpuarch_tests::{artifacts, cannot_run, fixture, workspace_root};
 
 fn missing(tools: &[&str]) -> Option<String> {
-    if !nix::unistd::Uid::effective().is_root() {
-        return Some(
-            "needs root: only root may own io.gpuarch1 under the shipped bus policy".into(),
-        );
-    }
-    tools
-        .iter()
-        .find(|t| which(t).is_none())
-        .map(|t| format!("{t} is not installed"))
+    cannot_run(
+        ": only root may own io.gpuarch1 under the shipped bus policy",
+        tools,
+    )
 }
 
 macro_rules! require {
@@ -425,15 +420,7 @@ fn sd_notify_ready_follows_the_bus_name_and_sigterm_stops_cleanly() {
     let mut node = Node::new("8xh100", Policy::Shipped);
     let took = node.start(&[("WATCHDOG_USEC", "200000")]);
     // At READY=1 the name is owned and the snapshot is there.
-    let owned = block_on(async {
-        let conn = node.conn().await;
-        zbus::fdo::DBusProxy::new(&conn)
-            .await
-            .unwrap()
-            .name_has_owner("io.gpuarch1".try_into().unwrap())
-            .await
-            .unwrap()
-    });
+    let owned = node.name_owned();
     assert!(owned, "READY=1 before io.gpuarch1 was owned");
     assert_eq!(node.snapshot().devices.len(), 8);
     let ready = node
@@ -458,15 +445,7 @@ fn sd_notify_ready_follows_the_bus_name_and_sigterm_stops_cleanly() {
     // The snapshot is left whole for the hook.
     assert_eq!(node.snapshot().devices.len(), 8);
     // And the name is free again.
-    let owned = block_on(async {
-        let conn = node.conn().await;
-        zbus::fdo::DBusProxy::new(&conn)
-            .await
-            .unwrap()
-            .name_has_owner("io.gpuarch1".try_into().unwrap())
-            .await
-            .unwrap()
-    });
+    let owned = node.name_owned();
     assert!(!owned);
 }
 
