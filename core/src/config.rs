@@ -13,7 +13,16 @@
 //! runtime:
 //!   path: null           # default: the first of runc, crun on PATH
 //! kernels:
-//!   mount_root: /var/lib/gpuarch/kernels   # default: where prepared packages live
+//!   mount_root: /var/lib/gpuarch/kernels   # default: what the hook mounts from
+//!   package_dirs: [/usr/share/gpuarch/kernels.d, /etc/gpuarch/kernels.d]
+//!   cache_dir: /var/cache/gpuarch          # default: the build store
+//!   max_bytes: 10737418240                 # default: 10 GiB, then LRU eviction
+//!   workers: 2                             # default: builds at once (1 to 64)
+//!   prewarm: true                          # default: build for the host's GPUs
+//!   build_timeout_s: 600                   # default: limit of one build
+//!   cuda_dirs: []                          # default: NVRTC/headers searched elsewhere
+//!   spool_dir: /run/gpuarch/kernel-requests
+//!   view_dir: /run/gpuarch/kernel-views
 //! daemon:
 //!   refresh_interval_s: 60   # default: seconds between NVML reads (1 to 86400)
 //!   nvml_timeout_ms: 10000   # default: budget of one NVML read (1 to 600000)
@@ -120,22 +129,101 @@ pub struct RuntimeConfig {
     pub path: Option<PathBuf>,
 }
 
-/// Where prepared kernel packages are found for bind mounts.
+/// The kernel cache: where packages come from, where builds are kept, and
+/// where the hook finds what to mount.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KernelsConfig {
     /// Directory holding one directory per package, each with a
-    /// `manifest.json`. Default `/var/lib/gpuarch/kernels`; a missing
-    /// directory means no kernel mounts.
+    /// `manifest.json` (written by gpuarchd). Default
+    /// `/var/lib/gpuarch/kernels`; a missing directory means no kernel mounts.
     pub mount_root: PathBuf,
+    /// Directories searched for kernel packages (`<dir>/<name>/kernel.yaml`).
+    /// Default `/usr/share/gpuarch/kernels.d`, `/etc/gpuarch/kernels.d`; a
+    /// package in a later directory replaces one of the same name.
+    pub package_dirs: Vec<PathBuf>,
+    /// The content-addressed store. Default `/var/cache/gpuarch`.
+    pub cache_dir: PathBuf,
+    /// Size above which least recently used builds are evicted (pinned and
+    /// mounted ones never are). Default 10 GiB.
+    #[serde(deserialize_with = "max_bytes")]
+    pub max_bytes: u64,
+    /// Builds run at once. Default 2; 1 to 64.
+    #[serde(deserialize_with = "workers")]
+    pub workers: u64,
+    /// Build every package for the host's architectures when gpuarchd starts
+    /// and when a package changes. Default true.
+    pub prewarm: bool,
+    /// Wall-clock limit of one build, in seconds. Default 600; 1 to 86400.
+    #[serde(deserialize_with = "build_timeout_s")]
+    pub build_timeout_s: u64,
+    /// Directories searched first for NVRTC (`libnvrtc.so.12`), the CUDA
+    /// headers and build tools: a CUDA install (`/usr/local/cuda`) or the
+    /// `nvidia/` directory of NVIDIA's Python wheels. After them come the
+    /// system library path, `/usr/local/cuda` and the wheels in Python's
+    /// site-packages. Default: none.
+    pub cuda_dirs: Vec<PathBuf>,
+    /// Where the hook leaves a request for a build it found missing, for
+    /// gpuarchd to build. Default `/run/gpuarch/kernel-requests`.
+    pub spool_dir: PathBuf,
+    /// Where the hook lays out each container's view of a package (its
+    /// `manifest.json` and mount points). Default `/run/gpuarch/kernel-views`.
+    pub view_dir: PathBuf,
 }
 
 impl Default for KernelsConfig {
     fn default() -> Self {
         Self {
             mount_root: PathBuf::from(DEFAULT_MOUNT_ROOT),
+            package_dirs: vec![
+                PathBuf::from("/usr/share/gpuarch/kernels.d"),
+                PathBuf::from("/etc/gpuarch/kernels.d"),
+            ],
+            cache_dir: PathBuf::from("/var/cache/gpuarch"),
+            max_bytes: 10 << 30,
+            workers: 2,
+            prewarm: true,
+            build_timeout_s: 600,
+            cuda_dirs: Vec::new(),
+            spool_dir: PathBuf::from("/run/gpuarch/kernel-requests"),
+            view_dir: PathBuf::from("/run/gpuarch/kernel-views"),
         }
     }
+}
+
+impl KernelsConfig {
+    /// Every path of the section, with its key, for the absolute-path check.
+    fn paths(&self) -> Vec<(String, &PathBuf)> {
+        let mut v = vec![
+            ("kernels.mount_root".to_owned(), &self.mount_root),
+            ("kernels.cache_dir".to_owned(), &self.cache_dir),
+            ("kernels.spool_dir".to_owned(), &self.spool_dir),
+            ("kernels.view_dir".to_owned(), &self.view_dir),
+        ];
+        v.extend(
+            self.package_dirs
+                .iter()
+                .map(|p| ("kernels.package_dirs".to_owned(), p)),
+        );
+        v.extend(
+            self.cuda_dirs
+                .iter()
+                .map(|p| ("kernels.cuda_dirs".to_owned(), p)),
+        );
+        v
+    }
+}
+
+fn max_bytes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    in_range(d, "max_bytes", 1 << 20..=u64::MAX)
+}
+
+fn workers<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    in_range(d, "workers", 1..=64)
+}
+
+fn build_timeout_s<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    in_range(d, "build_timeout_s", 1..=86_400)
 }
 
 /// Default of `kernels.mount_root`.
@@ -182,13 +270,15 @@ impl Config {
                 reason: format!("runtime.path must be absolute, not {}", p.display()),
             });
         }
-        if !cfg.kernels.mount_root.is_absolute() {
+        if let Some((key, p)) = cfg
+            .kernels
+            .paths()
+            .into_iter()
+            .find(|(_, p)| !p.is_absolute())
+        {
             return Err(ConfigError {
                 location: None,
-                reason: format!(
-                    "kernels.mount_root must be absolute, not {}",
-                    cfg.kernels.mount_root.display()
-                ),
+                reason: format!("{key} must be absolute, not {}", p.display()),
             });
         }
         Ok(cfg)
@@ -223,6 +313,21 @@ mod tests {
         assert_eq!(c.daemon.refresh_interval_s, 5);
         assert_eq!(c.daemon.nvml_timeout_ms, 250);
         assert_eq!(Config::default().daemon.refresh_interval_s, 60);
+        let c = Config::from_yaml(
+            "kernels: {workers: 4, prewarm: false, max_bytes: 1048576, cuda_dirs: [/opt/cuda]}\n",
+        )
+        .unwrap();
+        assert_eq!((c.kernels.workers, c.kernels.prewarm), (4, false));
+        assert_eq!(c.kernels.max_bytes, 1 << 20);
+        assert_eq!(c.kernels.cuda_dirs, [PathBuf::from("/opt/cuda")]);
+        let e = Config::from_yaml("kernels: {workers: 0}\n").unwrap_err();
+        assert!(e.to_string().contains("workers 0 is out of range"), "{e}");
+        let e = Config::from_yaml("kernels: {package_dirs: [pkgs]}\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("kernels.package_dirs must be absolute"),
+            "{e}"
+        );
     }
 
     #[test]

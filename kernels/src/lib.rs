@@ -1,4 +1,17 @@
-//! gpuarch-kernels: kernel packages, build backends (NVRTC, command), the
-//! content-addressed store and cubin/fatbin inspection.
+//! gpuarch-kernels: kernel packages, their builds, and the store that keeps
+//! them.
 //!
-//! This crate is a shell for now; the kernel-cache issue fills it.
+//! - [`spec`]: `kernel.yaml` packages and where they are found;
+//! - [`toolchain`]: NVRTC (through cudarc) and the CUDA headers and tools;
+//! - [`command`]: the `command` backend;
+//! - [`store`]: the content-addressed store (atomic entries, one build per
+//!   key across processes, verification, quarantine, LRU with pins);
+//! - [`build`]: variant choice and fallback for one package and arch;
+//! - [`inspect`]: what a cubin, fatbin, PTX file or library really carries.
+
+pub mod build;
+pub mod command;
+pub mod inspect;
+pub mod spec;
+pub mod store;
+pub mod toolchain;

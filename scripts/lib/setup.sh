@@ -32,3 +32,38 @@ ensure_rust() {
         cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
     fi
 }
+
+# NVRTC, the CUDA headers, ptxas and cuobjdump from NVIDIA's PyPI wheels,
+# unpacked into .local/cuda/nvidia (the layout of a wheel install), for the
+# kernel builds of the demo and the tests. Pinned, so a build key stays put.
+CUDA_WHEELS=(
+    nvidia-cuda-nvrtc-cu12==12.9.86
+    nvidia-cuda-runtime-cu12==12.9.79
+    nvidia-cuda-nvcc-cu12==12.9.86
+    nvidia-cuda-cuobjdump==13.5.37
+)
+CUDA_DIR="$PWD/.local/cuda/nvidia"
+
+ensure_cuda_wheels() {
+    local stamp="$PWD/.local/cuda/installed"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "${CUDA_WHEELS[*]}" ]; then
+        export GPUARCH_CUDA_DIR="$CUDA_DIR"
+        return 0
+    fi
+    python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
+    local wheels="$PWD/.local/cuda/wheels"
+    rm -rf "$PWD/.local/cuda"
+    mkdir -p "$wheels"
+    echo "downloading NVIDIA wheels: ${CUDA_WHEELS[*]}" >&2
+    python3 -m pip download -q --no-deps --only-binary=:all: \
+        --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+        --dest "$wheels" "${CUDA_WHEELS[@]}"
+    for w in "$wheels"/*.whl; do
+        python3 -m zipfile -e "$w" "$PWD/.local/cuda/"
+    done
+    # zipfile drops the executable bits.
+    chmod +x "$CUDA_DIR"/*/bin/* 2>/dev/null || true
+    rm -rf "$wheels"
+    echo "${CUDA_WHEELS[*]}" >"$stamp"
+    export GPUARCH_CUDA_DIR="$CUDA_DIR"
+}

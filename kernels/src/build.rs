@@ -1,0 +1,343 @@
+//! Building a package for one architecture: pick the variant, build it
+//! through its backend into the store, fall back to the next variant when
+//! the compiler refuses one.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use gpuarch_core::arch::{CodeKind, Target};
+use serde_json::json;
+
+use crate::command::{self, RunError, Vars};
+use crate::spec::{BuildSpec, Package, sha256_hex};
+use crate::store::{self, BuildError, BuildInfo, Entry, Meta, Outcome, Store};
+use crate::toolchain::{self, CompileError, Nvrtc};
+
+/// One variant that does not serve an arch, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unavailable {
+    pub variant: String,
+    pub reason: String,
+}
+
+/// What building (or looking up) a package for one arch came to.
+#[derive(Clone, Debug)]
+pub struct ArchResult {
+    pub package: String,
+    pub arch: Target,
+    /// The entry that serves it, and whether it was built just now.
+    pub served: Option<(Entry, bool)>,
+    /// Variants passed over, in order, with the reason.
+    pub unavailable: Vec<Unavailable>,
+    /// Set when nothing serves the arch because of a failure around the
+    /// build (no compiler, a full disk): worth retrying later.
+    pub error: Option<String>,
+}
+
+/// Builds packages into a store.
+#[derive(Debug)]
+pub struct Builder {
+    pub store: Store,
+    cuda_dirs: Vec<PathBuf>,
+    timeout: Duration,
+    nvrtc: OnceLock<Result<Nvrtc, String>>,
+    /// Keys of command programs already digested, by path.
+    programs: Mutex<BTreeMap<PathBuf, String>>,
+}
+
+/// The inputs of variant `i` of `pkg`, without the toolkit: sources,
+/// build section, variant. Two builds with the same inputs and arch differ
+/// only by toolkit.
+pub fn inputs_digest(pkg: &Package, i: usize) -> String {
+    let v = &pkg.spec.variants[i];
+    let record = json!({
+        "package": pkg.spec.name,
+        "sources": pkg.spec.sources.iter().zip(&pkg.digests).collect::<Vec<_>>(),
+        "build": pkg.spec.build,
+        "variant": v,
+        "exports": pkg.exports(i),
+    });
+    sha256_hex(record.to_string().as_bytes())
+}
+
+impl Builder {
+    pub fn new(store: Store, cuda_dirs: Vec<PathBuf>, timeout: Duration) -> Self {
+        Self {
+            store,
+            cuda_dirs,
+            timeout,
+            nvrtc: OnceLock::new(),
+            programs: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    pub fn cuda_dirs(&self) -> &[PathBuf] {
+        &self.cuda_dirs
+    }
+
+    /// NVRTC, loaded on first use.
+    pub fn nvrtc(&self) -> Result<&Nvrtc, String> {
+        self.nvrtc
+            .get_or_init(|| Nvrtc::load(&self.cuda_dirs))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// What identifies the compiler of `pkg`: `nvrtc 12.9 headers <digest>`,
+    /// or `command <program> <sha256 of it>`.
+    fn toolkit(&self, pkg: &Package) -> Result<String, String> {
+        match &pkg.spec.build {
+            BuildSpec::Nvrtc { .. } => {
+                let n = self.nvrtc()?;
+                Ok(format!(
+                    "nvrtc {} headers {}",
+                    n.version,
+                    &n.headers_digest[..16]
+                ))
+            }
+            BuildSpec::Command { argv, .. } => {
+                let tools = toolchain::tool_dirs(&self.cuda_dirs);
+                let prog = command::program(&argv[0], &pkg.dir, &tools)?;
+                let mut known = self.programs.lock().map_err(|e| e.to_string())?;
+                if let Some(d) = known.get(&prog) {
+                    return Ok(d.clone());
+                }
+                let data = std::fs::read(&prog).map_err(|e| format!("{}: {e}", prog.display()))?;
+                let id = format!("command {} {}", prog.display(), sha256_hex(&data));
+                known.insert(prog, id.clone());
+                Ok(id)
+            }
+        }
+    }
+
+    /// The store key of variant `i` of `pkg` for `arch`.
+    pub fn key(&self, pkg: &Package, i: usize, arch: Target) -> Result<String, String> {
+        let record = json!({
+            "schema": store::SCHEMA,
+            "inputs": inputs_digest(pkg, i),
+            "backend": pkg.spec.build.backend(),
+            "toolkit": self.toolkit(pkg)?,
+            "arch": arch.to_string(),
+        });
+        Ok(sha256_hex(record.to_string().as_bytes()))
+    }
+
+    fn meta(pkg: &Package, i: usize, arch: Target) -> Meta {
+        let v = &pkg.spec.variants[i];
+        Meta {
+            package: pkg.spec.name.clone(),
+            version: pkg.spec.version.clone(),
+            variant: v.name.clone(),
+            dtype: v.dtype.clone(),
+            arch,
+            backend: pkg.spec.build.backend().to_owned(),
+            exports: pkg.exports(i).to_vec(),
+        }
+    }
+
+    /// Serve `arch` from the store without building: the first variant,
+    /// in preference order, that is stored. With `build`, variants not yet
+    /// tried are built on the way.
+    pub fn resolve(&self, pkg: &Package, arch: Target, build: bool) -> ArchResult {
+        let mut res = ArchResult {
+            package: pkg.spec.name.clone(),
+            arch,
+            served: None,
+            unavailable: Vec::new(),
+            error: None,
+        };
+        if arch.kind != CodeKind::Sass {
+            res.error = Some(format!("{arch} is not a machine-code target (use sm_XX)"));
+            return res;
+        }
+        let mut pending = None;
+        for i in 0..pkg.spec.variants.len() {
+            let name = pkg.spec.variants[i].name.clone();
+            if let Err(reason) = pkg.admits(i, arch) {
+                res.unavailable.push(Unavailable {
+                    variant: name,
+                    reason,
+                });
+                continue;
+            }
+            let key = match self.key(pkg, i, arch) {
+                Ok(k) => k,
+                Err(e) => {
+                    res.error = Some(e);
+                    return res;
+                }
+            };
+            if let Some(reason) = self.store.failure(&key) {
+                res.unavailable.push(Unavailable {
+                    variant: name,
+                    reason,
+                });
+                continue;
+            }
+            let outcome = if build {
+                let meta = Self::meta(pkg, i, arch);
+                self.store
+                    .build(&key, &meta, |out| self.run_backend(pkg, i, arch, out))
+            } else {
+                match self.store.lookup(&key) {
+                    Ok(Some(e)) => Ok(Outcome::Cached(e)),
+                    Ok(None) => {
+                        // Not built yet: a later variant may be stored.
+                        pending.get_or_insert(name);
+                        continue;
+                    }
+                    Err(e) => Err(BuildError::Tool(e.to_string())),
+                }
+            };
+            match outcome {
+                Ok(o) => {
+                    let built = matches!(o, Outcome::Built(_));
+                    res.served = Some((o.entry().clone(), built));
+                    res.error = None;
+                    return res;
+                }
+                Err(BuildError::Rejected(reason)) => {
+                    res.unavailable.push(Unavailable {
+                        variant: name,
+                        reason,
+                    });
+                }
+                Err(BuildError::Tool(e)) => {
+                    res.error = Some(e);
+                    return res;
+                }
+            }
+        }
+        if let Some(v) = pending {
+            res.error = Some(format!("no build of variant {v} for {arch} yet"));
+        }
+        res
+    }
+
+    fn run_backend(
+        &self,
+        pkg: &Package,
+        i: usize,
+        arch: Target,
+        out: &Path,
+    ) -> Result<BuildInfo, BuildError> {
+        let v = &pkg.spec.variants[i];
+        match &pkg.spec.build {
+            BuildSpec::Nvrtc { options, ptx } => {
+                let nvrtc = self.nvrtc().map_err(BuildError::Tool)?;
+                let mut opts: Vec<String> = v
+                    .defines
+                    .iter()
+                    .map(|(k, val)| format!("-D{k}={val}"))
+                    .collect();
+                opts.extend(options.iter().map(|o| o.trim().to_owned()));
+                let (main, headers) = pkg
+                    .sources
+                    .split_first()
+                    .ok_or_else(|| BuildError::Rejected("no sources".into()))?;
+                let compile = |t: Target| {
+                    nvrtc
+                        .compile((&main.0, &main.1), headers, t, &opts)
+                        .map_err(|e| match e {
+                            CompileError::Rejected(log) => {
+                                BuildError::Rejected(log.trim_end().to_owned())
+                            }
+                            CompileError::Tool(e) => BuildError::Tool(e),
+                        })
+                };
+                let cubin = compile(arch)?;
+                std::fs::write(out.join(format!("{}.cubin", pkg.spec.name)), cubin.code)?;
+                if *ptx {
+                    let p = compile(Target::ptx(arch.cap))?;
+                    std::fs::write(out.join(format!("{}.ptx", pkg.spec.name)), p.code)?;
+                }
+                Ok(BuildInfo {
+                    toolkit: format!("nvrtc {}", nvrtc.version),
+                    min_driver_cuda: Some(nvrtc.version.clone()),
+                })
+            }
+            BuildSpec::Command {
+                argv,
+                env,
+                timeout_s,
+            } => {
+                let work = out.parent().unwrap_or(out).join("work");
+                let src = work.join("src");
+                std::fs::create_dir_all(&src)?;
+                for (name, data) in &pkg.sources {
+                    std::fs::write(src.join(name), data)?;
+                }
+                let vars = Vars {
+                    arch,
+                    out: out.to_owned(),
+                    src,
+                    variant: v.name.clone(),
+                };
+                let timeout = timeout_s
+                    .map_or(self.timeout, Duration::from_secs)
+                    .min(self.timeout);
+                let tools = toolchain::tool_dirs(&self.cuda_dirs);
+                command::run(argv, env, &vars, &work, &tools, timeout).map_err(|e| match e {
+                    RunError::Failed(m) => BuildError::Rejected(m),
+                    RunError::Tool(m) => BuildError::Tool(m),
+                })?;
+                Ok(BuildInfo {
+                    toolkit: self.toolkit(pkg).map_err(BuildError::Tool)?,
+                    min_driver_cuda: None,
+                })
+            }
+        }
+    }
+}
+
+/// One unit of pre-warming work.
+#[derive(Clone, Debug)]
+pub struct Task {
+    pub package: String,
+    pub arch: Target,
+}
+
+/// Build every task with `workers` threads; `done` is called after each
+/// (from the worker that finished it). Results come back in task order.
+pub fn run_tasks(
+    builder: &Builder,
+    packages: &BTreeMap<String, Package>,
+    tasks: &[Task],
+    workers: usize,
+    done: &(dyn Fn(&ArchResult) + Sync),
+) -> Vec<ArchResult> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<ArchResult>>> = Mutex::new(vec![None; tasks.len()]);
+    std::thread::scope(|s| {
+        for _ in 0..workers.max(1).min(tasks.len().max(1)) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(t) = tasks.get(i) else { break };
+                    let r = match packages.get(&t.package) {
+                        Some(p) => builder.resolve(p, t.arch, true),
+                        None => ArchResult {
+                            package: t.package.clone(),
+                            arch: t.arch,
+                            served: None,
+                            unavailable: Vec::new(),
+                            error: Some(format!("no kernel package named {}", t.package)),
+                        },
+                    };
+                    done(&r);
+                    if let Ok(mut v) = results.lock() {
+                        v[i] = Some(r);
+                    }
+                }
+            });
+        }
+    });
+    results
+        .into_inner()
+        .unwrap_or_default()
+        .into_iter()
+        .flatten()
+        .collect()
+}

@@ -1,0 +1,201 @@
+//! The `command` backend: run a package's own build for one target.
+//!
+//! The sources are copied into `${SRC}` (so the build cannot change the
+//! package), the command runs in a fresh work directory with a clean
+//! environment (`PATH` of the CUDA tool directories and `/usr/bin:/bin`,
+//! `HOME` and `TMPDIR` in the work directory, `LANG=C`, and `ARCH`,
+//! `CAPABILITY`, `TORCH_CUDA_ARCH_LIST`, `OUT`, `SRC`, `VARIANT`), in its
+//! own process group, killed whole when it overruns its time.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpuarch_core::arch::Target;
+
+/// At most this much of a failed build's output is kept.
+const MAX_LOG: usize = 16 << 10;
+
+/// Values of the template variables for one build.
+#[derive(Debug, Clone)]
+pub struct Vars {
+    pub arch: Target,
+    pub out: PathBuf,
+    pub src: PathBuf,
+    pub variant: String,
+}
+
+impl Vars {
+    fn pairs(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("ARCH", self.arch.to_string()),
+            ("CAPABILITY", self.arch.cap.to_string()),
+            ("TORCH_CUDA_ARCH_LIST", self.arch.cap.to_string()),
+            ("OUT", self.out.display().to_string()),
+            ("SRC", self.src.display().to_string()),
+            ("VARIANT", self.variant.clone()),
+        ]
+    }
+
+    /// `${NAME}` replaced by its value; an unknown name is an error.
+    pub fn expand(&self, s: &str) -> Result<String, String> {
+        let pairs = self.pairs();
+        let mut out = String::new();
+        let mut rest = s;
+        while let Some(i) = rest.find("${") {
+            out.push_str(&rest[..i]);
+            let after = &rest[i + 2..];
+            let j = after
+                .find('}')
+                .ok_or_else(|| format!("unclosed ${{ in {s:?}"))?;
+            let name = &after[..j];
+            let v = pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .ok_or_else(|| format!("unknown variable ${{{name}}} in {s:?}"))?;
+            out.push_str(&v.1);
+            rest = &after[j + 1..];
+        }
+        out.push_str(rest);
+        Ok(out)
+    }
+}
+
+/// How a command build ended badly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunError {
+    /// It ran and failed: exit status and the tail of its output.
+    Failed(String),
+    /// It could not be started, or ran past its time.
+    Tool(String),
+}
+
+/// Resolve `argv[0]`: a path with a `/` as given (relative to the sources),
+/// a bare name on `path`.
+fn resolve(prog: &str, src: &Path, path: &[PathBuf]) -> Result<PathBuf, RunError> {
+    if prog.contains('/') {
+        let p = src.join(prog);
+        return Ok(p);
+    }
+    path.iter()
+        .map(|d| d.join(prog))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            RunError::Tool(format!(
+                "{prog} not found on the build PATH ({})",
+                path.iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(":")
+            ))
+        })
+}
+
+/// The build's PATH: the CUDA tool directories, then the system's.
+pub fn build_path(tool_dirs: &[PathBuf]) -> Vec<PathBuf> {
+    let mut v = tool_dirs.to_vec();
+    for d in ["/usr/local/bin", "/usr/bin", "/bin"] {
+        v.push(PathBuf::from(d));
+    }
+    v
+}
+
+/// The program `argv[0]` names, for the build key (its content is digested).
+pub fn program(argv0: &str, src: &Path, tool_dirs: &[PathBuf]) -> Result<PathBuf, String> {
+    resolve(argv0, src, &build_path(tool_dirs)).map_err(|e| match e {
+        RunError::Failed(m) | RunError::Tool(m) => m,
+    })
+}
+
+/// Run one build. `work` is an empty directory; outputs go to `vars.out`.
+pub fn run(
+    argv: &[String],
+    env: &BTreeMap<String, String>,
+    vars: &Vars,
+    work: &Path,
+    tool_dirs: &[PathBuf],
+    timeout: Duration,
+) -> Result<String, RunError> {
+    let expanded: Vec<String> = argv
+        .iter()
+        .map(|a| vars.expand(a))
+        .collect::<Result<_, _>>()
+        .map_err(RunError::Failed)?;
+    let path = build_path(tool_dirs);
+    let prog = resolve(&expanded[0], &vars.src, &path)?;
+    let path_var = std::env::join_paths(&path).map_err(|e| RunError::Tool(e.to_string()))?;
+    let log_path = work.join("build.log");
+    let log = std::fs::File::create(&log_path).map_err(|e| RunError::Tool(e.to_string()))?;
+    let mut cmd = Command::new(&prog);
+    cmd.args(&expanded[1..])
+        .current_dir(work)
+        .env_clear()
+        .env("PATH", path_var)
+        .env("HOME", work)
+        .env("TMPDIR", work)
+        .env("LANG", "C")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| RunError::Tool(e.to_string()))?)
+        .stderr(log)
+        .process_group(0);
+    for (k, v) in vars.pairs() {
+        cmd.env(k, v);
+    }
+    for (k, v) in env {
+        cmd.env(k, vars.expand(v).map_err(RunError::Failed)?);
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| RunError::Tool(format!("cannot run {}: {e}", prog.display())))?;
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if start.elapsed() >= timeout => {
+                kill_group(child.id());
+                let _ = child.wait();
+                return Err(RunError::Tool(format!(
+                    "{} ran past its {} s limit and was killed",
+                    expanded[0],
+                    timeout.as_secs()
+                )));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => return Err(RunError::Tool(e.to_string())),
+        }
+    };
+    // Whatever the command left running in its group goes with it.
+    kill_group(child.id());
+    let mut text = String::new();
+    if let Ok(f) = std::fs::File::open(&log_path) {
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let mut f = f;
+        if len > MAX_LOG as u64 {
+            use std::io::Seek;
+            let _ = f.seek(std::io::SeekFrom::Start(len - MAX_LOG as u64));
+        }
+        let _ = f.take(MAX_LOG as u64).read_to_string(&mut text);
+    }
+    let _ = std::fs::remove_file(&log_path);
+    if status.success() {
+        Ok(text)
+    } else {
+        Err(RunError::Failed(format!(
+            "{} exited with {status}: {}",
+            expanded[0],
+            text.trim_end()
+        )))
+    }
+}
+
+fn kill_group(pid: u32) {
+    if let Ok(pid) = i32::try_from(pid) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}

@@ -1,0 +1,516 @@
+//! What GPU code a binary really carries, read from its bytes.
+//!
+//! A cubin is an ELF file for `EM_CUDA` whose SM version is in `e_flags`:
+//! with ELF ABI version 7 (CUDA up to sm_90a) in the low byte, with the
+//! `a` flag at `0x800`; with ABI version 8 (sm_100 and later) in the second
+//! byte, with the `a` flag at `0x8`. A fatbin is a series of containers
+//! (magic `0xBA55ED50`) of entries, each PTX or a cubin with the SM in its
+//! header; a host shared library or executable carries fatbins in its
+//! `.nv_fatbin` section. PTX names its target on its `.target` line.
+//!
+//! Nothing here trusts a file name: the store checks every build with
+//! [`inspect`], and `gpuarchctl inspect` reports from it.
+
+use std::fmt;
+
+use gpuarch_core::arch::{CodeKind, ComputeCapability, Specificity, Target};
+
+const EM_CUDA: u16 = 190;
+const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+const FATBIN_KIND_PTX: u16 = 1;
+const FATBIN_KIND_ELF: u16 = 2;
+/// Older fatbin compression flag, and the one newer toolkits use.
+const FATBIN_COMPRESSED: u64 = 0x2000 | 0x8000;
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+
+/// One piece of GPU code found in a binary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CodeObject {
+    /// SASS (`sm_86`) or PTX (`compute_86`).
+    pub target: Target,
+    /// Where it was found: `cubin`, `fatbin entry 2`, `.nv_fatbin container 1 entry 3`.
+    pub origin: String,
+    /// Kernel entry points, when the code could be read (not compressed).
+    pub functions: Vec<String>,
+    /// True when the SM came from the code itself (the cubin's ELF header or
+    /// the PTX `.target`); false when only the fatbin entry header gave it
+    /// because the payload is compressed.
+    pub verified: bool,
+}
+
+/// Why a binary could not be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InspectError {
+    #[error("not a cubin, fatbin, PTX file or ELF file with a .nv_fatbin section")]
+    Unrecognised,
+    #[error("malformed {what}: {reason}")]
+    Malformed { what: &'static str, reason: String },
+    #[error("{0}")]
+    Arch(String),
+}
+
+fn malformed(what: &'static str, reason: impl Into<String>) -> InspectError {
+    InspectError::Malformed {
+        what,
+        reason: reason.into(),
+    }
+}
+
+impl fmt::Display for CodeObject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.target.kind {
+            CodeKind::Sass => "SASS",
+            CodeKind::Ptx => "PTX",
+        };
+        write!(f, "{} {kind} ({})", self.target, self.origin)?;
+        if !self.verified {
+            write!(f, " [compressed: SM from the fatbin header]")?;
+        }
+        Ok(())
+    }
+}
+
+fn u16_at(d: &[u8], off: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(
+        d.get(off..off.checked_add(2)?)?.try_into().ok()?,
+    ))
+}
+fn u32_at(d: &[u8], off: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(
+        d.get(off..off.checked_add(4)?)?.try_into().ok()?,
+    ))
+}
+fn u64_at(d: &[u8], off: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(
+        d.get(off..off.checked_add(8)?)?.try_into().ok()?,
+    ))
+}
+
+/// The target of an SM number (`86`, `100`) with or without `a`.
+fn sm_target(sm: u32, arch_specific: bool, kind: CodeKind) -> Result<Target, InspectError> {
+    let cap = ComputeCapability::new(
+        u8::try_from(sm / 10)
+            .map_err(|_| InspectError::Arch(format!("SM {sm} is out of range")))?,
+        (sm % 10) as u8,
+    );
+    if !cap.is_known() {
+        return Err(InspectError::Arch(format!(
+            "SM {sm} is not a known compute capability"
+        )));
+    }
+    let spec = if arch_specific && cap.has_arch_specific() {
+        Specificity::ArchSpecific
+    } else {
+        Specificity::Generic
+    };
+    Ok(Target { cap, spec, kind })
+}
+
+/// Read everything `data` carries. An empty list means a well-formed file
+/// with no GPU code (a host library without `.nv_fatbin`).
+pub fn inspect(data: &[u8]) -> Result<Vec<CodeObject>, InspectError> {
+    if data.starts_with(b"\x7fELF") {
+        let elf = Elf::parse(data)?;
+        if elf.machine == EM_CUDA {
+            return Ok(vec![cubin_object(&elf, "cubin".into())?]);
+        }
+        let mut out = Vec::new();
+        for name in [".nv_fatbin", "__nv_relfatbin"] {
+            if let Some(sec) = elf.section(name)? {
+                out.extend(fatbins(sec, name)?);
+            }
+        }
+        return Ok(out);
+    }
+    if u32_at(data, 0) == Some(FATBIN_MAGIC) {
+        return fatbins(data, "fatbin");
+    }
+    if let Some(t) = ptx_target(data) {
+        return Ok(vec![CodeObject {
+            target: t?,
+            origin: "PTX".into(),
+            functions: ptx_entries(data),
+            verified: true,
+        }]);
+    }
+    Err(InspectError::Unrecognised)
+}
+
+/// The SASS target of a cubin, from its ELF header.
+pub fn cubin_target(data: &[u8]) -> Result<Target, InspectError> {
+    let elf = Elf::parse(data)?;
+    if elf.machine != EM_CUDA {
+        return Err(malformed(
+            "cubin",
+            format!("ELF machine {} is not EM_CUDA (190)", elf.machine),
+        ));
+    }
+    elf_sm(&elf)
+}
+
+fn elf_sm(elf: &Elf<'_>) -> Result<Target, InspectError> {
+    let (sm, a) = if elf.abi_version >= 8 {
+        ((elf.flags >> 8) & 0xff, elf.flags & 0x8 != 0)
+    } else {
+        (elf.flags & 0xff, elf.flags & 0x800 != 0)
+    };
+    sm_target(sm, a, CodeKind::Sass)
+}
+
+fn cubin_object(elf: &Elf<'_>, origin: String) -> Result<CodeObject, InspectError> {
+    Ok(CodeObject {
+        target: elf_sm(elf)?,
+        origin,
+        functions: elf.functions()?,
+        verified: true,
+    })
+}
+
+/// The `.target` of PTX text, if `data` looks like PTX.
+fn ptx_target(data: &[u8]) -> Option<Result<Target, InspectError>> {
+    let text = std::str::from_utf8(data.split(|b| *b == 0).next()?).ok()?;
+    if !text.lines().any(|l| l.trim_start().starts_with(".version")) {
+        return None;
+    }
+    let line = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(".target"))?;
+    let first = line.split([',', ' ', '\t']).find(|s| !s.is_empty())?;
+    let digits = first.strip_prefix("sm_")?;
+    let (digits, a) = match digits.strip_suffix('a') {
+        Some(d) => (d, true),
+        None => (digits.strip_suffix('f').unwrap_or(digits), false),
+    };
+    Some(
+        digits
+            .parse::<u32>()
+            .map_err(|_| malformed("PTX", format!("bad .target {first}")))
+            .and_then(|sm| sm_target(sm, a, CodeKind::Ptx)),
+    )
+}
+
+fn ptx_entries(data: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(data);
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.trim().strip_prefix(".visible .entry ")?;
+            Some(rest.split(['(', ' ']).next()?.to_owned())
+        })
+        .collect()
+}
+
+/// Every container in a fatbin blob (a `.fatbin` file or a section).
+fn fatbins(data: &[u8], name: &str) -> Result<Vec<CodeObject>, InspectError> {
+    let mut out = Vec::new();
+    let mut off = 0usize;
+    let mut container = 0;
+    while off + 16 <= data.len() {
+        if u32_at(data, off) != Some(FATBIN_MAGIC) {
+            // Containers in a section are 8-byte aligned with zero padding.
+            if data[off..].iter().take(16).all(|b| *b == 0) {
+                off += 8;
+                continue;
+            }
+            return Err(malformed(
+                "fatbin",
+                format!("no fatbin magic at offset {off} of {name}"),
+            ));
+        }
+        container += 1;
+        let hdr = u16_at(data, off + 6).unwrap_or(0) as usize;
+        let size = u64_at(data, off + 8).unwrap_or(0);
+        if hdr < 16 {
+            return Err(malformed("fatbin", format!("header size {hdr}")));
+        }
+        let end = usize::try_from(size)
+            .ok()
+            .and_then(|s| (off + hdr).checked_add(s))
+            .filter(|e| *e <= data.len())
+            .ok_or_else(|| {
+                malformed(
+                    "fatbin",
+                    format!("container {container} runs past the end of {name}"),
+                )
+            })?;
+        let mut e = off + hdr;
+        let mut entry = 0;
+        while e + 64 <= end {
+            entry += 1;
+            let origin = if name == "fatbin" && container == 1 {
+                format!("fatbin entry {entry}")
+            } else {
+                format!("{name} container {container} entry {entry}")
+            };
+            e = fatbin_entry(data, e, end, origin, &mut out)?;
+        }
+        off = end;
+    }
+    Ok(out)
+}
+
+/// Read the entry at `e`; push its object; return where the next begins.
+fn fatbin_entry(
+    data: &[u8],
+    e: usize,
+    end: usize,
+    origin: String,
+    out: &mut Vec<CodeObject>,
+) -> Result<usize, InspectError> {
+    let short = || malformed("fatbin", format!("{origin} is truncated"));
+    let kind = u16_at(data, e).ok_or_else(short)?;
+    let hdr = u32_at(data, e + 4).ok_or_else(short)? as usize;
+    let padded = u64_at(data, e + 8).ok_or_else(short)?;
+    let compressed_size = u32_at(data, e + 16).ok_or_else(short)? as usize;
+    let sm = u32_at(data, e + 28).ok_or_else(short)?;
+    let flags = u64_at(data, e + 40).ok_or_else(short)?;
+    if hdr < 64 {
+        return Err(malformed("fatbin", format!("{origin}: header size {hdr}")));
+    }
+    let next = usize::try_from(padded)
+        .ok()
+        .and_then(|p| (e + hdr).checked_add(p))
+        .filter(|n| *n <= end)
+        .ok_or_else(|| malformed("fatbin", format!("{origin} runs past its container")))?;
+    let payload = &data[e + hdr..next];
+    let compressed = flags & FATBIN_COMPRESSED != 0 || payload.starts_with(&ZSTD_MAGIC);
+    let compressed = compressed && compressed_size <= payload.len();
+    let kind = match kind {
+        FATBIN_KIND_PTX => CodeKind::Ptx,
+        FATBIN_KIND_ELF | 0x10 => CodeKind::Sass,
+        _ => return Ok(next), // not code: skip it
+    };
+    let header_target = sm_target(sm, false, kind)?;
+    if compressed {
+        out.push(CodeObject {
+            target: header_target,
+            origin,
+            functions: Vec::new(),
+            verified: false,
+        });
+        return Ok(next);
+    }
+    let obj = match kind {
+        CodeKind::Sass => {
+            let elf = Elf::parse(payload)?;
+            let o = cubin_object(&elf, origin)?;
+            if o.target.cap != header_target.cap {
+                return Err(malformed(
+                    "fatbin",
+                    format!(
+                        "{}: entry header says SM {sm} but its cubin is {}",
+                        o.origin, o.target
+                    ),
+                ));
+            }
+            o
+        }
+        CodeKind::Ptx => {
+            let target = match ptx_target(payload) {
+                Some(t) => t?,
+                None => header_target,
+            };
+            CodeObject {
+                target,
+                origin,
+                functions: ptx_entries(payload),
+                verified: true,
+            }
+        }
+    };
+    out.push(obj);
+    Ok(next)
+}
+
+/// The parts of an ELF file this module reads (64-bit little-endian only,
+/// which is every cubin and every x86-64/aarch64 Linux library).
+struct Elf<'a> {
+    data: &'a [u8],
+    machine: u16,
+    abi_version: u8,
+    flags: u32,
+    sections: Vec<Section>,
+    shstrndx: usize,
+}
+
+#[derive(Clone, Copy)]
+struct Section {
+    name: u32,
+    kind: u32,
+    offset: usize,
+    size: usize,
+    link: u32,
+    entsize: usize,
+}
+
+impl<'a> Elf<'a> {
+    fn parse(data: &'a [u8]) -> Result<Self, InspectError> {
+        let bad = |r: &str| malformed("ELF", r.to_owned());
+        if data.get(..4) != Some(b"\x7fELF") {
+            return Err(bad("no ELF magic"));
+        }
+        if data.get(4) != Some(&2) || data.get(5) != Some(&1) {
+            return Err(bad("not a 64-bit little-endian ELF"));
+        }
+        let abi_version = *data.get(8).ok_or_else(|| bad("truncated header"))?;
+        let machine = u16_at(data, 18).ok_or_else(|| bad("truncated header"))?;
+        let flags = u32_at(data, 48).ok_or_else(|| bad("truncated header"))?;
+        let shoff = u64_at(data, 40).ok_or_else(|| bad("truncated header"))?;
+        let shentsize = u16_at(data, 58).ok_or_else(|| bad("truncated header"))? as usize;
+        let shnum = u16_at(data, 60).ok_or_else(|| bad("truncated header"))? as usize;
+        let shstrndx = u16_at(data, 62).ok_or_else(|| bad("truncated header"))? as usize;
+        let mut sections = Vec::with_capacity(shnum);
+        if shnum > 0 {
+            if shentsize < 64 {
+                return Err(bad("section header entries too small"));
+            }
+            let shoff = usize::try_from(shoff).map_err(|_| bad("section table offset"))?;
+            for i in 0..shnum {
+                let h = shoff
+                    .checked_add(i * shentsize)
+                    .filter(|h| *h < data.len())
+                    .ok_or_else(|| bad("section table past the end"))?;
+                let field =
+                    |o: usize| u64_at(data, h + o).ok_or_else(|| bad("section table past the end"));
+                let s = Section {
+                    name: u32_at(data, h).ok_or_else(|| bad("section table past the end"))?,
+                    kind: u32_at(data, h + 4).ok_or_else(|| bad("section table past the end"))?,
+                    offset: usize::try_from(field(24)?).map_err(|_| bad("section offset"))?,
+                    size: usize::try_from(field(32)?).map_err(|_| bad("section size"))?,
+                    link: u32_at(data, h + 40).ok_or_else(|| bad("section table past the end"))?,
+                    entsize: usize::try_from(field(56)?).map_err(|_| bad("section entsize"))?,
+                };
+                sections.push(s);
+            }
+        }
+        Ok(Self {
+            data,
+            machine,
+            abi_version,
+            flags,
+            sections,
+            shstrndx,
+        })
+    }
+
+    fn bytes(&self, s: &Section) -> Result<&'a [u8], InspectError> {
+        const SHT_NOBITS: u32 = 8;
+        if s.kind == SHT_NOBITS {
+            return Ok(&[]);
+        }
+        s.offset
+            .checked_add(s.size)
+            .and_then(|e| self.data.get(s.offset..e))
+            .ok_or_else(|| malformed("ELF", "a section runs past the end of the file"))
+    }
+
+    fn str_at(table: &[u8], off: u32) -> Option<&str> {
+        let rest = table.get(off as usize..)?;
+        let end = rest.iter().position(|b| *b == 0)?;
+        std::str::from_utf8(&rest[..end]).ok()
+    }
+
+    fn section(&self, name: &str) -> Result<Option<&'a [u8]>, InspectError> {
+        let Some(strtab) = self.sections.get(self.shstrndx) else {
+            return Ok(None);
+        };
+        let strtab = self.bytes(strtab)?;
+        for s in &self.sections {
+            if Self::str_at(strtab, s.name) == Some(name) {
+                return self.bytes(s).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Names of the function symbols in `.symtab`.
+    fn functions(&self) -> Result<Vec<String>, InspectError> {
+        const SHT_SYMTAB: u32 = 2;
+        const STT_FUNC: u8 = 2;
+        let mut out = Vec::new();
+        for s in self.sections.iter().filter(|s| s.kind == SHT_SYMTAB) {
+            let syms = self.bytes(s)?;
+            let Some(strs) = self.sections.get(s.link as usize) else {
+                continue;
+            };
+            let strs = self.bytes(strs)?;
+            let ent = if s.entsize >= 24 { s.entsize } else { 24 };
+            for sym in syms.chunks_exact(ent) {
+                let name = u32_at(sym, 0).unwrap_or(0);
+                let info = sym[4];
+                if info & 0xf == STT_FUNC
+                    && let Some(n) = Self::str_at(strs, name)
+                    && !n.is_empty()
+                {
+                    out.push(n.to_owned());
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A minimal cubin-shaped ELF header: enough for the SM rules.
+    fn header(abi: u8, flags: u32) -> Vec<u8> {
+        let mut d = vec![0u8; 64];
+        d[..4].copy_from_slice(b"\x7fELF");
+        d[4] = 2;
+        d[5] = 1;
+        d[7] = if abi >= 8 { 65 } else { 51 };
+        d[8] = abi;
+        d[18..20].copy_from_slice(&EM_CUDA.to_le_bytes());
+        d[48..52].copy_from_slice(&flags.to_le_bytes());
+        d
+    }
+
+    #[test]
+    fn both_elf_layouts_and_arch_specific_targets() {
+        // e_flags as NVRTC 12.9 writes them (read off real cubins).
+        let cases = [
+            (7, 0x0050_0550, "sm_80"),
+            (7, 0x0056_0556, "sm_86"),
+            (7, 0x005a_055a, "sm_90"),
+            (7, 0x005a_0d5a, "sm_90a"),
+            (8, 0x0600_6402, "sm_100"),
+            (8, 0x0600_640a, "sm_100a"),
+            (8, 0x0600_7802, "sm_120"),
+        ];
+        for (abi, flags, want) in cases {
+            let t = cubin_target(&header(abi, flags)).unwrap();
+            assert_eq!(t.to_string(), want, "abi {abi} flags {flags:#x}");
+        }
+        let e = cubin_target(&header(7, 0x0000_0063)).unwrap_err();
+        assert!(e.to_string().contains("SM 99"), "{e}");
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        assert_eq!(inspect(b"hello"), Err(InspectError::Unrecognised));
+        let mut h = header(7, 0x56);
+        h[40..48].copy_from_slice(&u64::MAX.to_le_bytes());
+        h[60] = 3;
+        h[58] = 64;
+        assert!(inspect(&h).is_err());
+        for cut in [0, 10, 20, 63] {
+            let _ = inspect(&header(7, 0x56)[..cut]);
+        }
+        let mut fb = FATBIN_MAGIC.to_le_bytes().to_vec();
+        fb.extend([1, 0, 16, 0]);
+        fb.extend(1000u64.to_le_bytes());
+        let e = inspect(&fb).unwrap_err();
+        assert!(e.to_string().contains("past the end"), "{e}");
+    }
+
+    #[test]
+    fn ptx_target_line() {
+        let ptx = b"//\n.version 8.8\n.target sm_80\n.address_size 64\n.visible .entry saxpy(\n";
+        let o = inspect(ptx).unwrap();
+        assert_eq!(o[0].target.to_string(), "compute_80");
+        assert_eq!(o[0].functions, ["saxpy"]);
+    }
+}
