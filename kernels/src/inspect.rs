@@ -13,7 +13,7 @@
 
 use std::fmt;
 
-use gpuarch_core::arch::{CodeKind, ComputeCapability, Specificity, Target};
+use gpuarch_core::arch::{CodeKind, ComputeCapability, CudaVersion, Specificity, Target};
 
 const EM_CUDA: u16 = 190;
 const FATBIN_MAGIC: u32 = 0xBA55_ED50;
@@ -104,6 +104,66 @@ fn sm_target(sm: u32, arch_specific: bool, kind: CodeKind) -> Result<Target, Ins
         Specificity::Generic
     };
     Ok(Target { cap, spec, kind })
+}
+
+/// How a binary's code gets onto one GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Machine code for it is there.
+    Sass(Target),
+    /// Only PTX fits: the driver JIT-compiles it at load.
+    Jit(Target),
+    /// Nothing in the binary runs there: why.
+    No(String),
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Placement::Sass(t) => write!(f, "runs from SASS {t}"),
+            Placement::Jit(t) => write!(f, "runs by PTX JIT from {t}"),
+            Placement::No(why) => write!(f, "will not run: {why}"),
+        }
+    }
+}
+
+/// Where the code in `objs` runs on a GPU of capability `cap`: the best
+/// SASS (the highest that fits), else PTX the driver can JIT, else why not.
+pub fn placement(
+    objs: &[CodeObject],
+    cap: ComputeCapability,
+    driver_cuda: Option<CudaVersion>,
+) -> Placement {
+    let fits = |kind: CodeKind| {
+        objs.iter()
+            .filter(|o| o.target.kind == kind)
+            .filter(|o| o.target.check(cap, driver_cuda, None).runs)
+            .map(|o| o.target)
+            .max()
+    };
+    if let Some(t) = fits(CodeKind::Sass) {
+        return Placement::Sass(t);
+    }
+    if let Some(t) = fits(CodeKind::Ptx) {
+        return Placement::Jit(t);
+    }
+    if objs.is_empty() {
+        return Placement::No("the binary carries no GPU code".into());
+    }
+    let mut carried: Vec<String> = objs.iter().map(|o| o.target.to_string()).collect();
+    carried.sort();
+    carried.dedup();
+    let reasons: Vec<String> = objs
+        .iter()
+        .map(|o| o.target.check(cap, driver_cuda, None).reason)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    Placement::No(format!(
+        "it carries only {} and {cap} runs none of it ({})",
+        carried.join(", "),
+        reasons.join("; ")
+    ))
 }
 
 /// Read everything `data` carries. An empty list means a well-formed file

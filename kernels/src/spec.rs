@@ -346,3 +346,67 @@ pub fn discover(dirs: &[PathBuf]) -> (BTreeMap<String, Package>, Vec<SpecError>)
     }
     (found, errors)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn write(dir: &Path, name: &str, yaml: &str) {
+        let d = dir.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(SPEC_FILE), yaml).unwrap();
+        std::fs::write(d.join("k.cu"), "extern \"C\" __global__ void k() {}\n").unwrap();
+    }
+
+    #[test]
+    fn a_bad_package_is_reported_with_file_and_line_and_spares_the_rest() {
+        let tmp = tempfile::tempdir().unwrap();
+        let good = "name: good\nversion: '1'\nsources: [k.cu]\nbuild: {backend: nvrtc}\nvariants:\n  - name: a\n    capability: '>=8.0'\n    requires: [bf16]\n";
+        write(tmp.path(), "good", good);
+        write(
+            tmp.path(),
+            "typo",
+            "name: typo\nversion: '1'\nsources: [k.cu]\nbuild: {backend: nvrtc}\nvariants:\n  - name: a\n    dtyp: float16\n",
+        );
+        write(
+            tmp.path(),
+            "escape",
+            "name: escape\nversion: '1'\nsources: [../../etc/passwd]\nbuild: {backend: nvrtc}\nvariants: [{name: a}]\n",
+        );
+        write(
+            tmp.path(),
+            "gate",
+            "name: gate\nversion: '1'\nsources: [k.cu]\nbuild: {backend: nvrtc}\nvariants:\n  - name: a\n    requires: [bf17]\n",
+        );
+        let (found, errors) = discover(&[tmp.path().to_owned()]);
+        assert_eq!(found.keys().collect::<Vec<_>>(), ["good"]);
+        let msgs: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(msgs.len(), 3, "{msgs:?}");
+        assert!(
+            msgs[0].contains("escape/kernel.yaml: line 3")
+                && msgs[0].contains("must be a file name inside the package"),
+            "{}",
+            msgs[0]
+        );
+        assert!(
+            msgs[1].contains("gate/kernel.yaml: line 6") && msgs[1].contains("bf17"),
+            "{}",
+            msgs[1]
+        );
+        assert!(
+            msgs[2].contains("typo/kernel.yaml: line 7")
+                && msgs[2].contains("unknown field `dtyp`"),
+            "{}",
+            msgs[2]
+        );
+        let g = &found["good"];
+        let sm75 = Target::parse("sm_75").unwrap();
+        assert!(
+            g.admits(0, sm75)
+                .unwrap_err()
+                .contains("is for capability >=8.0")
+        );
+        assert!(g.admits(0, Target::parse("sm_86").unwrap()).is_ok());
+    }
+}
