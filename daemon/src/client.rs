@@ -47,6 +47,38 @@ pub trait Daemon {
     fn started_at(&self) -> zbus::Result<u64>;
 }
 
+/// `io.gpuarch1.KernelCache`.
+#[proxy(
+    interface = "io.gpuarch1.KernelCache",
+    default_service = "io.gpuarch1",
+    default_path = "/io/gpuarch1"
+)]
+pub trait KernelCache {
+    fn list_kernels(&self) -> zbus::Result<Vec<HashMap<String, OwnedVariant>>>;
+    fn prewarm(&self, packages: &[&str], archs: &[&str]) -> zbus::Result<zbus::OwnedObjectPath>;
+    fn garbage_collect(&self) -> zbus::Result<u64>;
+    fn verify(&self) -> zbus::Result<Vec<HashMap<String, OwnedVariant>>>;
+    #[zbus(property)]
+    fn used_bytes(&self) -> zbus::Result<u64>;
+    #[zbus(property)]
+    fn limit_bytes(&self) -> zbus::Result<u64>;
+}
+
+/// `io.gpuarch1.Job`.
+#[proxy(interface = "io.gpuarch1.Job", default_service = "io.gpuarch1")]
+pub trait Job {
+    #[zbus(property)]
+    fn progress(&self) -> zbus::Result<f64>;
+    #[zbus(property)]
+    fn state(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn message(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn log(&self) -> zbus::Result<Vec<String>>;
+    #[zbus(signal)]
+    fn finished(&self, ok: bool, message: String) -> zbus::Result<()>;
+}
+
 use gpuarch_core::arch::ComputeCapability;
 use gpuarch_core::snapshot::{Device, MigDevice};
 

@@ -67,6 +67,45 @@ pub enum Cmd {
     /// Questions about compute capabilities and build targets.
     #[command(subcommand)]
     Arch(ArchCmd),
+    /// Which GPU architectures a cubin, fatbin, PTX file or library carries,
+    /// and whether each GPU of this host runs it (from SASS, by PTX JIT, or
+    /// not at all, and why). Exit status 1 when a GPU runs none of it.
+    Inspect(InspectArgs),
+    /// Build kernel packages ahead of time and pin the builds (root or group
+    /// gpuarch); shows progress, exit status 1 when a build is not served.
+    Prewarm(PrewarmArgs),
+    /// List the kernel cache: each build, its arch and variant, pinned, in use.
+    Kernels,
+    /// Evict least recently used builds above the cache limit (root or group gpuarch).
+    Gc,
+    /// Check every cached file's sha256; corrupt builds are quarantined and
+    /// rebuilt (root or group gpuarch). Exit status 1 when any was corrupt.
+    Verify,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct InspectArgs {
+    /// Files to read.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Judge for these GPUs (indexes as NVML numbers them) instead of all.
+    #[arg(long, value_name = "LIST", conflicts_with = "cap")]
+    pub devices: Option<String>,
+    /// Judge for a compute capability (8.6) instead of this host's GPUs.
+    #[arg(long, value_name = "CAP")]
+    pub cap: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PrewarmArgs {
+    /// Packages to build (default: all).
+    pub packages: Vec<String>,
+    /// Architectures (7.5,8.6 or sm_75,sm_86).
+    #[arg(long, value_name = "LIST", conflicts_with = "host")]
+    pub arch: Option<String>,
+    /// The architectures of this host's GPUs (the default).
+    #[arg(long)]
+    pub host: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -144,6 +183,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             render_match(cli, requirement, &uuids, &mut out)?
         }
         Cmd::Status if offline => offline_status(cli, &mut out)?,
+        Cmd::Inspect(args) => inspect_cmd(cli, args, &mut out)?,
         Cmd::Reload if offline => {
             return Err(anyhow!(
                 "reload asks gpuarchd to re-read NVML and its config; there is nothing to reload --offline"
@@ -527,4 +567,92 @@ fn arch(cli: &Cli, cmd: &ArchCmd, out: &mut String) -> Result<u8> {
             Ok(0)
         }
     }
+}
+
+/// `inspect`: what each file carries and where it runs.
+fn inspect_cmd(cli: &Cli, args: &InspectArgs, out: &mut String) -> Result<u8> {
+    use gpuarch_kernels::inspect::{self, Placement};
+    // The GPUs to judge for: a capability, or this host's (all or some).
+    let (gpus, driver): (Vec<(String, ComputeCapability)>, Option<CudaVersion>) = match &args.cap {
+        Some(c) => {
+            let cap = ComputeCapability::parse_reported(c.trim_start_matches("sm_"))
+                .or_else(|_| Target::parse(c).map(|t| t.cap))
+                .map_err(|e| anyhow!("--cap {c}: {e}"))?;
+            (vec![(format!("capability {cap}"), cap)], None)
+        }
+        None => {
+            let (snap, _) = load_inventory(cli)?;
+            let wanted: Option<Vec<u32>> = match &args.devices {
+                None => None,
+                Some(l) => Some(
+                    l.split(',')
+                        .map(|i| {
+                            i.trim()
+                                .parse::<u32>()
+                                .map_err(|_| anyhow!("--devices: {i:?} is not a GPU index"))
+                        })
+                        .collect::<Result<_>>()?,
+                ),
+            };
+            let gpus = snap
+                .devices
+                .iter()
+                .filter(|d| wanted.as_ref().is_none_or(|w| w.contains(&d.index)))
+                .map(|d| {
+                    (
+                        format!("GPU {} {} ({})", d.index, d.name, d.compute_capability),
+                        d.compute_capability,
+                    )
+                })
+                .collect();
+            (gpus, CudaVersion::parse(&snap.cuda_driver_version).ok())
+        }
+    };
+    let mut code = 0;
+    let mut docs = Vec::new();
+    for f in &args.files {
+        let data = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
+        let objs = inspect::inspect(&data).map_err(|e| anyhow!("{}: {e}", f.display()))?;
+        let verdicts: Vec<(String, Placement)> = gpus
+            .iter()
+            .map(|(label, cap)| (label.clone(), inspect::placement(&objs, *cap, driver)))
+            .collect();
+        if verdicts.iter().any(|(_, p)| matches!(p, Placement::No(_))) {
+            code = EXIT_NO;
+        }
+        if cli.json {
+            docs.push(json!({
+                "file": f,
+                "code": objs.iter().map(|o| json!({
+                    "target": o.target.to_string(), "origin": o.origin,
+                    "functions": o.functions, "verified": o.verified,
+                })).collect::<Vec<_>>(),
+                "gpus": verdicts.iter().map(|(l, p)| json!({
+                    "gpu": l,
+                    "runs": !matches!(p, Placement::No(_)),
+                    "how": p.to_string(),
+                })).collect::<Vec<_>>(),
+            }));
+            continue;
+        }
+        let _ = writeln!(out, "{}:", f.display());
+        if objs.is_empty() {
+            let _ = writeln!(out, "  no GPU code");
+        }
+        for o in &objs {
+            let funcs = if o.functions.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", o.functions.join(", "))
+            };
+            let _ = writeln!(out, "  {o}{funcs}");
+        }
+        for (label, p) in &verdicts {
+            let _ = writeln!(out, "  {label}: {p}");
+        }
+    }
+    if cli.json {
+        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&docs)?);
+    }
+    Ok(code)
 }

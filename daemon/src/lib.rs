@@ -11,6 +11,7 @@
 //! - [`sdnotify`], [`logging`]: systemd citizenship;
 //! - [`client`], [`ctl`]: gpuarchctl.
 
+pub mod cache;
 pub mod client;
 pub mod ctl;
 pub mod logging;
@@ -151,7 +152,25 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
     let _ = refresher.refresh(true).await;
 
     let (req_tx, req_rx) = mpsc::channel::<Request>(64);
-    let conn = zbus::connection::Builder::system()
+    let kcfg = shared.config().kernels.clone();
+    let cache = match cache::Cache::open(kcfg.clone(), shared.clone()) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            error!(
+                "kernel cache at {} unavailable: {e}; serving the inventory without it",
+                kcfg.cache_dir.display()
+            );
+            None
+        }
+    };
+    let mut builder = zbus::connection::Builder::system();
+    if let Some(c) = &cache {
+        builder = builder.serve_at(
+            service::OBJECT_PATH,
+            service::KernelCache { cache: c.clone() },
+        );
+    }
+    let conn = builder
         .serve_at(
             service::OBJECT_PATH,
             service::Inventory {
@@ -208,6 +227,9 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
     if let Err(e) = sdnotify::notify("READY=1") {
         warn!("cannot notify systemd: {e}");
     }
+    let _kernel_watcher = cache
+        .as_ref()
+        .and_then(|c| start_kernels(c.clone(), conn.clone()));
 
     let mut outcome = Ok(());
     loop {
@@ -244,4 +266,60 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), refresh_task).await;
     drop(conn);
     outcome
+}
+
+/// After READY: publish what the store holds, pre-warm for the host's GPUs
+/// (config `kernels.prewarm`), take the hook's requests, and follow the
+/// package directories and the spool.
+fn start_kernels(
+    cache: Arc<cache::Cache>,
+    conn: zbus::Connection,
+) -> Option<notify::RecommendedWatcher> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    let watcher = cache::watch(&cache.cfg, tx);
+    tokio::spawn(async move {
+        let c = cache.clone();
+        let _ = tokio::task::spawn_blocking(move || c.publish(None)).await;
+        if cache.cfg.prewarm {
+            match cache.tasks(&[], &[]) {
+                Ok(t) if !t.is_empty() => {
+                    info!("pre-warming {} kernel builds for the host's GPUs", t.len());
+                    if let Err(e) = cache::start_job(cache.clone(), conn.clone(), t, false).await {
+                        warn!("cannot start the pre-warm: {e}");
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => info!("no pre-warm at start: {e}"),
+            }
+        }
+        loop {
+            let requests = cache.take_requests();
+            if !requests.is_empty() {
+                info!("{} kernel build requests from containers", requests.len());
+                if let Err(e) = cache::start_job(cache.clone(), conn.clone(), requests, false).await
+                {
+                    warn!("cannot start the requested builds: {e}");
+                }
+            }
+            if rx.recv().await.is_none() {
+                return;
+            }
+            let c = cache.clone();
+            let changed = tokio::task::spawn_blocking(move || {
+                let changed = c.reload_packages();
+                c.publish(None);
+                changed
+            })
+            .await
+            .unwrap_or_default();
+            if cache.cfg.prewarm
+                && !changed.is_empty()
+                && let Ok(t) = cache.tasks(&changed, &[])
+                && let Err(e) = cache::start_job(cache.clone(), conn.clone(), t, false).await
+            {
+                warn!("cannot start the pre-warm of changed packages: {e}");
+            }
+        }
+    });
+    watcher
 }

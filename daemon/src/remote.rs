@@ -7,7 +7,7 @@ use gpuarch_core::snapshot::{self, Snapshot};
 use serde_json::json;
 use zbus::Connection;
 
-use crate::client::{DaemonProxy, InventoryProxy, device_from};
+use crate::client::{DaemonProxy, InventoryProxy, JobProxy, KernelCacheProxy, device_from};
 use crate::ctl::{
     Cli, Cmd, devices, humantime_age, render_env_notes, render_match, short_duration,
 };
@@ -106,9 +106,30 @@ pub fn run(cli: &Cli, out: &mut String) -> Result<u8> {
                 Ok(0)
             }
             Cmd::Status => status(cli, &conn, &inv, out).await,
-            Cmd::Arch(_) => Err(anyhow!("arch commands do not ask the daemon")),
+            Cmd::Arch(_) | Cmd::Inspect(_) => Err(anyhow!("this command does not ask the daemon")),
+            Cmd::Prewarm(args) => return prewarm(cli, &conn, args, out).await,
+            Cmd::Kernels => kernels(cli, &conn, out).await,
+            Cmd::Gc => {
+                let freed = KernelCacheProxy::new(&conn)
+                    .await
+                    .map_err(|e| explain("gc", e))?
+                    .garbage_collect()
+                    .await
+                    .map_err(|e| explain("gc", e))?;
+                if cli.json {
+                    let _ = writeln!(out, "{}", json!({"freed_bytes": freed}));
+                } else {
+                    let _ = writeln!(out, "freed {}", bytes(freed));
+                }
+                Ok(0)
+            }
+            Cmd::Verify => verify(cli, &conn, out).await,
         }
     };
+    if matches!(cli.cmd, Cmd::Prewarm(_)) {
+        // Builds take as long as they take; the job reports progress.
+        return rt.block_on(work);
+    }
     rt.block_on(async {
         tokio::time::timeout(PATIENCE, work).await.unwrap_or_else(|_| {
             Err(anyhow!(
@@ -215,4 +236,197 @@ async fn status(
         );
     }
     Ok(0)
+}
+
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+type Dict = std::collections::HashMap<String, zbus::OwnedVariant>;
+
+fn text(d: &Dict, k: &str) -> String {
+    d.get(k)
+        .and_then(|v| String::try_from(v.try_clone().ok()?).ok())
+        .unwrap_or_default()
+}
+
+fn flag(d: &Dict, k: &str) -> bool {
+    d.get(k)
+        .and_then(|v| bool::try_from(v).ok())
+        .unwrap_or(false)
+}
+
+fn number(d: &Dict, k: &str) -> u64 {
+    d.get(k).and_then(|v| u64::try_from(v).ok()).unwrap_or(0)
+}
+
+async fn kernels(cli: &Cli, conn: &Connection, out: &mut String) -> Result<u8> {
+    let e = |e| explain("kernels", e);
+    let kc = KernelCacheProxy::new(conn).await.map_err(e)?;
+    let list = kc.list_kernels().await.map_err(e)?;
+    let used = kc.used_bytes().await.map_err(e)?;
+    let limit = kc.limit_bytes().await.map_err(e)?;
+    if cli.json {
+        let rows: Vec<_> = list
+            .iter()
+            .map(|d| {
+                json!({
+                    "key": text(d, "key"), "package": text(d, "package"),
+                    "version": text(d, "version"), "variant": text(d, "variant"),
+                    "dtype": text(d, "dtype"), "arch": text(d, "arch"),
+                    "toolkit": text(d, "toolkit"), "bytes": number(d, "bytes"),
+                    "pinned": flag(d, "pinned"), "in_use": flag(d, "in_use"),
+                    "last_used": number(d, "last_used"), "path": text(d, "path"),
+                })
+            })
+            .collect();
+        let doc = json!({"used_bytes": used, "limit_bytes": limit, "kernels": rows});
+        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(0);
+    }
+    let _ = writeln!(
+        out,
+        "cache: {} of {} used, {} builds",
+        bytes(used),
+        bytes(limit),
+        list.len()
+    );
+    let _ = writeln!(
+        out,
+        "{:<10} {:<8} {:<8} {:<9} {:>9}  {:<6} {:<6} KEY",
+        "PACKAGE", "ARCH", "VARIANT", "DTYPE", "SIZE", "PINNED", "IN USE"
+    );
+    let mut rows: Vec<&Dict> = list.iter().collect();
+    rows.sort_by_key(|d| (text(d, "package"), text(d, "arch")));
+    for d in rows {
+        let _ = writeln!(
+            out,
+            "{:<10} {:<8} {:<8} {:<9} {:>9}  {:<6} {:<6} {}",
+            text(d, "package"),
+            text(d, "arch"),
+            text(d, "variant"),
+            text(d, "dtype"),
+            bytes(number(d, "bytes")),
+            if flag(d, "pinned") { "yes" } else { "no" },
+            if flag(d, "in_use") { "yes" } else { "no" },
+            &text(d, "key")[..12.min(text(d, "key").len())],
+        );
+    }
+    Ok(0)
+}
+
+async fn verify(cli: &Cli, conn: &Connection, out: &mut String) -> Result<u8> {
+    let e = |e| explain("verify", e);
+    let list = KernelCacheProxy::new(conn)
+        .await
+        .map_err(e)?
+        .verify()
+        .await
+        .map_err(e)?;
+    let bad: Vec<&Dict> = list.iter().filter(|d| !flag(d, "ok")).collect();
+    if cli.json {
+        let rows: Vec<_> = list
+            .iter()
+            .map(|d| json!({"key": text(d, "key"), "package": text(d, "package"), "arch": text(d, "arch"), "ok": flag(d, "ok"), "problem": text(d, "problem")}))
+            .collect();
+        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        let _ = writeln!(out, "{} builds checked, {} corrupt", list.len(), bad.len());
+        for d in &bad {
+            let _ = writeln!(
+                out,
+                "{} {}: {} (quarantined; rebuilding)",
+                text(d, "package"),
+                text(d, "arch"),
+                text(d, "problem")
+            );
+        }
+    }
+    Ok(if bad.is_empty() { 0 } else { 1 })
+}
+
+async fn prewarm(
+    cli: &Cli,
+    conn: &Connection,
+    args: &crate::ctl::PrewarmArgs,
+    out: &mut String,
+) -> Result<u8> {
+    use futures_util::StreamExt;
+    let e = |e| explain("prewarm", e);
+    let archs: Vec<String> = args
+        .arch
+        .as_deref()
+        .map(|l| {
+            l.split(',')
+                .map(|a| a.trim().to_owned())
+                .filter(|a| !a.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    let pkgs: Vec<&str> = args.packages.iter().map(String::as_str).collect();
+    let archs: Vec<&str> = archs.iter().map(String::as_str).collect();
+    let kc = tokio::time::timeout(PATIENCE, KernelCacheProxy::new(conn))
+        .await
+        .map_err(|_| anyhow!("gpuarchd did not answer within {} s", PATIENCE.as_secs()))?
+        .map_err(e)?;
+    let path = tokio::time::timeout(PATIENCE, kc.prewarm(&pkgs, &archs))
+        .await
+        .map_err(|_| anyhow!("gpuarchd did not answer within {} s", PATIENCE.as_secs()))?
+        .map_err(e)?;
+    let job = JobProxy::builder(conn)
+        .path(path.clone())
+        .build()
+        .await
+        .map_err(e)?;
+    let mut finished = job.receive_finished().await.map_err(e)?;
+    let mut progress = job.receive_progress_changed().await;
+    let bar = indicatif::ProgressBar::new(1000);
+    if cli.json {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} pre-warming [{bar:40}] {percent:>3}% {elapsed}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    // The job may have finished before we listened.
+    if job.state().await.map_err(e)? == "running" {
+        loop {
+            tokio::select! {
+                p = progress.next() => {
+                    if let Some(p) = p && let Ok(v) = p.get().await {
+                        bar.set_position((v * 1000.0) as u64);
+                    }
+                }
+                _ = finished.next() => break,
+            }
+        }
+    }
+    bar.finish_and_clear();
+    let state = job.state().await.map_err(e)?;
+    let message = job.message().await.map_err(e)?;
+    let log = job.log().await.map_err(e)?;
+    if cli.json {
+        let doc = json!({"job": path.as_str(), "state": state, "message": message, "log": log});
+        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        for l in &log {
+            let _ = writeln!(out, "{l}");
+        }
+        let _ = writeln!(out, "{state}: {message}");
+    }
+    Ok(if state == "done" { 0 } else { 1 })
 }

@@ -225,7 +225,11 @@ impl Inventory {
 }
 
 /// Why a privileged call is refused, if it is.
-async fn authorize(conn: &Connection, hdr: &Header<'_>, method: &str) -> fdo::Result<()> {
+pub(crate) async fn authorize(
+    conn: &Connection,
+    hdr: &Header<'_>,
+    method: &str,
+) -> fdo::Result<()> {
     let sender = hdr
         .sender()
         .ok_or_else(|| fdo::Error::AccessDenied(format!("{method}: the call has no sender")))?;
@@ -314,4 +318,155 @@ impl Daemon {
 pub fn age(usec_since_epoch: u64) -> Option<Duration> {
     let t = UNIX_EPOCH + Duration::from_micros(usec_since_epoch);
     (usec_since_epoch > 0).then(|| SystemTime::now().duration_since(t).unwrap_or_default())
+}
+
+/// `io.gpuarch1.KernelCache`.
+#[derive(Debug)]
+pub struct KernelCache {
+    pub cache: Arc<crate::cache::Cache>,
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> fdo::Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| fdo::Error::Failed(e.to_string()))
+}
+
+/// The cache of kernel builds.
+#[interface(name = "io.gpuarch1.KernelCache")]
+impl KernelCache {
+    /// Every stored build: key, package, version, variant, dtype, arch,
+    /// toolkit, bytes, files, pinned, in_use, last_used, built_at, path.
+    #[zbus(out_args("kernels"))]
+    async fn list_kernels(&self) -> fdo::Result<Vec<BTreeMap<String, Variant<'static>>>> {
+        let c = self.cache.clone();
+        blocking(move || c.list()).await
+    }
+
+    /// Build `packages` (empty: all) for `archs` (`sm_86` or `8.6`; empty:
+    /// the host's GPUs), pinning what is built. Returns the job at once.
+    /// For root and group gpuarch.
+    #[zbus(out_args("job"))]
+    async fn prewarm(
+        &self,
+        packages: Vec<String>,
+        archs: Vec<String>,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> fdo::Result<zbus::OwnedObjectPath> {
+        authorize(conn, &hdr, "Prewarm").await?;
+        if packages.len() > 1024 || archs.len() > 64 {
+            return Err(fdo::Error::InvalidArgs("too many packages or archs".into()));
+        }
+        let tasks = self
+            .cache
+            .tasks(&packages, &archs)
+            .map_err(fdo::Error::InvalidArgs)?;
+        crate::cache::start_job(self.cache.clone(), conn.clone(), tasks, true)
+            .await
+            .map_err(|e| fdo::Error::Failed(e.to_string()))
+    }
+
+    /// Evict least recently used builds above LimitBytes (never pinned or
+    /// mounted ones); returns the bytes freed. For root and group gpuarch.
+    #[zbus(out_args("freed_bytes"))]
+    async fn garbage_collect(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> fdo::Result<u64> {
+        authorize(conn, &hdr, "GarbageCollect").await?;
+        let c = self.cache.clone();
+        let r = blocking(move || c.gc())
+            .await?
+            .map_err(|e| fdo::Error::Failed(e.to_string()))?;
+        Ok(r.freed_bytes)
+    }
+
+    /// Check every stored file's sha256; a corrupt build is quarantined and
+    /// rebuilt. One record per build: key, package, arch, variant, ok,
+    /// problem. For root and group gpuarch (it reads the whole cache).
+    #[zbus(out_args("results"))]
+    async fn verify(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> fdo::Result<Vec<BTreeMap<String, Variant<'static>>>> {
+        authorize(conn, &hdr, "Verify").await?;
+        let c = self.cache.clone();
+        let (records, rebuild) = blocking(move || c.verify()).await?;
+        if !rebuild.is_empty() {
+            crate::cache::start_job(self.cache.clone(), conn.clone(), rebuild, false)
+                .await
+                .map_err(|e| fdo::Error::Failed(e.to_string()))?;
+        }
+        Ok(records)
+    }
+
+    /// Bytes the stored builds take.
+    #[zbus(property(emits_changed_signal = "false"))]
+    async fn used_bytes(&self) -> u64 {
+        let c = self.cache.clone();
+        blocking(move || c.used_bytes()).await.unwrap_or(0)
+    }
+
+    /// The size above which builds are evicted (kernels.max_bytes).
+    #[zbus(property(emits_changed_signal = "const"))]
+    fn limit_bytes(&self) -> u64 {
+        self.cache.builder.store.max_bytes()
+    }
+}
+
+/// `io.gpuarch1.Job`: one pre-warm.
+#[derive(Debug)]
+pub struct Job {
+    pub state: Arc<std::sync::Mutex<crate::cache::JobState>>,
+}
+
+/// A pre-warm job.
+#[interface(name = "io.gpuarch1.Job")]
+impl Job {
+    /// Fraction of its builds finished, 0 to 1.
+    #[zbus(property)]
+    fn progress(&self) -> f64 {
+        self.state.lock().map_or(0.0, |s| {
+            if s.total == 0 {
+                1.0
+            } else {
+                s.done as f64 / s.total as f64
+            }
+        })
+    }
+
+    /// "running", "done" (everything asked for is served) or "failed".
+    #[zbus(property)]
+    fn state(&self) -> String {
+        self.state
+            .lock()
+            .map(|s| s.state.clone())
+            .unwrap_or_default()
+    }
+
+    /// The outcome in one line, once finished.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn message(&self) -> String {
+        self.state
+            .lock()
+            .map(|s| s.message.clone())
+            .unwrap_or_default()
+    }
+
+    /// One line per finished build: `rmsnorm sm_75: built fp16`.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn log(&self) -> Vec<String> {
+        self.state
+            .lock()
+            .map(|s| s.lines.clone())
+            .unwrap_or_default()
+    }
+
+    /// The job ended: ok when everything asked for is served.
+    #[zbus(signal)]
+    pub async fn finished(emitter: &SignalEmitter<'_>, ok: bool, message: &str)
+    -> zbus::Result<()>;
 }

@@ -7,6 +7,17 @@
 //! every GPU the container was given can run one of them. Which file serves
 //! which GPU is the manifest's business, read by the software inside.
 //!
+//! A manifest gpuarchd publishes also lists `builds`: one per arch, each a
+//! directory of the kernel store. Then the container gets exactly the
+//! builds that serve its GPUs: the package directory it sees is a view made
+//! here (under `kernels.view_dir`, named by the sha256 of its manifest, so
+//! identical views are shared) holding a `manifest.json` that maps each GPU,
+//! by container index and UUID, to its file and variant, with each build
+//! mounted read-only on a directory named by its arch. A GPU with no build
+//! of its own arch is a miss: a request file `<package>@<arch>` goes into
+//! `kernels.spool_dir` for gpuarchd to build, and the container starts now
+//! with what there is.
+//!
 //! A manifest may also list `libraries`: directories of the package (such
 //! as `lib`) holding shared libraries. Those need the loader cache inside
 //! the container updated, which only a hook running at `createContainer`
@@ -14,9 +25,11 @@
 
 use std::path::{Path, PathBuf};
 
-use gpuarch_core::arch::{CudaVersion, Target};
+use gpuarch_core::arch::{CodeKind, CudaVersion, Target};
+use gpuarch_core::config::KernelsConfig;
 use gpuarch_core::plan::Plan;
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
 /// Where packages appear inside a container (`GPUARCH_KERNELS_DIR`).
 pub const CONTAINER_DIR: &str = "/opt/gpuarch/kernels";
@@ -32,6 +45,8 @@ pub struct KernelMount {
     pub source: PathBuf,
     /// Library directories, relative to the package (`lib`).
     pub libraries: Vec<String>,
+    /// Store builds mounted inside it: (subdirectory, source).
+    pub builds: Vec<(String, PathBuf)>,
 }
 
 impl KernelMount {
@@ -47,14 +62,21 @@ impl KernelMount {
             .collect()
     }
 
-    /// The OCI `mounts` entry.
-    pub fn to_oci(&self) -> Value {
-        json!({
-            "destination": self.destination(),
-            "type": "bind",
-            "source": self.source,
-            "options": ["rbind", "ro", "nosuid", "nodev", "noexec"],
-        })
+    /// The OCI `mounts` entries: the package, then each build in it.
+    pub fn to_oci(&self) -> Vec<Value> {
+        let bind = |dest: String, source: &Path| {
+            json!({
+                "destination": dest,
+                "type": "bind",
+                "source": source,
+                "options": ["rbind", "ro", "nosuid", "nodev", "noexec"],
+            })
+        };
+        let mut v = vec![bind(self.destination(), &self.source)];
+        for (sub, src) in &self.builds {
+            v.push(bind(format!("{}/{sub}", self.destination()), src));
+        }
+        v
     }
 }
 
@@ -71,6 +93,47 @@ fn valid_name(n: &str) -> bool {
 pub struct Manifest {
     pub targets: Vec<Target>,
     pub libraries: Vec<String>,
+    /// Builds in the kernel store, when gpuarchd published the package.
+    pub builds: Option<Vec<Build>>,
+    pub version: String,
+}
+
+/// One build of a published package.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Build {
+    pub arch: Target,
+    pub variant: String,
+    pub dtype: Option<String>,
+    pub dir: PathBuf,
+    pub files: Vec<String>,
+}
+
+fn read_build(v: &Value) -> Result<Build, String> {
+    let s = |k: &str| v.get(k).and_then(Value::as_str);
+    let arch =
+        Target::parse(s("arch").ok_or("a build without \"arch\"")?).map_err(|e| e.to_string())?;
+    let dir = PathBuf::from(s("dir").ok_or("a build without \"dir\"")?);
+    if !dir.is_absolute() {
+        return Err(format!("build dir {} is not absolute", dir.display()));
+    }
+    let files = v
+        .get("files")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .filter(|f| valid_name(f))
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Build {
+        arch,
+        variant: s("variant").unwrap_or_default().to_owned(),
+        dtype: s("dtype").map(str::to_owned),
+        dir,
+        files,
+    })
 }
 
 /// A library directory must stay inside its package: relative, plain names.
@@ -108,12 +171,37 @@ pub fn read_manifest(manifest: &Path) -> Result<Manifest, String> {
             })
             .collect::<Result<_, String>>()?,
     };
-    Ok(Manifest { targets, libraries })
+    let builds = match v.get("builds") {
+        None => None,
+        Some(b) => Some(
+            b.as_array()
+                .ok_or("\"builds\" is not a list")?
+                .iter()
+                .map(read_build)
+                .collect::<Result<Vec<_>, String>>()?,
+        ),
+    };
+    let version = v
+        .get("version")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    Ok(Manifest {
+        targets,
+        libraries,
+        builds,
+        version,
+    })
 }
 
 /// The packages under `root` that serve every GPU of `plan`, and a note for
 /// each package skipped and why. A missing `root` is no packages.
-pub fn discover(root: &Path, plan: &Plan, driver_cuda: &str) -> (Vec<KernelMount>, Vec<String>) {
+pub fn discover(
+    cfg: &KernelsConfig,
+    plan: &Plan,
+    driver_cuda: &str,
+) -> (Vec<KernelMount>, Vec<String>) {
+    let root = cfg.mount_root.as_path();
     let mut mounts = Vec::new();
     let mut notes = Vec::new();
     if plan.gpus.is_empty() {
@@ -152,13 +240,24 @@ pub fn discover(root: &Path, plan: &Plan, driver_cuda: &str) -> (Vec<KernelMount
     names.sort();
     for name in names {
         let dir = root.join(&name);
-        let Manifest { targets, libraries } = match read_manifest(&dir.join("manifest.json")) {
+        let man = match read_manifest(&dir.join("manifest.json")) {
             Ok(m) => m,
             Err(e) => {
                 notes.push(format!("kernel package {name} skipped: manifest.json: {e}"));
                 continue;
             }
         };
+        if let Some(builds) = &man.builds {
+            match view(cfg, &name, &man.version, builds, plan, cuda, &mut notes) {
+                Ok(Some(m)) => mounts.push(m),
+                Ok(None) => {}
+                Err(e) => notes.push(format!("kernel package {name} not mounted: {e}")),
+            }
+            continue;
+        }
+        let Manifest {
+            targets, libraries, ..
+        } = man;
         let unserved = plan.gpus.iter().find(|g| {
             !targets
                 .iter()
@@ -169,6 +268,7 @@ pub fn discover(root: &Path, plan: &Plan, driver_cuda: &str) -> (Vec<KernelMount
                 package: name,
                 source: dir,
                 libraries,
+                builds: Vec::new(),
             }),
             Some(g) => notes.push(format!(
                 "kernel package {name} not mounted: no build in it runs on {}",
@@ -177,4 +277,151 @@ pub fn discover(root: &Path, plan: &Plan, driver_cuda: &str) -> (Vec<KernelMount
         }
     }
     (mounts, notes)
+}
+
+/// Leave a request for a build of `package` for `arch`; an existing request
+/// is enough. Never fails the container: a failure is a note.
+fn request(cfg: &KernelsConfig, package: &str, arch: Target, notes: &mut Vec<String>) {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let _ = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&cfg.spool_dir);
+    let path = cfg.spool_dir.join(format!("{package}@{arch}"));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+    {
+        Ok(_) => notes.push(format!(
+            "kernel package {package}: no {arch} build yet; requested it from gpuarchd"
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => notes.push(format!(
+            "kernel package {package}: no {arch} build yet; already requested"
+        )),
+        Err(e) => notes.push(format!(
+            "kernel package {package}: no {arch} build yet, and the request could not be left in {}: {e}",
+            cfg.spool_dir.display()
+        )),
+    }
+}
+
+/// The per-container view of a published package: which build serves each
+/// GPU. None (with a note) when no build serves any of them yet.
+fn view(
+    cfg: &KernelsConfig,
+    name: &str,
+    version: &str,
+    builds: &[Build],
+    plan: &Plan,
+    cuda: Option<CudaVersion>,
+    notes: &mut Vec<String>,
+) -> Result<Option<KernelMount>, String> {
+    let mut gpus = Vec::new();
+    let mut used: Vec<&Build> = Vec::new();
+    for (i, g) in plan.gpus.iter().enumerate() {
+        let cap = g.compute_capability;
+        let own = Target::sass(cap);
+        if !builds.iter().any(|b| b.arch == own) {
+            request(cfg, name, own, notes);
+        }
+        let best = builds
+            .iter()
+            .filter(|b| b.arch.kind == CodeKind::Sass && b.arch.check(cap, cuda, None).runs)
+            .filter(|b| b.dir.is_dir())
+            .max_by_key(|b| b.arch);
+        let mut entry = json!({
+            "index": i,
+            "uuid": g.uuid,
+            "host_index": g.index,
+            "compute_capability": cap.to_string(),
+        });
+        match best {
+            Some(b) => {
+                entry["arch"] = json!(b.arch.to_string());
+                entry["variant"] = json!(b.variant);
+                entry["dtype"] = json!(b.dtype);
+                entry["dir"] = json!(b.arch.to_string());
+                entry["files"] = json!(
+                    b.files
+                        .iter()
+                        .map(|f| format!("{}/{f}", b.arch))
+                        .collect::<Vec<_>>()
+                );
+                if !used.iter().any(|u| u.arch == b.arch) {
+                    used.push(b);
+                }
+            }
+            None => entry["missing"] = json!(format!("no build runs on {} yet", g.label())),
+        }
+        gpus.push(entry);
+    }
+    if used.is_empty() {
+        notes.push(format!(
+            "kernel package {name} not mounted: no build in it runs on the container's GPUs yet"
+        ));
+        return Ok(None);
+    }
+    used.sort_by_key(|b| b.arch);
+    let manifest = json!({
+        "package": name,
+        "version": version,
+        "gpus": gpus,
+        "builds": used.iter().map(|b| json!({
+            "dir": b.arch.to_string(), "arch": b.arch.to_string(),
+            "variant": b.variant, "dtype": b.dtype, "files": b.files,
+        })).collect::<Vec<_>>(),
+    });
+    let body = serde_json::to_vec_pretty(&manifest).map_err(|e| e.to_string())?;
+    let digest: String = Sha256::digest(&body)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let dir = cfg.view_dir.join(&digest);
+    if !dir.join("manifest.json").is_file() {
+        make_view(&cfg.view_dir, &dir, &body, &used)
+            .map_err(|e| format!("cannot lay out its view in {}: {e}", cfg.view_dir.display()))?;
+    }
+    Ok(Some(KernelMount {
+        package: name.to_owned(),
+        source: dir,
+        libraries: Vec::new(),
+        builds: used
+            .iter()
+            .map(|b| (b.arch.to_string(), b.dir.clone()))
+            .collect(),
+    }))
+}
+
+/// Write the view in a temp directory and rename it into place; a view
+/// another hook made meanwhile is as good as ours.
+fn make_view(root: &Path, dir: &Path, body: &[u8], used: &[&Build]) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(root)?;
+    let tmp = root.join(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    ));
+    std::fs::create_dir(&tmp)?;
+    let res = (|| {
+        std::fs::write(tmp.join("manifest.json"), body)?;
+        for b in used {
+            std::fs::create_dir(tmp.join(b.arch.to_string()))?;
+        }
+        match std::fs::rename(&tmp, dir) {
+            Ok(()) => Ok(()),
+            Err(_) if dir.join("manifest.json").is_file() => Ok(()),
+            Err(e) => Err(e),
+        }
+    })();
+    let _ = std::fs::remove_dir_all(&tmp);
+    res
 }

@@ -202,7 +202,7 @@ pub fn apply_mounts(
             ));
             continue;
         }
-        list.push(m.to_oci());
+        list.extend(m.to_oci());
         added += 1;
         notes.push(format!(
             "kernel package {} mounted read-only at {dest}",
@@ -245,7 +245,7 @@ pub fn edit(config: &mut Value, ctx: &Context) -> Result<Plan, HookError> {
         return Ok(plan);
     }
     let (mounts, notes) = kernels::discover(
-        &ctx.config.kernels.mount_root,
+        &ctx.config.kernels,
         &plan,
         &ctx.inventory.cuda_driver_version,
     );

@@ -12,6 +12,7 @@
 pub mod build;
 pub mod command;
 pub mod inspect;
+pub mod publish;
 pub mod spec;
 pub mod store;
 pub mod toolchain;

@@ -86,7 +86,12 @@ impl Node {
         // Other users (nobody) must reach the bus socket and run gpuarchctl.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::copy(fixture(topology), dir.path().join("topology.json")).unwrap();
-        std::fs::write(dir.path().join("config.yaml"), "# defaults\n").unwrap();
+        // Defaults, but the kernel cache stays inside the test's directory.
+        std::fs::write(
+            dir.path().join("config.yaml"),
+            kernels_yaml(dir.path(), &[], None),
+        )
+        .unwrap();
         std::fs::copy(&artifacts().gpuarchctl, dir.path().join("gpuarchctl")).unwrap();
         let conf = dir.path().join("bus.conf");
         std::fs::write(&conf, bus_config(dir.path(), policy)).unwrap();
@@ -270,4 +275,20 @@ pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
         .build()
         .unwrap()
         .block_on(f)
+}
+
+/// A `kernels:` config section with every path under `dir`.
+pub fn kernels_yaml(dir: &Path, package_dirs: &[&Path], cuda: Option<&Path>) -> String {
+    let list = |v: Vec<String>| format!("[{}]", v.join(", "));
+    format!(
+        "kernels:\n  package_dirs: {}\n  cache_dir: {d}/cache\n  mount_root: {d}/kernels\n  spool_dir: {d}/spool\n  view_dir: {d}/views\n  cuda_dirs: {}\n",
+        list(
+            package_dirs
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect()
+        ),
+        list(cuda.iter().map(|p| p.display().to_string()).collect()),
+        d = dir.display(),
+    )
 }

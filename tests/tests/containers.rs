@@ -21,7 +21,9 @@ const BUSYBOX: &str = "/bin/busybox";
 /// What every container runs: its env, a separator, the env file.
 const SCRIPT: &str = "env; echo @@@; cat /run/gpuarch/env 2>/dev/null; echo @@@; \
      ls /opt/gpuarch/kernels 2>/dev/null; cat /opt/gpuarch/kernels/*/manifest.json 2>/dev/null; \
-     touch /opt/gpuarch/kernels/demo/x 2>/dev/null && echo WRITABLE; echo @@@; \
+     echo ===; find /opt/gpuarch/kernels -type f 2>/dev/null | sort; \
+     for d in /opt/gpuarch/kernels/*/ /opt/gpuarch/kernels/*/*/; do \
+       touch \"$d/x\" 2>/dev/null && echo WRITABLE $d; done; echo @@@; \
      cat /etc/ld.so.cache 2>/dev/null; true";
 
 /// `None` when this machine can run the test; else the reason it cannot.
@@ -791,4 +793,128 @@ fn a_stage_that_cannot_write_safely_fails_open_or_strict() {
         0,
         "host written"
     );
+}
+
+/// The manifests a container's probe printed, by package.
+fn manifests(kernels: &str) -> std::collections::BTreeMap<String, Value> {
+    let json = kernels.split("===").next().unwrap_or("");
+    let start = json.find('{').unwrap_or(json.len());
+    serde_json::Deserializer::from_str(&json[start..])
+        .into_iter::<Value>()
+        .map(|v| v.unwrap())
+        .map(|v| (v["package"].as_str().unwrap().to_owned(), v))
+        .collect()
+}
+
+/// gpuarchd pre-warms the sample packages on the 2080 Ti + 3090 with real
+/// NVRTC; a container on GPU 1 then sees only the sm_86 builds, read-only,
+/// and one on both GPUs sees both, with a manifest mapping each GPU to its
+/// file and variant. A request the hook leaves in the spool gets built.
+#[test]
+fn the_daemon_prewarms_and_each_container_gets_the_builds_for_its_gpus() {
+    require!("runc", "podman", "dbus-daemon");
+    let Some(cuda) = gpuarch_tests::cuda_dir() else {
+        return;
+    };
+    use gpuarch_tests::daemon::{Node, Policy, kernels_yaml};
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    let pkgs = workspace_root().join("kernels/packages");
+    let yaml = kernels_yaml(node.path("").as_path(), &[&pkgs], Some(&cuda));
+    std::fs::write(node.path("config.yaml"), &yaml).unwrap();
+    node.start(&[]);
+    let published = |pkg: &str, arch: &str| {
+        std::fs::read_to_string(node.path("kernels").join(pkg).join("manifest.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .is_some_and(|m| m["targets"].as_array().unwrap().iter().any(|t| t == arch))
+    };
+    let t0 = std::time::Instant::now();
+    while !["saxpy", "rmsnorm", "rotary"]
+        .iter()
+        .all(|p| published(p, "sm_75") && published(p, "sm_86"))
+    {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(120),
+            "no pre-warm: {}",
+            node.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let listed = node.ctl(None, &["kernels"]);
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.status.success(), "{listed:?}");
+    assert!(text.contains("6 builds"), "{text}");
+    assert!(text.contains("rmsnorm    sm_75    fp16"), "{text}");
+    assert!(text.contains("rmsnorm    sm_86    bf16"), "{text}");
+
+    let mut s = Scene::new();
+    s.config_yaml = yaml.clone();
+    // GPU 1 (the 3090): sm_86 builds only.
+    let seen = s.shim("runc", &["NVIDIA_VISIBLE_DEVICES=1"]);
+    seen.ok();
+    assert_eq!(
+        seen.get("GPUARCH_KERNELS_DIR"),
+        Some("/opt/gpuarch/kernels")
+    );
+    let files = seen.kernels.split("===").nth(1).unwrap();
+    assert!(!files.contains("sm_75"), "{files}");
+    for f in [
+        "/opt/gpuarch/kernels/rmsnorm/sm_86/rmsnorm.cubin",
+        "/opt/gpuarch/kernels/rotary/sm_86/rotary.cubin",
+        "/opt/gpuarch/kernels/saxpy/sm_86/saxpy.cubin",
+        "/opt/gpuarch/kernels/saxpy/sm_86/saxpy.ptx",
+    ] {
+        assert!(files.contains(f), "{f} missing: {files}");
+    }
+    assert!(!seen.kernels.contains("WRITABLE"), "{}", seen.kernels);
+    let m = manifests(&seen.kernels);
+    let gpu = &m["rmsnorm"]["gpus"][0];
+    assert_eq!(gpu["index"], 0);
+    assert_eq!(gpu["host_index"], 1);
+    assert_eq!(gpu["arch"], "sm_86");
+    assert_eq!(gpu["variant"], "bf16");
+    assert_eq!(gpu["files"][0], "sm_86/rmsnorm.cubin");
+    assert!(gpu["uuid"].as_str().unwrap().starts_with("GPU-"));
+
+    // Both GPUs, through podman's precreate hook: both builds, mapped.
+    let seen = s.podman(&["-e", "NVIDIA_VISIBLE_DEVICES=0,1"]);
+    seen.ok();
+    let files = seen.kernels.split("===").nth(1).unwrap();
+    assert!(
+        files.contains("/opt/gpuarch/kernels/rmsnorm/sm_75/rmsnorm.cubin"),
+        "{files}"
+    );
+    assert!(
+        files.contains("/opt/gpuarch/kernels/rmsnorm/sm_86/rmsnorm.cubin"),
+        "{files}"
+    );
+    assert!(!seen.kernels.contains("WRITABLE"), "{}", seen.kernels);
+    let m = manifests(&seen.kernels);
+    let gpus = m["rmsnorm"]["gpus"].as_array().unwrap();
+    assert_eq!(
+        (gpus[0]["arch"].as_str(), gpus[0]["variant"].as_str()),
+        (Some("sm_75"), Some("fp16"))
+    );
+    assert_eq!(
+        (gpus[1]["arch"].as_str(), gpus[1]["variant"].as_str()),
+        (Some("sm_86"), Some("bf16"))
+    );
+    assert_ne!(gpus[0]["uuid"], gpus[1]["uuid"]);
+    let r = &m["rotary"]["gpus"];
+    assert_eq!(r[0]["dtype"], "float16");
+    assert_eq!(r[1]["dtype"], "bfloat16");
+
+    // A request in the spool (as the hook leaves on a miss) gets built.
+    std::fs::write(node.path("spool/saxpy@sm_89"), "").unwrap();
+    let t0 = std::time::Instant::now();
+    while !published("saxpy", "sm_89") {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(60),
+            "request not built: {}",
+            node.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(!node.path("spool/saxpy@sm_89").exists());
+    node.stop();
 }

@@ -177,30 +177,53 @@ fn our_interfaces(xml: &str) -> Vec<String> {
     out
 }
 
+async fn introspect(conn: &zbus::Connection, path: &str) -> String {
+    zbus::fdo::IntrospectableProxy::builder(conn)
+        .destination("io.gpuarch1")
+        .path(path.to_owned())
+        .build()
+        .await
+        .unwrap()
+        .introspect()
+        .await
+        .unwrap()
+}
+
 #[test]
 fn the_shipped_interface_xml_is_what_the_daemon_serves() {
     require!();
     let mut node = Node::new("2080ti-3090", Policy::Shipped);
     node.start(&[]);
-    let live = block_on(async {
+    let (main, job) = block_on(async {
         let conn = node.conn().await;
-        zbus::fdo::IntrospectableProxy::builder(&conn)
-            .destination("io.gpuarch1")
-            .path("/io/gpuarch1")
-            .build()
+        let main = introspect(&conn, "/io/gpuarch1").await;
+        // A job object exists once a pre-warm was asked for (none here: no
+        // packages, so it finishes at once).
+        let reply = conn
+            .call_method(
+                Some("io.gpuarch1"),
+                "/io/gpuarch1",
+                Some("io.gpuarch1.KernelCache"),
+                "Prewarm",
+                &(Vec::<String>::new(), vec!["8.6".to_owned()]),
+            )
             .await
-            .unwrap()
-            .introspect()
-            .await
-            .unwrap()
+            .unwrap();
+        let path: zbus::OwnedObjectPath = reply.body().deserialize().unwrap();
+        (main, introspect(&conn, path.as_str()).await)
     });
     let shipped =
         std::fs::read_to_string(workspace_root().join("packaging/dbus/io.gpuarch1.xml")).unwrap();
-    let (live, shipped) = (our_interfaces(&live), our_interfaces(&shipped));
+    let mut live = our_interfaces(&main);
+    live.extend(our_interfaces(&job));
+    if let Some(dump) = std::env::var_os("GPUARCH_DUMP_INTROSPECTION") {
+        std::fs::write(dump, format!("{main}\n{job}")).unwrap();
+    }
+    let shipped = our_interfaces(&shipped);
     assert_eq!(
         live.len(),
-        2,
-        "io.gpuarch1.Inventory and io.gpuarch1.Daemon"
+        4,
+        "io.gpuarch1.Daemon, Inventory, KernelCache and Job"
     );
     assert_eq!(
         live, shipped,

@@ -1,0 +1,642 @@
+//! The kernel cache in gpuarchd: packages, pre-warm jobs, the hook's build
+//! requests, verification and eviction, and the manifests the hook reads.
+//!
+//! Builds run on blocking threads, at most `kernels.workers` at once. After
+//! every job the packages it touched are re-published: each arch's entry is
+//! looked up (every file's sha256 checked) before it is named in
+//! `<mount_root>/<package>/manifest.json`.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, UNIX_EPOCH};
+
+use gpuarch_core::arch::Target;
+use gpuarch_core::config::KernelsConfig;
+use gpuarch_kernels::build::{ArchResult, Builder, Task};
+use gpuarch_kernels::publish;
+use gpuarch_kernels::spec::{self, Package};
+use gpuarch_kernels::store::{self, Store};
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::{Semaphore, mpsc};
+use tracing::{info, warn};
+use zbus::{Connection, Variant};
+
+use crate::state::Shared;
+
+/// Where job objects live: `/io/gpuarch1/jobs/N`.
+pub const JOBS_PATH: &str = "/io/gpuarch1/jobs";
+/// Finished jobs kept on the bus for late readers.
+const KEEP_FINISHED: usize = 32;
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// One pre-warm job's state, shared with its D-Bus object.
+#[derive(Debug, Default)]
+pub struct JobState {
+    pub total: usize,
+    pub done: usize,
+    /// "running", "done" (everything asked for is served) or "failed".
+    pub state: String,
+    pub message: String,
+    /// One line per task: `rmsnorm sm_86: built bf16`.
+    pub lines: Vec<String>,
+}
+
+#[derive(Debug)]
+pub struct Cache {
+    pub builder: Arc<Builder>,
+    pub cfg: KernelsConfig,
+    packages: RwLock<BTreeMap<String, Package>>,
+    package_errors: RwLock<Vec<String>>,
+    workers: Arc<Semaphore>,
+    /// Archs asked for since start, published alongside the host's.
+    archs: Mutex<BTreeSet<Target>>,
+    next_job: AtomicU64,
+    finished_jobs: Mutex<Vec<String>>,
+    shared: Arc<Shared>,
+}
+
+/// `sm_XX` for every GPU of the host.
+pub fn host_archs(shared: &Shared) -> BTreeSet<Target> {
+    shared
+        .snapshot()
+        .map(|s| {
+            s.devices
+                .iter()
+                .map(|d| Target::sass(d.compute_capability))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl Cache {
+    /// Open the store (clearing dead builds) and read the packages.
+    pub fn open(cfg: KernelsConfig, shared: Arc<Shared>) -> std::io::Result<Arc<Self>> {
+        let store = Store::open(&cfg.cache_dir, cfg.max_bytes)?;
+        let builder = Builder::new(
+            store,
+            cfg.cuda_dirs.clone(),
+            Duration::from_secs(cfg.build_timeout_s),
+        );
+        let workers = usize::try_from(cfg.workers).unwrap_or(1).max(1);
+        let c = Arc::new(Self {
+            builder: Arc::new(builder),
+            packages: RwLock::new(BTreeMap::new()),
+            package_errors: RwLock::new(Vec::new()),
+            workers: Arc::new(Semaphore::new(workers)),
+            archs: Mutex::new(BTreeSet::new()),
+            next_job: AtomicU64::new(1),
+            finished_jobs: Mutex::new(Vec::new()),
+            cfg,
+            shared,
+        });
+        c.reload_packages();
+        Ok(c)
+    }
+
+    pub fn packages(&self) -> BTreeMap<String, Package> {
+        self.packages.read().map(|p| p.clone()).unwrap_or_default()
+    }
+
+    pub fn package_errors(&self) -> Vec<String> {
+        self.package_errors
+            .read()
+            .map(|p| p.clone())
+            .unwrap_or_default()
+    }
+
+    /// Re-read the package directories. Returns the names of packages
+    /// added or changed; removed ones are unpublished.
+    pub fn reload_packages(&self) -> Vec<String> {
+        let (found, errors) = spec::discover(&self.cfg.package_dirs);
+        for e in &errors {
+            warn!("kernel package skipped: {e}");
+        }
+        let mut changed = Vec::new();
+        let Ok(mut pkgs) = self.packages.write() else {
+            return changed;
+        };
+        for name in pkgs.keys() {
+            if !found.contains_key(name) {
+                info!("kernel package {name} removed");
+                if let Err(e) = publish::unpublish(&self.cfg.mount_root, name) {
+                    warn!("cannot unpublish kernel package {name}: {e}");
+                }
+            }
+        }
+        for (name, p) in &found {
+            if pkgs.get(name) != Some(p) {
+                info!(
+                    "kernel package {name} {} from {}",
+                    p.spec.version,
+                    p.dir.display()
+                );
+                changed.push(name.clone());
+            }
+        }
+        *pkgs = found;
+        if let Ok(mut e) = self.package_errors.write() {
+            *e = errors.iter().map(ToString::to_string).collect();
+        }
+        changed
+    }
+
+    /// Archs to publish for: the host's, those asked for, those stored.
+    fn publish_archs(&self, name: &str, stored: &[store::Entry]) -> BTreeSet<Target> {
+        let mut a = host_archs(&self.shared);
+        if let Ok(x) = self.archs.lock() {
+            a.extend(x.iter().copied());
+        }
+        a.extend(
+            stored
+                .iter()
+                .filter(|e| e.manifest.package == name)
+                .filter_map(|e| Target::parse(&e.manifest.arch).ok()),
+        );
+        a
+    }
+
+    /// Re-publish `names` (all packages when None) from the store: blocking.
+    pub fn publish(&self, names: Option<&[String]>) {
+        let pkgs = self.packages();
+        let stored = self.builder.store.scan().unwrap_or_default();
+        for (name, p) in &pkgs {
+            if names.is_some_and(|n| !n.contains(name)) {
+                continue;
+            }
+            let results: Vec<ArchResult> = self
+                .publish_archs(name, &stored)
+                .into_iter()
+                .map(|a| self.builder.resolve(p, a, false))
+                .collect();
+            if let Err(e) = publish::publish(&self.cfg.mount_root, p, &results) {
+                warn!(
+                    "cannot publish kernel package {name} in {}: {e}",
+                    self.cfg.mount_root.display()
+                );
+            }
+        }
+    }
+
+    /// Check `packages` and `archs` of a request; empty means all packages,
+    /// and the host's archs.
+    pub fn tasks(&self, packages: &[String], archs: &[String]) -> Result<Vec<Task>, String> {
+        let known = self.packages();
+        for p in packages {
+            if !known.contains_key(p) {
+                return Err(format!(
+                    "no kernel package named {p:?} (known: {})",
+                    known.keys().cloned().collect::<Vec<_>>().join(", ")
+                ));
+            }
+        }
+        let targets: BTreeSet<Target> = if archs.is_empty() {
+            host_archs(&self.shared)
+        } else {
+            archs
+                .iter()
+                .map(|a| parse_arch(a))
+                .collect::<Result<_, _>>()?
+        };
+        if targets.is_empty() {
+            return Err(
+                "no architectures given and no GPU inventory to take the host's from".into(),
+            );
+        }
+        let names: Vec<String> = if packages.is_empty() {
+            known.keys().cloned().collect()
+        } else {
+            packages.to_vec()
+        };
+        Ok(names
+            .iter()
+            .flat_map(|p| {
+                targets.iter().map(move |a| Task {
+                    package: p.clone(),
+                    arch: *a,
+                })
+            })
+            .collect())
+    }
+
+    /// Run `tasks` (at most `workers` builds at once), updating `state`,
+    /// then publish. Pins what it serves when `pin`.
+    pub async fn run_job(
+        self: &Arc<Self>,
+        tasks: Vec<Task>,
+        pin: bool,
+        state: Arc<Mutex<JobState>>,
+    ) {
+        if let Ok(mut a) = self.archs.lock() {
+            a.extend(tasks.iter().map(|t| t.arch));
+        }
+        if let Ok(mut s) = state.lock() {
+            s.total = tasks.len();
+            s.state = "running".into();
+        }
+        let pkgs = Arc::new(self.packages());
+        let mut handles = Vec::new();
+        for t in tasks {
+            let permit = self.workers.clone().acquire_owned().await;
+            let (b, pkgs, state) = (self.builder.clone(), pkgs.clone(), state.clone());
+            handles.push(tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                let r = match pkgs.get(&t.package) {
+                    Some(p) => b.resolve(p, t.arch, true),
+                    None => ArchResult {
+                        package: t.package.clone(),
+                        arch: t.arch,
+                        served: None,
+                        unavailable: Vec::new(),
+                        error: Some("the package was removed".into()),
+                    },
+                };
+                if pin
+                    && let Some((e, _)) = &r.served
+                    && let Err(err) = b.store.pin(&e.manifest.key)
+                {
+                    warn!("cannot pin {}: {err}", e.manifest.key);
+                }
+                let line = describe(&r);
+                if let Ok(mut s) = state.lock() {
+                    s.done += 1;
+                    s.lines.push(line);
+                }
+                r
+            }));
+        }
+        let mut failed = Vec::new();
+        let mut touched = BTreeSet::new();
+        for h in handles {
+            if let Ok(r) = h.await {
+                touched.insert(r.package.clone());
+                if r.served.is_none() {
+                    failed.push(format!(
+                        "{} {}: {}",
+                        r.package,
+                        r.arch,
+                        r.error
+                            .clone()
+                            .unwrap_or_else(|| "no variant builds for it".into())
+                    ));
+                }
+            }
+        }
+        let me = self.clone();
+        let touched: Vec<String> = touched.into_iter().collect();
+        let _ = tokio::task::spawn_blocking(move || me.publish(Some(&touched))).await;
+        if let Ok(mut s) = state.lock() {
+            if failed.is_empty() {
+                s.state = "done".into();
+                s.message = format!("{} of {} served", s.total, s.total);
+            } else {
+                s.state = "failed".into();
+                s.message = format!(
+                    "{} of {} not served: {}",
+                    failed.len(),
+                    s.total,
+                    failed.join("; ")
+                );
+            }
+        }
+    }
+
+    /// A new job number and its object path.
+    pub fn new_job_path(&self) -> String {
+        format!(
+            "{JOBS_PATH}/{}",
+            self.next_job.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// Remember a finished job; returns the paths of jobs to drop.
+    pub fn retire_job(&self, path: String) -> Vec<String> {
+        let Ok(mut f) = self.finished_jobs.lock() else {
+            return Vec::new();
+        };
+        f.push(path);
+        let excess = f.len().saturating_sub(KEEP_FINISHED);
+        f.drain(..excess).collect()
+    }
+
+    /// Keys of store entries bind-mounted in any mount namespace now.
+    pub fn in_use(&self) -> HashSet<String> {
+        mounted_keys()
+    }
+
+    /// Evict above the limit (never pinned or mounted entries); republish.
+    pub fn gc(&self) -> std::io::Result<store::GcReport> {
+        let r = self.builder.store.gc(&self.in_use())?;
+        if !r.evicted.is_empty() {
+            info!(
+                "kernel cache: evicted {} entries, {} bytes",
+                r.evicted.len(),
+                r.freed_bytes
+            );
+            self.publish(None);
+        }
+        Ok(r)
+    }
+
+    /// Check every entry's files; corrupt ones are quarantined. Returns one
+    /// record per entry and the tasks that rebuild what was quarantined.
+    pub fn verify(&self) -> (Vec<BTreeMap<String, Variant<'static>>>, Vec<Task>) {
+        let mut out = Vec::new();
+        let mut rebuild = Vec::new();
+        for e in self.builder.store.scan().unwrap_or_default() {
+            let m = &e.manifest;
+            let res = Store::verify_entry(&e);
+            if let Err(why) = &res {
+                if let Err(err) = self.builder.store.quarantine(&m.key, why) {
+                    warn!("cannot quarantine {}: {err}", m.key);
+                }
+                if let Ok(arch) = Target::parse(&m.arch) {
+                    rebuild.push(Task {
+                        package: m.package.clone(),
+                        arch,
+                    });
+                }
+            }
+            out.push(BTreeMap::from([
+                ("key".to_owned(), Variant::from(m.key.clone())),
+                ("package".to_owned(), Variant::from(m.package.clone())),
+                ("arch".to_owned(), Variant::from(m.arch.clone())),
+                ("variant".to_owned(), Variant::from(m.variant.clone())),
+                ("ok".to_owned(), Variant::from(res.is_ok())),
+                (
+                    "problem".to_owned(),
+                    Variant::from(res.err().unwrap_or_default()),
+                ),
+            ]));
+        }
+        (out, rebuild)
+    }
+
+    /// One record per stored entry, and one per variant refused for an arch.
+    pub fn list(&self) -> Vec<BTreeMap<String, Variant<'static>>> {
+        let store = &self.builder.store;
+        let in_use = self.in_use();
+        let mut out = Vec::new();
+        for e in store.scan().unwrap_or_default() {
+            let m = &e.manifest;
+            let used = std::fs::metadata(store.root().join("used").join(&m.key))
+                .and_then(|x| x.modified())
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs());
+            out.push(BTreeMap::from([
+                ("key".to_owned(), Variant::from(m.key.clone())),
+                ("package".to_owned(), Variant::from(m.package.clone())),
+                ("version".to_owned(), Variant::from(m.version.clone())),
+                ("variant".to_owned(), Variant::from(m.variant.clone())),
+                (
+                    "dtype".to_owned(),
+                    Variant::from(m.dtype.clone().unwrap_or_default()),
+                ),
+                ("arch".to_owned(), Variant::from(m.arch.clone())),
+                ("toolkit".to_owned(), Variant::from(m.toolkit.clone())),
+                ("bytes".to_owned(), Variant::from(e.bytes)),
+                (
+                    "files".to_owned(),
+                    Variant::from(m.files.keys().cloned().collect::<Vec<_>>()),
+                ),
+                ("pinned".to_owned(), Variant::from(store.pinned(&m.key))),
+                ("in_use".to_owned(), Variant::from(in_use.contains(&m.key))),
+                ("last_used".to_owned(), Variant::from(used)),
+                ("built_at".to_owned(), Variant::from(m.built_at)),
+                (
+                    "path".to_owned(),
+                    Variant::from(e.dir.display().to_string()),
+                ),
+            ]));
+        }
+        out
+    }
+
+    pub fn used_bytes(&self) -> u64 {
+        self.builder.store.used_bytes().unwrap_or(0)
+    }
+
+    /// Requests the hook left in the spool: `<package>@<arch>` files. Each is
+    /// removed as it is taken; unknown packages and bad names are dropped.
+    pub fn take_requests(&self) -> Vec<Task> {
+        let Ok(entries) = std::fs::read_dir(&self.cfg.spool_dir) else {
+            return Vec::new();
+        };
+        let pkgs = self.packages();
+        let mut tasks = Vec::new();
+        for e in entries.flatten().take(1024) {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let _ = std::fs::remove_file(e.path());
+            let Some((p, a)) = name.split_once('@') else {
+                continue;
+            };
+            match (pkgs.contains_key(p), parse_arch(a)) {
+                (true, Ok(arch)) => tasks.push(Task {
+                    package: p.to_owned(),
+                    arch,
+                }),
+                _ => warn!("dropping kernel build request {name:?}: unknown package or arch"),
+            }
+        }
+        tasks
+    }
+}
+
+/// `sm_86`, `8.6` or `86`: a SASS target.
+pub fn parse_arch(a: &str) -> Result<Target, String> {
+    let t = a.trim();
+    let t = if t.bytes().all(|b| b.is_ascii_digit()) && !t.is_empty() {
+        format!("sm_{t}")
+    } else {
+        t.to_owned()
+    };
+    match Target::parse(&t) {
+        Ok(t) if t.kind == gpuarch_core::arch::CodeKind::Sass => Ok(t),
+        Ok(t) => Err(format!(
+            "{t} is PTX; give a machine-code arch such as sm_86"
+        )),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn describe(r: &ArchResult) -> String {
+    let head = format!("{} {}", r.package, r.arch);
+    match (&r.served, &r.error) {
+        (Some((e, true)), _) => format!("{head}: built {}", e.manifest.variant),
+        (Some((e, false)), _) => format!("{head}: cached {}", e.manifest.variant),
+        (None, Some(err)) => format!("{head}: failed: {err}"),
+        (None, None) => format!(
+            "{head}: no variant builds ({})",
+            r.unavailable
+                .iter()
+                .map(|u| format!("{}: {}", u.variant, first_line(&u.reason)))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+    }
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().find(|l| !l.trim().is_empty()).unwrap_or(s)
+}
+
+/// Store keys that are the root of a mount in any mount namespace: read
+/// from `/proc/<pid>/mountinfo`, one process per namespace.
+pub fn mounted_keys() -> HashSet<String> {
+    let mut keys = HashSet::new();
+    let mut seen_ns = HashSet::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return keys;
+    };
+    for p in procs.flatten() {
+        let name = p.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(ns) = std::fs::read_link(p.path().join("ns/mnt")) else {
+            continue;
+        };
+        if !seen_ns.insert(ns) {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(p.path().join("mountinfo")) else {
+            continue;
+        };
+        for line in text.lines() {
+            // Field 4 is the root of the mount within its filesystem.
+            let Some(root) = line.split(' ').nth(3) else {
+                continue;
+            };
+            let mut parts = root.rsplit('/');
+            if let (Some(k), Some(shard), Some("objects")) =
+                (parts.next(), parts.next(), parts.next())
+                && store::valid_key(k)
+                && k.starts_with(shard)
+            {
+                keys.insert(k.to_owned());
+            }
+        }
+    }
+    keys
+}
+
+/// Watch the package directories and the spool; `tx` gets a unit per
+/// settled burst of changes. The watcher stops when dropped.
+pub fn watch(
+    cfg: &KernelsConfig,
+    tx: mpsc::UnboundedSender<()>,
+) -> Option<notify::RecommendedWatcher> {
+    let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<()>();
+    let mut w = match notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+        if ev.is_ok() {
+            let _ = raw_tx.send(());
+        }
+    }) {
+        Ok(w) => w,
+        Err(e) => {
+            warn!("cannot watch kernel packages ({e}); changes apply on restart");
+            return None;
+        }
+    };
+    let mut dirs: Vec<PathBuf> = cfg.package_dirs.clone();
+    if let Err(e) = std::fs::create_dir_all(&cfg.spool_dir) {
+        warn!("cannot create {}: {e}", cfg.spool_dir.display());
+    }
+    dirs.push(cfg.spool_dir.clone());
+    for d in dirs.iter().filter(|d| d.is_dir()) {
+        match w.watch(d, RecursiveMode::Recursive) {
+            Ok(()) => info!("watching {} for kernel packages and requests", d.display()),
+            Err(e) => warn!("cannot watch {}: {e}", d.display()),
+        }
+    }
+    tokio::spawn(async move {
+        while raw_rx.recv().await.is_some() {
+            tokio::time::sleep(SETTLE).await;
+            while raw_rx.try_recv().is_ok() {}
+            if tx.send(()).is_err() {
+                return;
+            }
+        }
+    });
+    Some(w)
+}
+
+/// Serve the job object at `path` on `conn` and run it; emits progress and
+/// `Finished`, then leaves the object for late readers.
+pub async fn start_job(
+    cache: Arc<Cache>,
+    conn: Connection,
+    tasks: Vec<Task>,
+    pin: bool,
+) -> zbus::Result<zbus::OwnedObjectPath> {
+    let path = cache.new_job_path();
+    let state = Arc::new(Mutex::new(JobState {
+        total: tasks.len(),
+        state: "running".into(),
+        ..JobState::default()
+    }));
+    let job = crate::service::Job {
+        state: state.clone(),
+    };
+    conn.object_server().at(path.as_str(), job).await?;
+    let owned = zbus::OwnedObjectPath::try_from(path.clone())?;
+    tokio::spawn(async move {
+        let run = {
+            let cache = cache.clone();
+            let state = state.clone();
+            tokio::spawn(async move { cache.run_job(tasks, pin, state).await })
+        };
+        // Progress as it goes, at most every 200 ms.
+        let mut last = usize::MAX;
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        while !run.is_finished() {
+            tick.tick().await;
+            let done = state.lock().map(|s| s.done).unwrap_or(0);
+            if done != last {
+                last = done;
+                emit_progress(&conn, &path).await;
+            }
+        }
+        let _ = run.await;
+        emit_progress(&conn, &path).await;
+        let (ok, msg) = state
+            .lock()
+            .map(|s| (s.state == "done", s.message.clone()))
+            .unwrap_or((false, "job state lost".into()));
+        if ok {
+            info!("{path}: {msg}");
+        } else {
+            warn!("{path}: {msg}");
+        }
+        if let Ok(iface) = conn
+            .object_server()
+            .interface::<_, crate::service::Job>(path.as_str())
+            .await
+        {
+            let em = iface.signal_emitter();
+            let i = iface.get().await;
+            let _ = i.state_changed(em).await;
+            let _ = crate::service::Job::finished(em, ok, &msg).await;
+        }
+        for old in cache.retire_job(path) {
+            let _ = conn
+                .object_server()
+                .remove::<crate::service::Job, _>(old.as_str())
+                .await;
+        }
+    });
+    Ok(owned)
+}
+
+async fn emit_progress(conn: &Connection, path: &str) {
+    if let Ok(iface) = conn
+        .object_server()
+        .interface::<_, crate::service::Job>(path)
+        .await
+    {
+        let i = iface.get().await;
+        let _ = i.progress_changed(iface.signal_emitter()).await;
+    }
+}
