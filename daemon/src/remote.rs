@@ -416,6 +416,13 @@ async fn prewarm(
         }
     }
     bar.finish_and_clear();
+    // Message and Log emit no change signals: read them fresh, not cached.
+    let job = JobProxy::builder(conn)
+        .path(path.clone())
+        .cache_properties(zbus::proxy::CacheProperties::No)
+        .build()
+        .await
+        .map_err(e)?;
     let state = job.state().await.map_err(e)?;
     let message = job.message().await.map_err(e)?;
     let log = job.log().await.map_err(e)?;

@@ -490,6 +490,76 @@ mod tests {
     }
 
     #[test]
+    fn published_builds_are_mounted_per_gpu_and_a_miss_is_requested() {
+        let tmp = tempfile::tempdir().unwrap();
+        let build75 = tmp.path().join("store/sm75");
+        std::fs::create_dir_all(&build75).unwrap();
+        let root = tmp.path().join("mount");
+        std::fs::create_dir_all(root.join("saxpy")).unwrap();
+        std::fs::write(
+            root.join("saxpy/manifest.json"),
+            serde_json::json!({"version": "1", "targets": ["sm_75"], "builds": [
+                {"arch": "sm_75", "variant": "fp32", "dtype": "float32",
+                 "dir": build75, "files": ["saxpy.cubin"]}]})
+            .to_string(),
+        )
+        .unwrap();
+        let mut cfg = Config::default();
+        cfg.kernels.mount_root = root;
+        cfg.kernels.spool_dir = tmp.path().join("spool");
+        cfg.kernels.view_dir = tmp.path().join("views");
+        let cx = ctx(cfg);
+
+        // GPU 1 (8.6): nothing runs there yet; asked for, not mounted.
+        let mut c = config(&["NVIDIA_VISIBLE_DEVICES=1"]);
+        let plan = edit(&mut c, &cx).unwrap();
+        assert!(tmp.path().join("spool/saxpy@sm_86").is_file());
+        assert!(
+            c["mounts"].as_array().unwrap().len() == 1,
+            "{}",
+            c["mounts"]
+        );
+        let notes = plan.notes.join("\n");
+        assert!(
+            notes.contains("no sm_86 build yet; requested it from gpuarchd"),
+            "{notes}"
+        );
+
+        // Both GPUs: the sm_75 build is mounted for GPU 0; GPU 1 is missing.
+        let mut c = config(&["NVIDIA_VISIBLE_DEVICES=0,1"]);
+        let plan = edit(&mut c, &cx).unwrap();
+        let mounts = c["mounts"].as_array().unwrap();
+        assert_eq!(mounts.len(), 3, "{mounts:?}");
+        assert_eq!(mounts[1]["destination"], "/opt/gpuarch/kernels/saxpy");
+        assert_eq!(mounts[2]["destination"], "/opt/gpuarch/kernels/saxpy/sm_75");
+        assert_eq!(mounts[2]["source"], build75.to_str().unwrap());
+        let view = std::path::PathBuf::from(mounts[1]["source"].as_str().unwrap());
+        assert!(view.starts_with(tmp.path().join("views")) && view.join("sm_75").is_dir());
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(view.join("manifest.json")).unwrap()).unwrap();
+        assert_eq!(m["gpus"][0]["files"][0], "sm_75/saxpy.cubin");
+        assert!(
+            m["gpus"][1]["missing"]
+                .as_str()
+                .unwrap()
+                .contains("no build runs on GPU 1")
+        );
+        assert!(
+            plan.notes.join("\n").contains("already requested"),
+            "{:?}",
+            plan.notes
+        );
+        // The same GPUs again share the view.
+        let mut c2 = config(&["NVIDIA_VISIBLE_DEVICES=0,1"]);
+        edit(&mut c2, &cx).unwrap();
+        assert_eq!(c2["mounts"][1]["source"], mounts[1]["source"]);
+        assert_eq!(
+            std::fs::read_dir(tmp.path().join("views")).unwrap().count(),
+            1
+        );
+    }
+
+    #[test]
     fn bad_configs_are_errors_not_panics() {
         let c = ctx(Config::default());
         assert!(matches!(

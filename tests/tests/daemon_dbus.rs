@@ -694,3 +694,148 @@ fn losing_the_bus_stops_the_daemon_with_an_error_for_systemd_to_restart() {
     // The hook's snapshot is still there and whole.
     assert_eq!(node.snapshot().devices.len(), 2);
 }
+
+fn all_text(o: &Output) -> String {
+    let (out, err) = text(o);
+    format!("{out}{err}")
+}
+
+/// gpuarchctl prewarm, kernels, verify, gc and inspect against gpuarchd
+/// building the sample packages with real NVRTC; the privileged ones are
+/// refused to nobody by the shipped bus policy.
+#[test]
+fn prewarm_verify_and_gc_through_gpuarchctl() {
+    require!();
+    let Some(cuda) = gpuarch_tests::cuda_dir() else {
+        return;
+    };
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    let pkgs = workspace_root().join("kernels/packages");
+    let mut yaml = gpuarch_tests::daemon::kernels_yaml(&node.path(""), &[&pkgs], Some(&cuda));
+    yaml.push_str("  prewarm: false\n");
+    std::fs::write(node.path("config.yaml"), yaml).unwrap();
+    node.start(&[]);
+
+    let o = node.ctl(Some(&[]), &["prewarm", "saxpy", "--arch", "8.6"]);
+    assert_eq!(o.status.code(), Some(2), "{}", all_text(&o));
+    assert!(
+        all_text(&o).contains("permission denied by the bus policy"),
+        "{}",
+        all_text(&o)
+    );
+
+    let o = node.ctl(None, &["prewarm", "nosuch"]);
+    assert_eq!(o.status.code(), Some(2), "{}", all_text(&o));
+    assert!(
+        all_text(&o).contains("no kernel package named \"nosuch\""),
+        "{}",
+        all_text(&o)
+    );
+
+    let o = node.ctl(
+        None,
+        &["prewarm", "saxpy", "rmsnorm", "--arch", "7.5,sm_86"],
+    );
+    let out = all_text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    for line in [
+        "saxpy sm_75: built fp32",
+        "saxpy sm_86: built fp32",
+        "rmsnorm sm_75: built fp16",
+        "rmsnorm sm_86: built bf16",
+        "done: 4 of 4 served",
+    ] {
+        assert!(out.contains(line), "{line:?} not in {out}");
+    }
+    let o = node.ctl(None, &["prewarm", "saxpy", "--arch", "8.6"]);
+    assert!(
+        all_text(&o).contains("saxpy sm_86: cached fp32"),
+        "{}",
+        all_text(&o)
+    );
+
+    let o = node.ctl(None, &["--json", "kernels"]);
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let list = doc["kernels"].as_array().unwrap();
+    assert_eq!(list.len(), 4, "{doc}");
+    assert!(
+        list.iter()
+            .all(|k| k["pinned"] == true && k["in_use"] == false)
+    );
+    let sm75 = list
+        .iter()
+        .find(|k| k["package"] == "saxpy" && k["arch"] == "sm_75")
+        .unwrap();
+    let cubin = Path::new(sm75["path"].as_str().unwrap()).join("saxpy.cubin");
+
+    // inspect judges the stored cubin from its ELF header.
+    let o = node.ctl(None, &["inspect", cubin.to_str().unwrap(), "--cap", "8.6"]);
+    assert_eq!(o.status.code(), Some(1), "{}", all_text(&o));
+    assert!(
+        all_text(&o).contains("sm_75 SASS (cubin): saxpy"),
+        "{}",
+        all_text(&o)
+    );
+    assert!(
+        all_text(&o).contains("capability 8.6: will not run"),
+        "{}",
+        all_text(&o)
+    );
+    let o = node.ctl(
+        None,
+        &[
+            "--offline",
+            "--inventory",
+            node.path("run/inventory.json").to_str().unwrap(),
+            "inspect",
+            cubin.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        all_text(&o).contains("GPU 0 NVIDIA GeForce RTX 2080 Ti (7.5): runs from SASS sm_75"),
+        "{}",
+        all_text(&o)
+    );
+
+    // A flipped byte: verify finds it, quarantines it, and it is rebuilt.
+    assert_eq!(node.ctl(Some(&[]), &["verify"]).status.code(), Some(2));
+    let mut data = std::fs::read(&cubin).unwrap();
+    data[100] ^= 0xff;
+    std::fs::write(&cubin, &data).unwrap();
+    let o = node.ctl(None, &["verify"]);
+    assert_eq!(o.status.code(), Some(1), "{}", all_text(&o));
+    assert!(
+        all_text(&o).contains("4 builds checked, 1 corrupt"),
+        "{}",
+        all_text(&o)
+    );
+    assert!(
+        all_text(&o).contains("saxpy.cubin: sha256"),
+        "{}",
+        all_text(&o)
+    );
+    let t0 = Instant::now();
+    loop {
+        let o = node.ctl(None, &["verify"]);
+        if o.status.success() && all_text(&o).contains("4 builds checked, 0 corrupt") {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "not rebuilt: {}",
+            all_text(&o)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        std::fs::read_dir(node.path("cache/quarantine"))
+            .unwrap()
+            .count(),
+        1
+    );
+
+    let o = node.ctl(None, &["gc"]);
+    assert!(all_text(&o).contains("freed 0 B"), "{}", all_text(&o));
+    assert_eq!(node.ctl(Some(&[]), &["gc"]).status.code(), Some(2));
+    node.stop();
+}
