@@ -482,7 +482,7 @@ impl<'a> Elf<'a> {
         Ok(None)
     }
 
-    /// Names of the function symbols in `.symtab`.
+    /// Names of the kernel entry points in `.symtab`.
     fn functions(&self) -> Result<Vec<String>, InspectError> {
         const SHT_SYMTAB: u32 = 2;
         const STT_FUNC: u8 = 2;
@@ -497,7 +497,10 @@ impl<'a> Elf<'a> {
             for sym in syms.chunks_exact(ent) {
                 let name = u32_at(sym, 0).unwrap_or(0);
                 let info = sym[4];
+                // Kernels only: STO_CUDA_ENTRY in st_other, not device helpers.
+                let entry = sym[5] & 0x10 != 0;
                 if info & 0xf == STT_FUNC
+                    && entry
                     && let Some(n) = Self::str_at(strs, name)
                     && !n.is_empty()
                 {
