@@ -640,3 +640,48 @@ async fn emit_progress(conn: &Connection, path: &str) {
         let _ = i.progress_changed(iface.signal_emitter()).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A store entry bind-mounted in another mount namespace (as a
+    /// container's would be) counts as in use; unmounted, it does not.
+    #[test]
+    fn an_entry_mounted_in_another_namespace_is_in_use() {
+        if !nix::unistd::Uid::effective().is_root() {
+            eprintln!("SKIPPED: needs root to make a mount namespace");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let key = "ab".repeat(32);
+        let entry = tmp.path().join("objects/ab").join(&key);
+        let target = tmp.path().join("target");
+        std::fs::create_dir_all(&entry).unwrap();
+        std::fs::create_dir_all(&target).unwrap();
+        let ready = tmp.path().join("ready");
+        let mut child = std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(format!(
+                "mount --bind {} {} && touch {} && exec sleep 30",
+                entry.display(),
+                target.display(),
+                ready.display()
+            ))
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        while !ready.exists() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the mount never happened"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(mounted_keys().contains(&key));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!mounted_keys().contains(&key));
+    }
+}
