@@ -17,12 +17,7 @@ use gpuarch_kernels::store::Store;
 const ARCHS: [&str; 5] = ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90"];
 
 fn cuda() -> Option<PathBuf> {
-    let d = std::env::var_os("GPUARCH_CUDA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.local/cuda/nvidia"));
-    d.join("cuda_nvrtc/lib/libnvrtc.so.12")
-        .is_file()
-        .then_some(d)
+    gpuarch_kernels::toolchain::local_wheels(&Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
 }
 
 fn prewarm(cuda: &Path, root: &Path, workers: usize) -> (Duration, usize) {

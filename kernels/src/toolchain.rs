@@ -15,6 +15,19 @@ use gpuarch_core::arch::{CodeKind, Target};
 /// The NVRTC soname cudarc looks up; see [`Nvrtc::load`].
 const NVRTC_SONAME: &str = "libnvrtc.so.12";
 
+/// The NVIDIA wheels a checkout unpacks for its tests, demo and benches
+/// (`scripts/lib/setup.sh`): `$GPUARCH_CUDA_DIR`, else
+/// `<workspace>/.local/cuda/nvidia`; None when NVRTC is not there.
+pub fn local_wheels(workspace: &Path) -> Option<PathBuf> {
+    let dir = std::env::var_os("GPUARCH_CUDA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace.join(".local/cuda/nvidia"));
+    dir.join("cuda_nvrtc/lib")
+        .join(NVRTC_SONAME)
+        .is_file()
+        .then_some(dir)
+}
+
 /// Directories to search, most specific first.
 fn roots(cuda_dirs: &[PathBuf]) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = cuda_dirs.to_vec();

@@ -3,21 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
-/// The `nvidia/` directory of the wheels `scripts/test` unpacks, or
-/// `$GPUARCH_CUDA_DIR`. None (with the reason printed) when absent.
+/// The unpacked NVIDIA wheels; None (with the reason printed) when absent.
 pub fn cuda_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("GPUARCH_CUDA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.local/cuda/nvidia"));
-    if dir.join("cuda_nvrtc/lib/libnvrtc.so.12").is_file() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "SKIPPED: no NVRTC wheel at {} (scripts/test installs it)",
-            dir.display()
-        );
-        None
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let found = gpuarch_kernels::toolchain::local_wheels(&root);
+    if found.is_none() {
+        eprintln!("SKIPPED: no NVRTC wheel under .local/cuda (scripts/test installs it)");
     }
+    found
 }
 
 pub fn packages_dir() -> PathBuf {

@@ -106,20 +106,12 @@ pub fn artifacts() -> &'static Artifacts {
     })
 }
 
-/// The `nvidia/` directory of the NVIDIA wheels `scripts/test` unpacks
-/// (NVRTC, headers, ptxas, cuobjdump), or `$GPUARCH_CUDA_DIR`; None, with
-/// the reason printed, when absent.
+/// The NVIDIA wheels `scripts/test` unpacks (NVRTC, headers, ptxas,
+/// cuobjdump); None, with the reason printed, when absent.
 pub fn cuda_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("GPUARCH_CUDA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join(".local/cuda/nvidia"));
-    if dir.join("cuda_nvrtc/lib/libnvrtc.so.12").is_file() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "SKIPPED: no NVRTC wheel at {} (scripts/test installs it)",
-            dir.display()
-        );
-        None
+    let found = gpuarch_kernels::toolchain::local_wheels(&workspace_root());
+    if found.is_none() {
+        eprintln!("SKIPPED: no NVRTC wheel under .local/cuda (scripts/test installs it)");
     }
+    found
 }
