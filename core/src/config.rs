@@ -226,6 +226,16 @@ fn build_timeout_s<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Err
     in_range(d, "build_timeout_s", 1..=86_400)
 }
 
+/// A kernel package name (or a file name inside a package or build): one
+/// plain path component, safe on the host and inside a container.
+pub fn valid_package_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 128
+        && !n.starts_with('.')
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'+'))
+}
+
 /// Default of `kernels.mount_root`.
 pub const DEFAULT_MOUNT_ROOT: &str = "/var/lib/gpuarch/kernels";
 

@@ -26,7 +26,7 @@
 use std::path::{Path, PathBuf};
 
 use gpuarch_core::arch::{CodeKind, CudaVersion, Target};
-use gpuarch_core::config::KernelsConfig;
+use gpuarch_core::config::{KernelsConfig, valid_package_name as valid_name};
 use gpuarch_core::plan::Plan;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -78,14 +78,6 @@ impl KernelMount {
         }
         v
     }
-}
-
-fn valid_name(n: &str) -> bool {
-    !n.is_empty()
-        && n.len() <= 128
-        && !n.starts_with('.')
-        && n.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'+'))
 }
 
 /// What the hook reads of a package's manifest.

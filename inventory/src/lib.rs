@@ -272,21 +272,29 @@ pub fn read_snapshot(path: &Path) -> Result<Snapshot, InventoryError> {
 }
 
 /// Write a snapshot so that readers see the old file or the new one, never a
-/// part: a temp file in the same directory, fsync, rename, fsync the directory.
-/// The file is world-readable: inventory reads are open to every local user.
+/// part (see [`write_atomic`]). The file is world-readable: inventory reads
+/// are open to every local user.
 pub fn write_snapshot(path: &Path, snap: &Snapshot) -> Result<(), InventoryError> {
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let write_err = |source| InventoryError::SnapshotWrite {
+    let mut text = snap.to_json_pretty();
+    text.push('\n');
+    write_atomic(path, text.as_bytes()).map_err(|source| InventoryError::SnapshotWrite {
         path: path.to_owned(),
         source,
-    };
+    })
+}
+
+/// Replace `path` with `data` whole or not at all: a temp file in the same
+/// directory (mode 0644), fsync, rename, fsync the directory. On failure the
+/// temp file is removed and the old file is untouched.
+pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
     let name = path
         .file_name()
-        .ok_or_else(|| write_err(io::Error::new(io::ErrorKind::InvalidInput, "no file name")))?;
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
     let tmp = dir.join(format!(
         ".{}.tmp-{}-{}",
         name.to_string_lossy(),
@@ -299,9 +307,7 @@ pub fn write_snapshot(path: &Path, snap: &Snapshot) -> Result<(), InventoryError
             .create_new(true)
             .mode(0o644)
             .open(&tmp)?;
-        let mut text = snap.to_json_pretty();
-        text.push('\n');
-        f.write_all(text.as_bytes())?;
+        f.write_all(data)?;
         f.sync_all()?;
         fs::rename(&tmp, path)?;
         File::open(dir)?.sync_all()
@@ -309,7 +315,7 @@ pub fn write_snapshot(path: &Path, snap: &Snapshot) -> Result<(), InventoryError
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
-    result.map_err(write_err)
+    result
 }
 
 /// Where the config is read from when `GPUARCH_CONFIG` does not say.

@@ -31,6 +31,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use gpuarch_core::arch::Target;
+use gpuarch_core::config::valid_package_name as valid_name;
 use gpuarch_core::features::Feature;
 use gpuarch_core::requirement::Requirement;
 use serde::{Deserialize, Serialize};
@@ -132,20 +133,6 @@ impl fmt::Display for SpecError {
 }
 
 impl std::error::Error for SpecError {}
-
-/// A package name as it may appear in a path and in a container.
-pub fn valid_name(n: &str) -> bool {
-    !n.is_empty()
-        && n.len() <= 128
-        && !n.starts_with('.')
-        && n.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'+'))
-}
-
-/// A source or output file name: one plain path component.
-fn valid_file(n: &str) -> bool {
-    valid_name(n) && n != ".." && n != "."
-}
 
 pub fn sha256_hex(data: &[u8]) -> String {
     hex(&Sha256::digest(data))
@@ -250,7 +237,7 @@ impl Package {
         let mut sources = Vec::new();
         let mut digests = Vec::new();
         for s in &spec.sources {
-            if !valid_file(s) {
+            if !valid_name(s) {
                 return Err(err(
                     line_of(s),
                     format!("source {s:?} must be a file name inside the package"),

@@ -26,6 +26,8 @@ use gpuarch_core::arch::{CodeKind, Target};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
+use gpuarch_inventory::write_atomic;
+
 use crate::inspect;
 use crate::spec::sha256_hex;
 
@@ -463,7 +465,9 @@ impl Store {
         }
     }
 
-    fn last_used(&self, e: &Entry) -> u64 {
+    /// When the entry was last used (seconds since the epoch): its `used/`
+    /// mark, else when it was built.
+    pub fn last_used(&self, e: &Entry) -> u64 {
         fs::metadata(self.root.join("used").join(&e.manifest.key))
             .and_then(|m| m.modified())
             .ok()
@@ -536,7 +540,7 @@ fn check_outputs(out: &Path, meta: &Meta) -> Result<BTreeMap<String, FileInfo>, 
     for e in fs::read_dir(out)?.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         let ft = e.file_type()?;
-        if !ft.is_file() || !crate::spec::valid_name(&name) || name == MANIFEST {
+        if !ft.is_file() || !gpuarch_core::config::valid_package_name(&name) || name == MANIFEST {
             return Err(BuildError::Rejected(format!(
                 "output {name:?} is not a plain file with a plain name"
             )));
@@ -585,28 +589,4 @@ fn check_outputs(out: &Path, meta: &Meta) -> Result<BTreeMap<String, FileInfo>, 
         )));
     }
     Ok(files)
-}
-
-/// Write `path` whole or not at all: a temp file beside it, fsync, rename.
-pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.{}.{}",
-        path.file_name()
-            .map(|n| n.to_string_lossy())
-            .unwrap_or_default(),
-        std::process::id(),
-        TMP_SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
-    let res = (|| {
-        let mut f = File::create(&tmp)?;
-        f.write_all(data)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
-        fsync_dir(dir)
-    })();
-    if res.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    res
 }
