@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use gpuarch_core::arch::Target;
 use gpuarch_core::config::KernelsConfig;
@@ -244,13 +244,7 @@ impl Cache {
                 let _permit = permit;
                 let r = match pkgs.get(&t.package) {
                     Some(p) => b.resolve(p, t.arch, true),
-                    None => ArchResult {
-                        package: t.package.clone(),
-                        arch: t.arch,
-                        served: None,
-                        unavailable: Vec::new(),
-                        error: Some("the package was removed".into()),
-                    },
+                    None => ArchResult::failed(&t, "the package was removed"),
                 };
                 if pin
                     && let Some((e, _)) = &r.served
@@ -380,11 +374,7 @@ impl Cache {
         let mut out = Vec::new();
         for e in store.scan().unwrap_or_default() {
             let m = &e.manifest;
-            let used = std::fs::metadata(store.root().join("used").join(&m.key))
-                .and_then(|x| x.modified())
-                .ok()
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_secs());
+            let used = store.last_used(&e);
             out.push(BTreeMap::from([
                 ("key".to_owned(), Variant::from(m.key.clone())),
                 ("package".to_owned(), Variant::from(m.package.clone())),

@@ -130,13 +130,16 @@ pub fn run(cli: &Cli, out: &mut String) -> Result<u8> {
         // Builds take as long as they take; the job reports progress.
         return rt.block_on(work);
     }
-    rt.block_on(async {
-        tokio::time::timeout(PATIENCE, work).await.unwrap_or_else(|_| {
-            Err(anyhow!(
-                "gpuarchd did not answer within {} s (is it hung? see journalctl -u gpuarchd); {HINT}",
-                PATIENCE.as_secs()
-            ))
-        })
+    rt.block_on(async { patient(work).await? })
+}
+
+/// `f`, or an error once gpuarchd has taken longer than [`PATIENCE`].
+async fn patient<T>(f: impl std::future::Future<Output = T>) -> Result<T> {
+    tokio::time::timeout(PATIENCE, f).await.map_err(|_| {
+        anyhow!(
+            "gpuarchd did not answer within {} s (is it hung? see journalctl -u gpuarchd); {HINT}",
+            PATIENCE.as_secs()
+        )
     })
 }
 
@@ -376,14 +379,8 @@ async fn prewarm(
         .unwrap_or_default();
     let pkgs: Vec<&str> = args.packages.iter().map(String::as_str).collect();
     let archs: Vec<&str> = archs.iter().map(String::as_str).collect();
-    let kc = tokio::time::timeout(PATIENCE, KernelCacheProxy::new(conn))
-        .await
-        .map_err(|_| anyhow!("gpuarchd did not answer within {} s", PATIENCE.as_secs()))?
-        .map_err(e)?;
-    let path = tokio::time::timeout(PATIENCE, kc.prewarm(&pkgs, &archs))
-        .await
-        .map_err(|_| anyhow!("gpuarchd did not answer within {} s", PATIENCE.as_secs()))?
-        .map_err(e)?;
+    let kc = patient(KernelCacheProxy::new(conn)).await?.map_err(e)?;
+    let path = patient(kc.prewarm(&pkgs, &archs)).await?.map_err(e)?;
     let job = JobProxy::builder(conn)
         .path(path.clone())
         .build()

@@ -36,6 +36,19 @@ pub struct ArchResult {
     pub error: Option<String>,
 }
 
+impl ArchResult {
+    /// Nothing serves the task's arch, for `why`.
+    pub fn failed(task: &Task, why: &str) -> Self {
+        Self {
+            package: task.package.clone(),
+            arch: task.arch,
+            served: None,
+            unavailable: Vec::new(),
+            error: Some(why.to_owned()),
+        }
+    }
+}
+
 /// Builds packages into a store.
 #[derive(Debug)]
 pub struct Builder {
@@ -318,13 +331,9 @@ pub fn run_tasks(
                     let Some(t) = tasks.get(i) else { break };
                     let r = match packages.get(&t.package) {
                         Some(p) => builder.resolve(p, t.arch, true),
-                        None => ArchResult {
-                            package: t.package.clone(),
-                            arch: t.arch,
-                            served: None,
-                            unavailable: Vec::new(),
-                            error: Some(format!("no kernel package named {}", t.package)),
-                        },
+                        None => {
+                            ArchResult::failed(t, &format!("no kernel package named {}", t.package))
+                        }
                     };
                     done(&r);
                     if let Ok(mut v) = results.lock() {

@@ -19,20 +19,11 @@ pub fn packages_dir() -> PathBuf {
 
 /// The arch `cuobjdump -lelf` reports for a cubin (`sm_86`).
 pub fn cuobjdump_arch(cuda: &Path, cubin: &Path) -> String {
-    let out = std::process::Command::new(cuda.join("cu13/bin/cuobjdump"))
-        .arg("-lelf")
-        .arg(cubin)
-        .output()
-        .expect("run cuobjdump");
-    assert!(out.status.success(), "{out:?}");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let text = cuobjdump(cuda, &["-lelf"], cubin);
     // "ELF file    1: saxpy.sm_86.cubin"
     text.rsplit(".sm_")
         .next()
-        .and_then(|s| {
-            s.strip_suffix(".cubin")
-                .or_else(|| s.trim().strip_suffix(".cubin"))
-        })
+        .and_then(|s| s.trim().strip_suffix(".cubin"))
         .map(|s| format!("sm_{s}"))
         .unwrap_or_else(|| panic!("no arch in cuobjdump output: {text}"))
 }
