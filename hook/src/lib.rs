@@ -13,6 +13,7 @@
 //!   namespace, writes `/run/gpuarch/env` and `/etc/profile.d/gpuarch.sh`.
 
 pub mod budget;
+pub mod cli;
 pub mod kernels;
 pub mod log;
 pub mod rootfs;

@@ -18,25 +18,21 @@ use std::time::Duration;
 use gpuarch_hook::stage::{self, Stage, State};
 use gpuarch_hook::{budget, log};
 
-fn usage() -> ExitCode {
-    eprintln!(
-        "usage: gpuarch-hook precreate < config.json > config.json\n       gpuarch-hook create-container|prestart < state.json"
-    );
-    ExitCode::from(2)
-}
-
 fn main() -> ExitCode {
-    log::init("gpuarch-hook");
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
-        ["precreate"] => precreate(),
-        [stage::CREATE_CONTAINER] => in_container(Stage::CreateContainer),
-        [stage::PRESTART] => in_container(Stage::Prestart),
-        ["--version"] => {
-            println!("gpuarch-hook {}", env!("CARGO_PKG_VERSION"));
-            ExitCode::SUCCESS
+    let matches = match gpuarch_hook::cli::hook_command().try_get_matches() {
+        Ok(m) => m,
+        Err(e) => {
+            // --help and --version print to stdout and exit 0; misuse exits 2.
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
-        _ => usage(),
+    };
+    log::init("gpuarch-hook");
+    match matches.subcommand_name() {
+        Some("precreate") => precreate(),
+        Some(stage::CREATE_CONTAINER) => in_container(Stage::CreateContainer),
+        Some(stage::PRESTART) => in_container(Stage::Prestart),
+        _ => ExitCode::from(2),
     }
 }
 
