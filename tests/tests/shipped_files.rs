@@ -68,15 +68,17 @@ fn the_unit_verifies_and_is_type_notify_with_hardening() {
         "NoNewPrivileges=yes",
         "RestrictAddressFamilies=AF_UNIX",
         "WatchdogSec=",
+        "ExecReload=/usr/bin/gpuarchctl reload",
     ] {
         assert!(unit.lines().any(|l| l.starts_with(line)), "missing {line}");
     }
     let dir = tempfile::tempdir().unwrap();
-    let gpuarchd = gpuarch_tests::artifacts().gpuarchd.clone();
+    let bins = gpuarch_tests::artifacts();
     let path = dir.path().join("gpuarchd.service");
     std::fs::write(
         &path,
-        unit.replace("/usr/bin/gpuarchd", gpuarchd.to_str().unwrap()),
+        unit.replace("/usr/bin/gpuarchd", bins.gpuarchd.to_str().unwrap())
+            .replace("/usr/bin/gpuarchctl", bins.gpuarchctl.to_str().unwrap()),
     )
     .unwrap();
     let o = std::process::Command::new("systemd-analyze")
