@@ -67,3 +67,13 @@ ensure_cuda_wheels() {
     echo "${CUDA_WHEELS[*]}" >"$stamp"
     export GPUARCH_CUDA_DIR="$CUDA_DIR"
 }
+
+# cargo-deb, pinned, for scripts/package.
+CARGO_DEB_VERSION=3.8.0
+ensure_cargo_deb() {
+    if cargo deb --version 2>/dev/null | grep -qx "cargo-deb $CARGO_DEB_VERSION"; then
+        return 0
+    fi
+    echo "installing cargo-deb $CARGO_DEB_VERSION" >&2
+    cargo install --locked --quiet cargo-deb --version "$CARGO_DEB_VERSION"
+}
