@@ -116,6 +116,43 @@ impl Root {
         Ok(dir)
     }
 
+    /// Bind-mount host directory `source` read-only (and nosuid, nodev,
+    /// noexec) at directory `rel` inside the rootfs, creating `rel` as
+    /// [`Root::mkdir_all`] does. The mount goes onto the handle `rel`
+    /// resolved to (through `/proc/self/fd`), so a symlink swapped in after
+    /// the check cannot move it out of the rootfs. For the createContainer
+    /// stage, which runs in the container's own mount namespace.
+    pub fn bind_read_only(&self, source: &Path, rel: &Path) -> Result<(), RootfsError> {
+        use nix::mount::{MsFlags, mount};
+        use std::os::fd::AsRawFd;
+        let target = self.mkdir_all(rel, 0o755)?;
+        let at = |fd: &OwnedFd| PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        mount(
+            Some(source),
+            &at(&target),
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(inside(rel, "bind mount"))?;
+        // The handle from before the mount is the directory under it; the
+        // flags go on the mount itself, reached by resolving `rel` again.
+        let top = self.open_dir(rel).map_err(inside(rel, "open the mount"))?;
+        mount(
+            None::<&str>,
+            &at(&top),
+            None::<&str>,
+            MsFlags::MS_REMOUNT
+                | MsFlags::MS_BIND
+                | MsFlags::MS_RDONLY
+                | MsFlags::MS_NOSUID
+                | MsFlags::MS_NODEV
+                | MsFlags::MS_NOEXEC,
+            None::<&str>,
+        )
+        .map_err(inside(rel, "make the mount read-only"))
+    }
+
     /// Replace file `rel` with `contents`: written to a temporary name in the
     /// same directory, then renamed over, so a reader sees the old file or
     /// the new one. A symlink at `rel` is replaced, never followed.

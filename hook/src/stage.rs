@@ -13,6 +13,13 @@
 //! what the container will see. `prestart` runs in the runtime's namespace
 //! after `pivot_root`; there the container's root is `/proc/PID/root`.
 //!
+//! When no earlier step (precreate, the shim) put kernel mounts in the config,
+//! `createContainer` bind-mounts the packages for the container's GPUs
+//! itself, read-only, onto handles resolved inside the rootfs
+//! ([`Root::bind_read_only`]): the setup where the engine can change neither
+//! its runtime nor run precreate. `prestart` mounts nothing (it would mount
+//! in the runtime's namespace) and says so in its notes.
+//!
 //! When kernel packages with `libraries` are mounted, their directories go
 //! into `/etc/ld.so.conf.d/gpuarch.conf` and the host's `ldconfig -r` (which
 //! chroots into the rootfs) rebuilds the container's loader cache. It runs
@@ -27,8 +34,9 @@ use gpuarch_core::oci::{self, ContainerView};
 use gpuarch_core::plan::{self, EnvVar, Plan};
 use serde::Deserialize;
 
+use crate::Context;
+use crate::kernels::{self, KernelMount};
 use crate::rootfs::{Root, RootfsError};
-use crate::{Context, kernels};
 
 pub const CREATE_CONTAINER: &str = "create-container";
 pub const PRESTART: &str = "prestart";
@@ -147,22 +155,13 @@ pub fn run(stage: Stage, state: &State, ctx: &Context) -> Result<Outcome, StageE
         override_existing: true,
         ..ctx.config.env.clone()
     };
-    let full = plan::plan(&view, &ctx.inventory, &full_cfg);
+    let mut full = plan::plan(&view, &ctx.inventory, &full_cfg);
     if full.is_noop() {
         return Ok(Outcome {
             plan: full,
             env: Vec::new(),
         });
     }
-    let mut env = effective_env(&view, &full, &ctx.config.env);
-    let mut notes = Vec::new();
-    env.retain(|(k, v)| {
-        let ok = !v.contains(['\n', '\0']);
-        if !ok {
-            notes.push(format!("{k} not written: its value holds a newline"));
-        }
-        ok
-    });
     let root_path = config
         .get("root")
         .and_then(|r| r.get("path"))
@@ -175,6 +174,23 @@ pub fn run(stage: Stage, state: &State, ctx: &Context) -> Result<Outcome, StageE
         Stage::Prestart => prestart_rootfs(state, &state.bundle.join(root_path))?,
     };
     let root = Root::open(&rootfs)?;
+    let mut notes = Vec::new();
+    let mut libs = library_dirs(&config, &ctx.config.kernels.mount_root);
+    if !has_kernel_mounts(&config) {
+        let mounted = mount_kernels(stage, &root, &full, ctx, &mut notes)?;
+        if !mounted.is_empty() {
+            full.add_kernels_dir(kernels::CONTAINER_DIR, &view, &full_cfg);
+            libs.extend(mounted.iter().flat_map(KernelMount::library_dirs));
+        }
+    }
+    let mut env = effective_env(&view, &full, &ctx.config.env);
+    env.retain(|(k, v)| {
+        let ok = !v.contains(['\n', '\0']);
+        if !ok {
+            notes.push(format!("{k} not written: its value holds a newline"));
+        }
+        ok
+    });
     let mut env_file = String::new();
     let mut profile = String::from("# Written by gpuarch-hook at container start.\n");
     for (k, v) in &env {
@@ -183,7 +199,6 @@ pub fn run(stage: Stage, state: &State, ctx: &Context) -> Result<Outcome, StageE
     }
     root.write_file(Path::new(ENV_FILE), env_file.as_bytes(), 0o644)?;
     root.write_file(Path::new(PROFILE_FILE), profile.as_bytes(), 0o644)?;
-    let libs = library_dirs(&config, &ctx.config.kernels.mount_root);
     if !libs.is_empty() {
         let conf = format!("{}\n", libs.join("\n"));
         root.write_file(Path::new(LD_CONF_FILE), conf.as_bytes(), 0o644)?;
@@ -225,6 +240,64 @@ fn prestart_rootfs(state: &State, rootfs: &Path) -> Result<PathBuf, StageError> 
             state.pid
         ))),
     }
+}
+
+/// Whether an earlier step (precreate, the shim) already put kernel mounts
+/// in the config.
+fn has_kernel_mounts(config: &serde_json::Value) -> bool {
+    let prefix = format!("{}/", kernels::CONTAINER_DIR);
+    config
+        .get("mounts")
+        .and_then(serde_json::Value::as_array)
+        .is_some_and(|ms| {
+            ms.iter().any(|m| {
+                m.get("destination")
+                    .and_then(serde_json::Value::as_str)
+                    .is_some_and(|d| d.starts_with(&prefix))
+            })
+        })
+}
+
+/// The createContainer hook alone (no precreate, no shim): bind the kernel
+/// packages for the container's GPUs read-only into its rootfs, from its own
+/// mount namespace, as the config's mounts would have. At prestart the hook
+/// runs in the runtime's namespace, where a mount would land on the host:
+/// nothing is mounted there, and the notes say so.
+fn mount_kernels(
+    stage: Stage,
+    root: &Root,
+    plan: &Plan,
+    ctx: &Context,
+    notes: &mut Vec<String>,
+) -> Result<Vec<KernelMount>, StageError> {
+    let (mounts, found) = kernels::discover(
+        &ctx.config.kernels,
+        plan,
+        &ctx.inventory.cuda_driver_version,
+    );
+    notes.extend(found);
+    if mounts.is_empty() {
+        return Ok(mounts);
+    }
+    if stage == Stage::Prestart {
+        notes.push(format!(
+            "{} kernel package(s) not mounted: only the createContainer stage mounts them",
+            mounts.len()
+        ));
+        return Ok(Vec::new());
+    }
+    for m in &mounts {
+        let dest = m.destination();
+        root.bind_read_only(&m.source, Path::new(&dest))?;
+        for (sub, src) in &m.builds {
+            root.bind_read_only(src, &Path::new(&dest).join(sub))?;
+        }
+        notes.push(format!(
+            "mounted kernel package {} read-only at {dest}",
+            m.package
+        ));
+    }
+    Ok(mounts)
 }
 
 /// Library directories (as the container sees them) of the kernel packages

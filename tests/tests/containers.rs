@@ -757,6 +757,105 @@ fn the_in_container_stages_write_the_plan_for_shells() {
     }
 }
 
+/// The createContainer hook alone, as an engine that can change neither its
+/// runtime nor run precreate would wire it (CRI-O's hooks_dir, or a config
+/// written by hand): the hook itself bind-mounts the kernel packages
+/// read-only from the container's mount namespace, registers their
+/// libraries with ldconfig and writes the env file. A rootfs whose /opt
+/// leads to a host directory gets nothing mounted there.
+#[test]
+fn the_create_container_hook_alone_mounts_kernels() {
+    require!("runc", "crun", "gcc", "unshare");
+    let mut s = Scene::new();
+    let root = s.path().join("kernels");
+    std::fs::create_dir_all(root.join("demo/sm_86")).unwrap();
+    std::fs::write(
+        root.join("demo/manifest.json"),
+        r#"{"package": "demo", "targets": ["sm_75", "sm_86"]}"#,
+    )
+    .unwrap();
+    std::fs::write(root.join("demo/sm_86/demo.cubin"), b"cubin").unwrap();
+    let lib = root.join("fa2/lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::write(
+        root.join("fa2/manifest.json"),
+        r#"{"targets": ["sm_80"], "libraries": ["lib"]}"#,
+    )
+    .unwrap();
+    let src = s.path().join("demo.c");
+    std::fs::write(&src, "int gpuarch_demo(void) { return 86; }\n").unwrap();
+    let o = Command::new("gcc")
+        .args(["-shared", "-fPIC", "-Wl,-soname,libgpuarchdemo.so.1", "-o"])
+        .arg(lib.join("libgpuarchdemo.so.1"))
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    s.config_yaml = format!("kernels:\n  mount_root: {}\n", root.display());
+
+    for runtime in ["runc", "crun"] {
+        let hooks = json!({ "createContainer": s.hook_entry("create-container") });
+        let b = s.bundle_with(runtime, &["NVIDIA_VISIBLE_DEVICES=1"], Some(hooks));
+        let seen = s.run_bundle(runtime, &b, false);
+        seen.ok();
+        // The env was fixed before the hook ran; the file has the Plan.
+        assert_eq!(seen.get("GPUARCH_KERNELS_DIR"), None, "{runtime}");
+        assert!(
+            seen.env_file
+                .contains("GPUARCH_KERNELS_DIR=/opt/gpuarch/kernels\n"),
+            "{runtime}: {}",
+            seen.env_file
+        );
+        assert!(
+            seen.kernels.starts_with("demo\nfa2\n"),
+            "{runtime}: {}",
+            seen.kernels
+        );
+        assert!(
+            seen.kernels
+                .contains("/opt/gpuarch/kernels/demo/sm_86/demo.cubin"),
+            "{runtime}: {}",
+            seen.kernels
+        );
+        assert!(
+            !seen.kernels.contains("WRITABLE"),
+            "{runtime}: {}",
+            seen.kernels
+        );
+        assert!(
+            seen.ld_cache
+                .contains("/opt/gpuarch/kernels/fa2/lib/libgpuarchdemo.so.1"),
+            "{runtime}: loader cache {:?}\nstderr: {}",
+            seen.ld_cache,
+            seen.stderr()
+        );
+        // The mounts lived in the container's namespace only.
+        let point = s.rootfs().join("opt/gpuarch/kernels/demo");
+        assert_eq!(std::fs::read_dir(&point).unwrap().count(), 0, "{runtime}");
+        assert!(!root.join("demo/x").exists(), "{runtime}: source written");
+        std::fs::remove_file(s.rootfs().join("etc/ld.so.cache")).unwrap();
+    }
+
+    // /opt pointing at a host directory: resolved inside the rootfs, where it
+    // leads nowhere, so nothing is mounted, the host dir stays empty and the
+    // container starts (fail open) without its env file.
+    std::fs::remove_dir_all(s.rootfs().join("opt")).unwrap();
+    let host_opt = s.path().join("host-opt");
+    std::fs::create_dir_all(&host_opt).unwrap();
+    symlink(&host_opt, s.rootfs().join("opt")).unwrap();
+    let hooks = json!({ "createContainer": s.hook_entry("create-container") });
+    let b = s.bundle_with("runc", &["NVIDIA_VISIBLE_DEVICES=1"], Some(hooks));
+    let seen = s.run_bundle("runc", &b, false);
+    seen.ok();
+    assert!(!seen.kernels.contains("demo"), "{}", seen.kernels);
+    assert!(seen.env_file.is_empty(), "{}", seen.env_file);
+    assert_eq!(
+        std::fs::read_dir(&host_opt).unwrap().count(),
+        0,
+        "host written"
+    );
+}
+
 /// A rootfs whose /etc points at a host path that the rootfs lacks: the
 /// stage refuses to write there. Fail open starts the container; strict
 /// fails it, with the reason in the runtime's error.
