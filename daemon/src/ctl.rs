@@ -81,6 +81,11 @@ pub enum Cmd {
     /// Check every cached file's sha256; corrupt builds are quarantined and
     /// rebuilt (root or group gpuarch). Exit status 1 when any was corrupt.
     Verify,
+    /// Check this host: gpuarchd up, NVML loadable, snapshot fresh, kernel
+    /// cache writable, and each installed container engine (podman, Docker,
+    /// containerd, CRI-O) wired to gpuarch; each problem with the line that
+    /// fixes it. Exit status 1 when something is wrong.
+    Doctor(crate::doctor::DoctorArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -170,6 +175,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
     let offline = cli.offline || cli.nvml_lib.is_some() || cli.inventory.is_some();
     let code = match &cli.cmd {
         Cmd::Arch(a) => arch(cli, a, &mut out)?,
+        Cmd::Doctor(args) => crate::doctor::run(cli, args, &mut out)?,
         Cmd::Plan(args) if offline || args.config.is_some() || !args.env.is_empty() => {
             plan_cmd(cli, args, &mut out)?
         }

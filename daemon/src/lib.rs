@@ -14,6 +14,7 @@
 pub mod cache;
 pub mod client;
 pub mod ctl;
+pub mod doctor;
 pub mod logging;
 pub mod refresh;
 mod remote;

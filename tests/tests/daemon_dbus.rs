@@ -839,3 +839,166 @@ fn prewarm_verify_and_gc_through_gpuarchctl() {
     assert_eq!(node.ctl(Some(&[]), &["gc"]).status.code(), Some(2));
     node.stop();
 }
+
+/// A host root for `gpuarchctl doctor --root`: the config, the cache, and
+/// every engine installed and wired with the shipped snippets.
+fn doctor_root(dir: &Path) {
+    let w = |rel: &str, data: &[u8]| {
+        let p = dir.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, data).unwrap();
+    };
+    let shipped = |rel: &str| std::fs::read(workspace_root().join(rel)).unwrap();
+    w(
+        "etc/gpuarch/config.yaml",
+        b"kernels:\n  cache_dir: /var/cache/gpuarch\n",
+    );
+    std::fs::create_dir_all(dir.join("var/cache/gpuarch")).unwrap();
+    for bin in ["podman", "dockerd", "containerd", "crio", "gpuarch-hook"] {
+        w(&format!("usr/bin/{bin}"), b"");
+    }
+    w(
+        "usr/share/containers/oci/hooks.d/gpuarch-hook.json",
+        &shipped("packaging/oci-hooks.d/gpuarch-hook.json"),
+    );
+    w(
+        "usr/share/gpuarch/oci-hooks.d/gpuarch-create-container.json",
+        &shipped("packaging/oci-hooks.d/gpuarch-create-container.json"),
+    );
+    w(
+        "etc/docker/daemon.json",
+        &shipped("packaging/docker/daemon.json"),
+    );
+    w(
+        "etc/containerd/config.toml",
+        &shipped("packaging/containerd/gpuarch.toml"),
+    );
+    w(
+        "etc/crio/crio.conf.d/50-gpuarch.conf",
+        &shipped("packaging/crio/50-gpuarch.conf"),
+    );
+}
+
+fn doctor(node: &Node, root: &Path, extra: &[&str]) -> (i32, String) {
+    let o = Command::new(&artifacts().gpuarchctl)
+        .arg("doctor")
+        .arg("--root")
+        .arg(root)
+        .args(extra)
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &node.address)
+        .env("FAKE_NVML_TOPOLOGY", node.path("topology.json"))
+        .env_remove("GPUARCH_CONFIG")
+        .env_remove("GPUARCH_INVENTORY")
+        .env_remove("GPUARCH_NVML_LIB")
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    (o.status.code().unwrap_or(-1), format!("{out}{err}"))
+}
+
+/// A wired host passes every check; each way of breaking it is named, with
+/// the line that fixes it, and makes the exit status 1.
+#[test]
+fn doctor_checks_the_daemon_nvml_snapshot_cache_and_each_engine() {
+    require!();
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    node.start(&[]);
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    doctor_root(root);
+    let snapshot = node.path("run/inventory.json");
+    let fake = artifacts().fake_nvml.clone();
+    let healthy = [
+        "--nvml-lib",
+        fake.to_str().unwrap(),
+        "--inventory",
+        snapshot.to_str().unwrap(),
+    ];
+    let (code, out) = doctor(&node, root, &healthy);
+    assert_eq!(code, 0, "{out}");
+    for line in [
+        "ok    config",
+        "ok    gpuarchd     0.1.0 running on the system bus; GPUs: 7.5, 8.6",
+        "ok    NVML",
+        "2 GPU(s), driver 580.95.05",
+        "ok    snapshot",
+        "ok    kernel cache",
+        "ok    podman       wired: precreate hook",
+        "ok    docker       wired: runtime \"gpuarch\"",
+        "ok    containerd   wired: [plugins.io.containerd.grpc.v1.cri.containerd.runtimes.gpuarch.options]",
+        "ok    cri-o        wired: [crio.runtime.runtimes.gpuarch]",
+        "ok    cri-o hooks",
+        "no problems found",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+
+    // Break each part.
+    std::fs::write(root.join("etc/docker/daemon.json"), b"{}").unwrap();
+    std::fs::write(
+        root.join("etc/containerd/config.toml"),
+        b"version = 2\n[x\n",
+    )
+    .unwrap();
+    std::fs::remove_file(root.join("etc/crio/crio.conf.d/50-gpuarch.conf")).unwrap();
+    // Without 50-gpuarch.conf, CRI-O reads its default hooks_dir, where
+    // podman's precreate hook is.
+    let mut old = node.snapshot();
+    old.generated_at = "2020-01-01T00:00:00Z".into();
+    let old_path = root.join("old.json");
+    std::fs::write(&old_path, old.to_json_pretty()).unwrap();
+    node.stop();
+    let broken = [
+        "--nvml-lib",
+        "/nonexistent/libnvidia-ml.so.1",
+        "--inventory",
+        old_path.to_str().unwrap(),
+    ];
+    let (code, out) = doctor(&node, root, &broken);
+    assert_eq!(code, 1, "{out}");
+    for line in [
+        "FAIL  gpuarchd     not running (nothing owns io.gpuarch1 on the system bus)",
+        "fix: systemctl enable --now gpuarchd",
+        "FAIL  NVML         cannot load the NVML library '/nonexistent/libnvidia-ml.so.1'",
+        "fix: install the NVIDIA driver",
+        "more than 3 refresh intervals (60 s)",
+        "FAIL  docker",
+        "has no runtime running gpuarch-runtime",
+        "fix: add \"runtimes\": {\"gpuarch\": {\"path\": \"/usr/bin/gpuarch-runtime\"}} to /etc/docker/daemon.json",
+        "FAIL  containerd",
+        "not TOML",
+        "FAIL  cri-o        no runtime handler runs gpuarch-runtime",
+        "fix: cp /usr/share/doc/gpuarch/examples/crio/50-gpuarch.conf /etc/crio/crio.conf.d/",
+        "FAIL  cri-o hooks",
+        "holds podman's precreate hook",
+        "ok    podman       wired: precreate hook",
+        "7 problem(s)",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+
+    // --json: the same verdicts, for scripts.
+    let (code, out) = doctor(&node, root, &[&broken[..], &["--json"]].concat());
+    assert_eq!(code, 1);
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["ok"], false);
+    let failed: Vec<&str> = doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "fail")
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        failed,
+        [
+            "gpuarchd",
+            "NVML",
+            "snapshot",
+            "docker",
+            "containerd",
+            "cri-o",
+            "cri-o hooks"
+        ]
+    );
+}

@@ -1,0 +1,631 @@
+//! `gpuarchctl doctor`: is this host set up for gpuarch? Each check says
+//! what it found and, when it found a problem, the line that fixes it.
+//!
+//! Live checks (gpuarchd on the bus, NVML) ask the running system. File
+//! checks (config, snapshot, cache, engine configs and programs) read below
+//! `--root`, so an image or a chroot can be checked before it boots. Paths
+//! named by the caller (`--inventory`, `GPUARCH_INVENTORY`, `GPUARCH_CONFIG`)
+//! are taken as given.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Result;
+use serde_json::{Value, json};
+
+use crate::client::{DaemonProxy, InventoryProxy};
+use crate::ctl::{Cli, humantime_age, short_duration};
+
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {
+    /// Read the host's files below this directory (an image, a chroot).
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub root: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Ok,
+    /// Nothing to check (an engine that is not installed).
+    Skip,
+    Fail,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct Check {
+    pub name: String,
+    pub status: Status,
+    pub detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+fn ok(name: &str, detail: impl Into<String>) -> Check {
+    Check {
+        name: name.into(),
+        status: Status::Ok,
+        detail: detail.into(),
+        fix: None,
+    }
+}
+
+fn fail(name: &str, detail: impl Into<String>, fix: impl Into<String>) -> Check {
+    Check {
+        name: name.into(),
+        status: Status::Fail,
+        detail: detail.into(),
+        fix: Some(fix.into()),
+    }
+}
+
+fn skip(name: &str, detail: impl Into<String>) -> Check {
+    Check {
+        name: name.into(),
+        status: Status::Skip,
+        detail: detail.into(),
+        fix: None,
+    }
+}
+
+/// The installed programs and their example configs.
+const RUNTIME: &str = "/usr/bin/gpuarch-runtime";
+const EXAMPLES: &str = "/usr/share/doc/gpuarch/examples";
+/// Where podman (and CRI-O by default) read hooks.d files.
+const HOOK_DIRS: [&str; 2] = [
+    "/usr/share/containers/oci/hooks.d",
+    "/etc/containers/oci/hooks.d",
+];
+const BIN_DIRS: [&str; 6] = [
+    "/usr/local/sbin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/bin",
+    "/sbin",
+    "/bin",
+];
+
+/// `path` (absolute, on the host) as seen below `root`.
+fn under(root: &Path, path: &Path) -> PathBuf {
+    root.join(path.strip_prefix("/").unwrap_or(path))
+}
+
+/// Run every check; print them; 1 when any failed.
+pub fn run(cli: &Cli, args: &DoctorArgs, out: &mut String) -> Result<u8> {
+    let checks = checks(cli, &args.root);
+    let failed = checks.iter().filter(|c| c.status == Status::Fail).count();
+    if cli.json {
+        let doc = json!({"ok": failed == 0, "checks": checks});
+        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        for c in &checks {
+            let tag = match c.status {
+                Status::Ok => "ok  ",
+                Status::Skip => "-   ",
+                Status::Fail => "FAIL",
+            };
+            let _ = writeln!(out, "{tag}  {:<12} {}", c.name, c.detail);
+            if let Some(fix) = &c.fix {
+                let _ = writeln!(out, "      {:<12} fix: {fix}", "");
+            }
+        }
+        let _ = writeln!(
+            out,
+            "{}",
+            if failed == 0 {
+                "no problems found".to_owned()
+            } else {
+                format!("{failed} problem(s)")
+            }
+        );
+    }
+    Ok(u8::from(failed > 0))
+}
+
+pub fn checks(cli: &Cli, root: &Path) -> Vec<Check> {
+    let (config_path, from_env) = match std::env::var_os("GPUARCH_CONFIG") {
+        Some(p) => (PathBuf::from(p), true),
+        None => (under(root, Path::new("/etc/gpuarch/config.yaml")), false),
+    };
+    let mut checks = Vec::new();
+    let config = match gpuarch_inventory::read_config_at(&config_path, from_env) {
+        Ok(c) => {
+            let detail = if config_path.exists() {
+                format!("{} is valid", config_path.display())
+            } else {
+                format!("{} is absent: the defaults apply", config_path.display())
+            };
+            checks.push(ok("config", detail));
+            c
+        }
+        Err(e) => {
+            checks.push(fail(
+                "config",
+                e.to_string(),
+                format!(
+                    "correct {} (gpuarchd --check-config shows the line), or reinstall it: apt install --reinstall -o Dpkg::Options::=--force-confmiss gpuarch",
+                    config_path.display()
+                ),
+            ));
+            gpuarch_core::config::Config::default()
+        }
+    };
+    checks.push(daemon());
+    checks.push(nvml(cli));
+    checks.push(snapshot(cli, root, config.daemon.refresh_interval_s));
+    checks.push(cache(&under(root, &config.kernels.cache_dir)));
+    checks.push(podman(root));
+    checks.push(docker(root));
+    checks.push(containerd(root));
+    checks.extend(crio(root));
+    checks
+}
+
+fn daemon() -> Check {
+    const NAME: &str = "gpuarchd";
+    let fix = "systemctl enable --now gpuarchd (journalctl -u gpuarchd -b says why it stopped)";
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(NAME, format!("cannot start a runtime: {e}"), fix),
+    };
+    let asked = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            let conn = zbus::Connection::system()
+                .await
+                .map_err(|e| format!("cannot reach the system bus: {e}"))?;
+            let d = DaemonProxy::new(&conn).await.map_err(|e| e.to_string())?;
+            let version = d.version().await.map_err(|e| e.to_string())?;
+            let inv = InventoryProxy::new(&conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            let stale = inv.stale().await.map_err(|e| e.to_string())?;
+            let err = inv.last_error().await.unwrap_or_default();
+            let caps = inv.compute_capabilities().await.unwrap_or_default();
+            Ok::<_, String>((version, stale, err, caps))
+        })
+        .await
+        .map_err(|_| "no answer within 5 s".to_owned())?
+    });
+    match asked {
+        Ok((version, false, _, caps)) => ok(
+            NAME,
+            format!(
+                "{version} running on the system bus; GPUs: {}",
+                if caps.is_empty() {
+                    "none".to_owned()
+                } else {
+                    caps.join(", ")
+                }
+            ),
+        ),
+        Ok((version, true, err, _)) => fail(
+            NAME,
+            format!("{version} running, but its inventory is stale: {err}"),
+            "fix what the error names, then gpuarchctl reload",
+        ),
+        Err(e) if e.contains("ServiceUnknown") || e.contains("NameHasNoOwner") => fail(
+            NAME,
+            "not running (nothing owns io.gpuarch1 on the system bus)",
+            fix,
+        ),
+        Err(e) if e.starts_with("cannot reach the system bus") => fail(
+            NAME,
+            e,
+            "systemctl start dbus, then systemctl enable --now gpuarchd",
+        ),
+        Err(e) => fail(NAME, e, fix),
+    }
+}
+
+fn nvml(cli: &Cli) -> Check {
+    const NAME: &str = "NVML";
+    let lib = cli
+        .nvml_lib
+        .clone()
+        .or_else(|| std::env::var_os("GPUARCH_NVML_LIB").map(PathBuf::from));
+    let opened = gpuarch_inventory::NvmlInventory::open(lib.as_deref());
+    match opened.and_then(|n| gpuarch_inventory::GpuInventory::snapshot(&n)) {
+        Ok(s) => ok(
+            NAME,
+            format!(
+                "{} loads: {} GPU(s), driver {}",
+                lib.as_deref()
+                    .map_or(gpuarch_inventory::DEFAULT_NVML_LIB.into(), |p| p
+                        .display()
+                        .to_string()),
+                s.devices.len(),
+                s.driver_version
+            ),
+        ),
+        Err(e) => fail(
+            NAME,
+            e.to_string(),
+            "install the NVIDIA driver (it provides libnvidia-ml.so.1), or name the library in GPUARCH_NVML_LIB",
+        ),
+    }
+}
+
+fn snapshot(cli: &Cli, root: &Path, interval_s: u64) -> Check {
+    const NAME: &str = "snapshot";
+    let path = cli
+        .inventory
+        .clone()
+        .or_else(|| std::env::var_os("GPUARCH_INVENTORY").map(PathBuf::from))
+        .unwrap_or_else(|| under(root, Path::new(gpuarch_inventory::DEFAULT_SNAPSHOT)));
+    let fix = "systemctl restart gpuarchd (it rewrites the snapshot on every refresh)";
+    let snap = match gpuarch_inventory::read_snapshot(&path) {
+        Ok(s) => s,
+        Err(e) => return fail(NAME, e.to_string(), fix),
+    };
+    // Three missed refreshes: the daemon is not refreshing it.
+    let limit = Duration::from_secs(interval_s.saturating_mul(3));
+    match humantime_age(&snap.generated_at) {
+        _ if snap.stale => fail(
+            NAME,
+            format!(
+                "{} is marked stale: gpuarchd's last NVML read failed",
+                path.display()
+            ),
+            "journalctl -u gpuarchd says why; gpuarchctl reload once fixed",
+        ),
+        Some(age) if age > limit => fail(
+            NAME,
+            format!(
+                "{} was written {} ago, more than 3 refresh intervals ({interval_s} s)",
+                path.display(),
+                short_duration(age)
+            ),
+            fix,
+        ),
+        Some(age) => ok(
+            NAME,
+            format!(
+                "{}: {} GPU(s), written {} ago",
+                path.display(),
+                snap.devices.len(),
+                short_duration(age)
+            ),
+        ),
+        None => fail(
+            NAME,
+            format!(
+                "{}: generated_at {:?} is not a past RFC 3339 time",
+                path.display(),
+                snap.generated_at
+            ),
+            fix,
+        ),
+    }
+}
+
+fn cache(dir: &Path) -> Check {
+    const NAME: &str = "kernel cache";
+    use nix::sys::statvfs::{FsFlags, statvfs};
+    use nix::unistd::{AccessFlags, access};
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return fail(
+                NAME,
+                format!("{} is not a directory", dir.display()),
+                format!("move it away; gpuarchd recreates {}", dir.display()),
+            );
+        }
+        Err(e) => {
+            return fail(
+                NAME,
+                format!("{}: {e}", dir.display()),
+                "systemctl restart gpuarchd (its unit creates the cache directory)",
+            );
+        }
+    }
+    let vfs = match statvfs(dir) {
+        Ok(v) => v,
+        Err(e) => {
+            return fail(
+                NAME,
+                format!("{}: statvfs: {e}", dir.display()),
+                "check the filesystem it is on",
+            );
+        }
+    };
+    if vfs.flags().contains(FsFlags::ST_RDONLY) {
+        return fail(
+            NAME,
+            format!("{} is on a read-only filesystem", dir.display()),
+            "mount it read-write, or point kernels.cache_dir at a writable directory",
+        );
+    }
+    if let Err(e) = access(dir, AccessFlags::W_OK) {
+        let who = nix::unistd::geteuid();
+        return fail(
+            NAME,
+            format!("{} is not writable by uid {who}: {e}", dir.display()),
+            if who.is_root() {
+                "chown root: and chmod u+w it".to_owned()
+            } else {
+                "run gpuarchctl doctor as root (gpuarchd writes the cache as root)".to_owned()
+            },
+        );
+    }
+    let free = vfs.blocks_available() as u64 * vfs.fragment_size() as u64;
+    ok(
+        NAME,
+        format!(
+            "{} is writable, {:.1} GiB free",
+            dir.display(),
+            free as f64 / f64::from(1u32 << 30)
+        ),
+    )
+}
+
+/// The engine's program below `root`, if installed.
+fn installed(root: &Path, program: &str) -> Option<PathBuf> {
+    BIN_DIRS
+        .iter()
+        .map(|d| under(root, &Path::new(d).join(program)))
+        .find(|p| p.is_file())
+}
+
+/// hooks.d files below `root` in `dirs` whose hook runs gpuarch-hook at
+/// `stage`: (file, whether the program it names is installed).
+fn gpuarch_hooks(root: &Path, dirs: &[&str], stage: &str) -> Vec<(PathBuf, bool)> {
+    let mut found = Vec::new();
+    for d in dirs {
+        let Ok(entries) = std::fs::read_dir(under(root, Path::new(d))) else {
+            continue;
+        };
+        let mut files: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        files.sort();
+        for f in files
+            .into_iter()
+            .filter(|f| f.extension().is_some_and(|e| e == "json"))
+        {
+            let Some(h) = std::fs::read(&f)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            else {
+                continue;
+            };
+            let path = h["hook"]["path"].as_str().unwrap_or_default();
+            let stages = h["stages"].as_array().cloned().unwrap_or_default();
+            if path.ends_with("/gpuarch-hook") && stages.iter().any(|s| s == stage) {
+                let exe = under(root, Path::new(path));
+                found.push((f, exe.is_file()));
+            }
+        }
+    }
+    found
+}
+
+fn podman(root: &Path) -> Check {
+    const NAME: &str = "podman";
+    if installed(root, "podman").is_none() {
+        return skip(NAME, "not installed");
+    }
+    let hooks = gpuarch_hooks(root, &HOOK_DIRS, "precreate");
+    match hooks.iter().find(|(_, exe)| *exe) {
+        Some((f, _)) => ok(NAME, format!("wired: precreate hook {}", f.display())),
+        None => fail(
+            NAME,
+            "no hooks.d file runs gpuarch-hook at precreate (podman reads /usr/share/containers/oci/hooks.d and /etc/containers/oci/hooks.d unless containers.conf sets hooks_dir)",
+            "apt install --reinstall gpuarch (it ships /usr/share/containers/oci/hooks.d/gpuarch-hook.json)",
+        ),
+    }
+}
+
+fn docker(root: &Path) -> Check {
+    const NAME: &str = "docker";
+    if installed(root, "dockerd").is_none() {
+        return skip(NAME, "not installed");
+    }
+    let file = under(root, Path::new("/etc/docker/daemon.json"));
+    let fix = format!(
+        "add \"runtimes\": {{\"gpuarch\": {{\"path\": \"{RUNTIME}\"}}}} to /etc/docker/daemon.json (as in {EXAMPLES}/docker/daemon.json), systemctl restart docker, then docker run --runtime gpuarch (or set \"default-runtime\": \"gpuarch\")"
+    );
+    let doc: Value = match std::fs::read(&file) {
+        Ok(b) => match serde_json::from_slice(&b) {
+            Ok(v) => v,
+            Err(e) => {
+                return fail(
+                    NAME,
+                    format!("{}: not JSON: {e}", file.display()),
+                    "correct the file (dockerd refuses to start with it as it is)",
+                );
+            }
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return fail(NAME, format!("{} does not exist", file.display()), fix);
+        }
+        Err(e) => return fail(NAME, format!("{}: {e}", file.display()), fix),
+    };
+    let names: Vec<&String> = doc["runtimes"]
+        .as_object()
+        .map(|rs| {
+            rs.iter()
+                .filter(|(_, r)| {
+                    r["path"]
+                        .as_str()
+                        .is_some_and(|p| p.ends_with("gpuarch-runtime"))
+                })
+                .map(|(n, _)| n)
+                .collect()
+        })
+        .unwrap_or_default();
+    match names.first() {
+        Some(n) => {
+            let default = doc["default-runtime"].as_str() == Some(n.as_str());
+            ok(
+                NAME,
+                format!(
+                    "wired: runtime \"{n}\" in {}{}",
+                    file.display(),
+                    if default {
+                        " (the default runtime)"
+                    } else {
+                        "; containers use it with --runtime"
+                    }
+                ),
+            )
+        }
+        None => fail(
+            NAME,
+            format!("{} has no runtime running gpuarch-runtime", file.display()),
+            fix,
+        ),
+    }
+}
+
+/// Tables (dotted paths) of `v` whose `key` is a string ending in `suffix`.
+fn toml_find(v: &toml::Value, key: &str, suffix: &str, at: &str, found: &mut Vec<String>) {
+    if let toml::Value::Table(t) = v {
+        for (k, child) in t {
+            if k == key && child.as_str().is_some_and(|s| s.ends_with(suffix)) {
+                found.push(at.to_owned());
+            }
+            let path = if at.is_empty() {
+                k.clone()
+            } else {
+                format!("{at}.{k}")
+            };
+            toml_find(child, key, suffix, &path, found);
+        }
+    }
+}
+
+fn read_toml(file: &Path) -> Result<Option<toml::Value>, String> {
+    match std::fs::read_to_string(file) {
+        Ok(text) => toml::from_str(&text)
+            .map(Some)
+            .map_err(|e| format!("{}: not TOML: {}", file.display(), e.message())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", file.display())),
+    }
+}
+
+fn containerd(root: &Path) -> Check {
+    const NAME: &str = "containerd";
+    if installed(root, "containerd").is_none() {
+        return skip(NAME, "not installed");
+    }
+    let file = under(root, Path::new("/etc/containerd/config.toml"));
+    let fix = format!(
+        "merge {EXAMPLES}/containerd/gpuarch.toml (containerd 1.x) or gpuarch-v2.toml (2.x) into /etc/containerd/config.toml, systemctl restart containerd, and give pods runtimeClassName: gpuarch ({EXAMPLES}/containerd/runtimeclass.yaml)"
+    );
+    match read_toml(&file) {
+        Err(e) => fail(NAME, e, "correct the file"),
+        Ok(None) => fail(NAME, format!("{} does not exist", file.display()), fix),
+        Ok(Some(doc)) => {
+            let mut found = Vec::new();
+            toml_find(&doc, "BinaryName", "gpuarch-runtime", "", &mut found);
+            match found.first() {
+                Some(t) => ok(NAME, format!("wired: [{t}] runs gpuarch-runtime")),
+                None => fail(
+                    NAME,
+                    format!(
+                        "{}: no runtime has BinaryName gpuarch-runtime",
+                        file.display()
+                    ),
+                    fix,
+                ),
+            }
+        }
+    }
+}
+
+/// CRI-O: a runtime handler, and a hooks_dir it can read. Its hooks library
+/// refuses a directory holding a hook for a stage it does not know, such as
+/// podman's precreate.
+fn crio(root: &Path) -> Vec<Check> {
+    const NAME: &str = "cri-o";
+    if installed(root, "crio").is_none() {
+        return vec![skip(NAME, "not installed")];
+    }
+    // crio.conf, then crio.conf.d/*.conf in name order: later settings win.
+    let mut files = vec![under(root, Path::new("/etc/crio/crio.conf"))];
+    if let Ok(entries) = std::fs::read_dir(under(root, Path::new("/etc/crio/crio.conf.d"))) {
+        let mut more: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "conf"))
+            .collect();
+        more.sort();
+        files.extend(more);
+    }
+    let mut handler = None;
+    let mut hooks_dir: Vec<String> = vec![HOOK_DIRS[0].to_owned()];
+    for f in &files {
+        let doc = match read_toml(f) {
+            Ok(Some(d)) => d,
+            Ok(None) => continue,
+            Err(e) => return vec![fail(NAME, e, "correct the file")],
+        };
+        let mut found = Vec::new();
+        toml_find(&doc, "runtime_path", "gpuarch-runtime", "", &mut found);
+        if let Some(t) = found.into_iter().next() {
+            handler = Some((t, f.clone()));
+        }
+        if let Some(dirs) = doc
+            .get("crio")
+            .and_then(|c| c.get("runtime"))
+            .and_then(|r| r.get("hooks_dir"))
+            .and_then(toml::Value::as_array)
+        {
+            hooks_dir = dirs
+                .iter()
+                .filter_map(|d| d.as_str().map(str::to_owned))
+                .collect();
+        }
+    }
+    let fix = format!(
+        "cp {EXAMPLES}/crio/50-gpuarch.conf /etc/crio/crio.conf.d/ and systemctl restart crio"
+    );
+    let mut checks = vec![match handler {
+        Some((t, f)) => ok(
+            NAME,
+            format!("wired: [{t}] in {} runs gpuarch-runtime", f.display()),
+        ),
+        None => fail(NAME, "no runtime handler runs gpuarch-runtime", fix.clone()),
+    }];
+    let dirs: Vec<&str> = hooks_dir.iter().map(String::as_str).collect();
+    let precreate = gpuarch_hooks(root, &dirs, "precreate");
+    if let Some((f, _)) = precreate.first() {
+        checks.push(fail(
+            "cri-o hooks",
+            format!(
+                "CRI-O reads {}, which holds podman's precreate hook; CRI-O has no precreate stage and its hooks library refuses that directory",
+                f.parent().map_or_else(String::new, |p| p.display().to_string())
+            ),
+            fix,
+        ));
+    } else if !gpuarch_hooks(root, &dirs, "createContainer").is_empty() {
+        checks.push(ok(
+            "cri-o hooks",
+            "the createContainer hook is in its hooks_dir",
+        ));
+    }
+    checks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_find_names_the_table() {
+        let doc: toml::Value = toml::from_str(
+            "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpuarch.options]\nBinaryName = \"/usr/bin/gpuarch-runtime\"\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mut found = Vec::new();
+        toml_find(&doc, "BinaryName", "gpuarch-runtime", "", &mut found);
+        assert_eq!(
+            found,
+            ["plugins.io.containerd.grpc.v1.cri.containerd.runtimes.gpuarch.options"]
+        );
+    }
+}
