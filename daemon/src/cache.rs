@@ -485,10 +485,13 @@ pub fn mounted_keys() -> HashSet<String> {
         if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
             continue;
         }
-        let Ok(ns) = std::fs::read_link(p.path().join("ns/mnt")) else {
-            continue;
-        };
-        if !seen_ns.insert(ns) {
+        // One read per mount namespace. Under the unit's empty capability
+        // set the namespace link of another user's process cannot be read
+        // (no CAP_SYS_PTRACE), but its mountinfo can: read it then too,
+        // or that container's mounts would be missed and evicted.
+        if let Ok(ns) = std::fs::read_link(p.path().join("ns/mnt"))
+            && !seen_ns.insert(ns)
+        {
             continue;
         }
         let Ok(text) = std::fs::read_to_string(p.path().join("mountinfo")) else {

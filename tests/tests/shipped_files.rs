@@ -68,6 +68,7 @@ fn the_unit_verifies_and_is_type_notify_with_hardening() {
         "NoNewPrivileges=yes",
         "RestrictAddressFamilies=AF_UNIX",
         "WatchdogSec=",
+        "PrivateNetwork=yes",
         "ExecReload=/usr/bin/gpuarchctl reload",
     ] {
         assert!(unit.lines().any(|l| l.starts_with(line)), "missing {line}");
