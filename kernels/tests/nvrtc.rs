@@ -125,8 +125,15 @@ fn nvrtc_builds_under_memory_deny_write_execute() {
         Err(e) => panic!("{e}"),
     };
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
-    assert!(out.contains("mdwe: W+X refused; saxpy sm_86 built"), "{out}");
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains("mdwe: W+X refused; saxpy sm_86 built"),
+        "{out}"
+    );
 }
 
 #[test]

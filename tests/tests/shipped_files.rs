@@ -41,9 +41,63 @@ fn the_engine_snippets_name_the_installed_programs() {
         docker["runtimes"]["gpuarch"]["path"],
         "/usr/bin/gpuarch-runtime"
     );
+    let toml = |p: &str| -> toml::Value {
+        toml::from_str(&read(p)).unwrap_or_else(|e| panic!("{p}: {e}"))
+    };
+    let v1 = toml("packaging/containerd/gpuarch.toml");
+    assert_eq!(
+        v1["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["gpuarch"]["options"]
+            ["BinaryName"]
+            .as_str(),
+        Some("/usr/bin/gpuarch-runtime")
+    );
+    let v2 = toml("packaging/containerd/gpuarch-v2.toml");
+    assert_eq!(
+        v2["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["gpuarch"]
+            ["options"]["BinaryName"]
+            .as_str(),
+        Some("/usr/bin/gpuarch-runtime")
+    );
+    let crio = toml("packaging/crio/50-gpuarch.conf");
+    let rt = &crio["crio"]["runtime"];
+    assert_eq!(
+        rt["runtimes"]["gpuarch"]["runtime_path"].as_str(),
+        Some("/usr/bin/gpuarch-runtime")
+    );
+    // CRI-O must not read the directory holding podman's precreate hook,
+    // and must read the one holding the createContainer hook.
+    let dirs: Vec<&str> = rt["hooks_dir"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(toml::Value::as_str)
+        .collect();
     assert!(
-        read("packaging/containerd/gpuarch.toml")
-            .contains("BinaryName = \"/usr/bin/gpuarch-runtime\"")
+        !dirs.contains(&"/usr/share/containers/oci/hooks.d"),
+        "{dirs:?}"
+    );
+    assert!(dirs.contains(&"/usr/share/gpuarch/oci-hooks.d"), "{dirs:?}");
+    let cc: serde_json::Value =
+        serde_json::from_str(&read("packaging/oci-hooks.d/gpuarch-create-container.json"))
+            .expect("createContainer hooks.d");
+    assert_eq!(cc["stages"], serde_json::json!(["createContainer"]));
+    assert_eq!(cc["hook"]["args"][1], "create-container");
+    let rc: serde_yaml::Value =
+        serde_yaml::from_str(&read("packaging/containerd/runtimeclass.yaml")).unwrap();
+    assert_eq!(rc["kind"].as_str(), Some("RuntimeClass"));
+    assert_eq!(rc["handler"].as_str(), Some("gpuarch"));
+    assert_eq!(
+        rc["handler"],
+        serde_yaml::Value::String(
+            v1["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
+                .as_table()
+                .unwrap()
+                .keys()
+                .next()
+                .unwrap()
+                .clone()
+        ),
+        "the RuntimeClass handler is the runtime's name in containerd"
     );
 }
 
