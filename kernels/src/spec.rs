@@ -164,12 +164,28 @@ impl Package {
     /// Read `dir/kernel.yaml` and the sources it names.
     pub fn load(dir: &Path) -> Result<Self, SpecError> {
         let file = dir.join(SPEC_FILE);
+        let text = read_limited(&file, MAX_SPEC_BYTES).map_err(|e| SpecError {
+            file,
+            line: None,
+            reason: e.to_string(),
+        })?;
+        Self::parse(dir, text, |s| read_limited(&dir.join(s), MAX_SOURCE_BYTES))
+    }
+
+    /// A package from the bytes of its `kernel.yaml` (at most
+    /// `MAX_SPEC_BYTES`, as read by [`Package::load`]), reading each source
+    /// it names with `read_source`. Errors name `dir/kernel.yaml` and a line.
+    pub fn parse(
+        dir: &Path,
+        text: Vec<u8>,
+        read_source: impl Fn(&str) -> std::io::Result<Vec<u8>>,
+    ) -> Result<Self, SpecError> {
+        let file = dir.join(SPEC_FILE);
         let err = |line, reason: String| SpecError {
             file: file.clone(),
             line,
             reason,
         };
-        let text = read_limited(&file, MAX_SPEC_BYTES).map_err(|e| err(None, e.to_string()))?;
         let text = String::from_utf8(text).map_err(|_| err(None, "not UTF-8".into()))?;
         let spec: PackageSpec = serde_yaml::from_str(&text)
             .map_err(|e| err(e.location().map(|l| l.line()), e.to_string()))?;
@@ -243,8 +259,7 @@ impl Package {
                     format!("source {s:?} must be a file name inside the package"),
                 ));
             }
-            let bytes = read_limited(&dir.join(s), MAX_SOURCE_BYTES)
-                .map_err(|e| err(line_of(s), format!("source {s}: {e}")))?;
+            let bytes = read_source(s).map_err(|e| err(line_of(s), format!("source {s}: {e}")))?;
             digests.push(sha256_hex(&bytes));
             sources.push((s.clone(), bytes));
         }

@@ -77,3 +77,13 @@ ensure_cargo_deb() {
     echo "installing cargo-deb $CARGO_DEB_VERSION" >&2
     cargo install --locked --quiet cargo-deb --version "$CARGO_DEB_VERSION"
 }
+
+# cargo-fuzz, pinned, for scripts/fuzz.
+CARGO_FUZZ_VERSION=0.13.2
+ensure_cargo_fuzz() {
+    if cargo fuzz --version 2>/dev/null | grep -q "cargo-fuzz $CARGO_FUZZ_VERSION"; then
+        return 0
+    fi
+    echo "installing cargo-fuzz $CARGO_FUZZ_VERSION" >&2
+    cargo install --locked --quiet cargo-fuzz --version "$CARGO_FUZZ_VERSION"
+}
