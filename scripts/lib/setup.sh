@@ -68,22 +68,15 @@ ensure_cuda_wheels() {
     export GPUARCH_CUDA_DIR="$CUDA_DIR"
 }
 
-# cargo-deb, pinned, for scripts/package.
-CARGO_DEB_VERSION=3.8.0
-ensure_cargo_deb() {
-    if cargo deb --version 2>/dev/null | grep -qx "cargo-deb $CARGO_DEB_VERSION"; then
+# A cargo subcommand from crates.io at a pinned version: ensure_cargo_tool
+# CRATE VERSION (cargo-deb for scripts/package, cargo-fuzz for scripts/fuzz).
+ensure_cargo_tool() {
+    local crate=$1 version=$2
+    if cargo "${crate#cargo-}" --version 2>/dev/null | grep -qx "$crate $version"; then
         return 0
     fi
-    echo "installing cargo-deb $CARGO_DEB_VERSION" >&2
-    cargo install --locked --quiet cargo-deb --version "$CARGO_DEB_VERSION"
+    echo "installing $crate $version" >&2
+    cargo install --locked --quiet "$crate" --version "$version"
 }
-
-# cargo-fuzz, pinned, for scripts/fuzz.
-CARGO_FUZZ_VERSION=0.13.2
-ensure_cargo_fuzz() {
-    if cargo fuzz --version 2>/dev/null | grep -q "cargo-fuzz $CARGO_FUZZ_VERSION"; then
-        return 0
-    fi
-    echo "installing cargo-fuzz $CARGO_FUZZ_VERSION" >&2
-    cargo install --locked --quiet cargo-fuzz --version "$CARGO_FUZZ_VERSION"
-}
+ensure_cargo_deb() { ensure_cargo_tool cargo-deb 3.8.0; }
+ensure_cargo_fuzz() { ensure_cargo_tool cargo-fuzz 0.13.2; }

@@ -662,14 +662,9 @@ fn a_hung_nvml_costs_at_most_the_budget() {
     );
 }
 
-/// A package with shared libraries: the shim adds a createContainer entry,
-/// which registers them with the container's loader (ldconfig) and writes
-/// the env files while inside.
-#[test]
-fn mounted_libraries_reach_the_containers_loader_cache() {
-    require!("runc", "gcc");
-    let mut s = Scene::new();
-    let root = s.path().join("kernels");
+/// Package `fa2` under `root`, for sm_80 and up, holding one shared library
+/// (`lib/libgpuarchdemo.so.1`, built with gcc in `scratch`).
+fn library_package(root: &Path, scratch: &Path) {
     let lib = root.join("fa2/lib");
     std::fs::create_dir_all(&lib).unwrap();
     std::fs::write(
@@ -677,7 +672,7 @@ fn mounted_libraries_reach_the_containers_loader_cache() {
         r#"{"targets": ["sm_80"], "libraries": ["lib"]}"#,
     )
     .unwrap();
-    let src = s.path().join("demo.c");
+    let src = scratch.join("demo.c");
     std::fs::write(&src, "int gpuarch_demo(void) { return 86; }\n").unwrap();
     let o = Command::new("gcc")
         .args(["-shared", "-fPIC", "-Wl,-soname,libgpuarchdemo.so.1", "-o"])
@@ -686,6 +681,17 @@ fn mounted_libraries_reach_the_containers_loader_cache() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{o:?}");
+}
+
+/// A package with shared libraries: the shim adds a createContainer entry,
+/// which registers them with the container's loader (ldconfig) and writes
+/// the env files while inside.
+#[test]
+fn mounted_libraries_reach_the_containers_loader_cache() {
+    require!("runc", "gcc");
+    let mut s = Scene::new();
+    let root = s.path().join("kernels");
+    library_package(&root, s.path());
     s.config_yaml = format!("kernels:\n  mount_root: {}\n", root.display());
 
     let seen = s.shim("runc", &["NVIDIA_VISIBLE_DEVICES=1"]);
@@ -775,22 +781,7 @@ fn the_create_container_hook_alone_mounts_kernels() {
     )
     .unwrap();
     std::fs::write(root.join("demo/sm_86/demo.cubin"), b"cubin").unwrap();
-    let lib = root.join("fa2/lib");
-    std::fs::create_dir_all(&lib).unwrap();
-    std::fs::write(
-        root.join("fa2/manifest.json"),
-        r#"{"targets": ["sm_80"], "libraries": ["lib"]}"#,
-    )
-    .unwrap();
-    let src = s.path().join("demo.c");
-    std::fs::write(&src, "int gpuarch_demo(void) { return 86; }\n").unwrap();
-    let o = Command::new("gcc")
-        .args(["-shared", "-fPIC", "-Wl,-soname,libgpuarchdemo.so.1", "-o"])
-        .arg(lib.join("libgpuarchdemo.so.1"))
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{o:?}");
+    library_package(&root, s.path());
     s.config_yaml = format!("kernels:\n  mount_root: {}\n", root.display());
 
     for runtime in ["runc", "crun"] {
