@@ -293,7 +293,13 @@ impl Target {
     fn from_digits(token: &str, rest: &str, kind: CodeKind) -> Result<Self, ArchError> {
         let (digits, spec) = split_suffix(rest);
         if digits.is_empty() {
-            let prefix = &token[..token.len() - rest.len()];
+            // From the kind, not by slicing `token`: `rest` is a slice of the
+            // trimmed token, and trailing whitespace such as U+0085 made the
+            // lengths disagree (found by fuzz target `arch`).
+            let prefix = match kind {
+                CodeKind::Sass => "sm_",
+                CodeKind::Ptx => "compute_",
+            };
             return Err(invalid(token, format!("missing digits after '{prefix}'")));
         }
         if !digits.bytes().all(|b| b.is_ascii_digit()) || digits.len() > 3 || digits.len() < 2 {
@@ -639,6 +645,22 @@ mod tests {
 
     fn t(s: &str) -> Target {
         Target::parse(s).expect(s)
+    }
+
+    /// Regression: fuzz target `arch` found `compute_a` followed by
+    /// Unicode whitespace (trimmed) panicking on a slice of the untrimmed
+    /// token (fuzz/artifacts/arch/crash-8ce986b0...).
+    #[test]
+    fn trailing_unicode_whitespace_after_a_prefix_is_an_error() {
+        for s in [
+            "compute_a\t\u{85}\u{85}\u{85}",
+            "sm_\u{85}",
+            " sm_a\u{2003}",
+        ] {
+            let e = Target::parse(s).unwrap_err().to_string();
+            assert!(e.contains("missing digits after"), "{s:?}: {e}");
+            assert!(ArchList::parse(s).is_err(), "{s:?}");
+        }
     }
 
     #[test]
