@@ -10,12 +10,17 @@ use gpuarch_tests::{artifacts, fixture};
 use serde_json::{Value, json};
 
 fn hook(stdin: &[u8], config_yaml: &str) -> Output {
+    hook_on(stdin, config_yaml, &fixture("2080ti-3090"))
+}
+
+/// The hook with `GPUARCH_INVENTORY` naming `inventory`.
+fn hook_on(stdin: &[u8], config_yaml: &str, inventory: &std::path::Path) -> Output {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("config.yaml");
     std::fs::write(&cfg, config_yaml).unwrap();
     let mut child = Command::new(&artifacts().gpuarch_hook)
         .arg("precreate")
-        .env("GPUARCH_INVENTORY", fixture("2080ti-3090"))
+        .env("GPUARCH_INVENTORY", inventory)
         .env("GPUARCH_CONFIG", &cfg)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -107,4 +112,59 @@ fn an_oversized_config_streams_through_unchanged_or_fails_strict() {
     let o = hook(&input, "strict: true\n");
     assert_eq!(o.status.code(), Some(1));
     assert!(o.stdout.is_empty());
+}
+
+/// The snapshot the hook reads is missing, truncated, empty or from a newer
+/// gpuarch: the container starts unchanged, with the reason logged, well
+/// within the hook's budget; with strict its start fails, saying why.
+#[test]
+fn a_broken_snapshot_fails_open_or_strict_within_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = std::fs::read(fixture("2080ti-3090")).unwrap();
+    let mut future: Value = serde_json::from_slice(&good).unwrap();
+    future["schema"] = json!(99);
+    let cases: [(&str, Option<Vec<u8>>, &str); 4] = [
+        ("missing", None, "No such file"),
+        (
+            "truncated",
+            Some(good[..good.len() / 2].to_vec()),
+            "not valid JSON",
+        ),
+        ("empty", Some(Vec::new()), "not valid JSON"),
+        (
+            "future",
+            Some(future.to_string().into_bytes()),
+            "schema 99; this gpuarch reads schema 1",
+        ),
+    ];
+    let input = config(&["NVIDIA_VISIBLE_DEVICES=1"]).to_string();
+    for (name, bytes, reason) in cases {
+        let path = dir.path().join(format!("{name}.json"));
+        if let Some(b) = bytes {
+            std::fs::write(&path, b).unwrap();
+        }
+        let t0 = std::time::Instant::now();
+        let o = hook_on(input.as_bytes(), "hook:\n  timeout_ms: 1000\n", &path);
+        let took = t0.elapsed();
+        let log = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{name}: {log}");
+        assert_eq!(o.stdout, input.as_bytes(), "{name}: config changed");
+        assert!(
+            log.contains(reason) && log.contains("starts unchanged"),
+            "{name}: {log}"
+        );
+        assert!(
+            took < std::time::Duration::from_millis(1000),
+            "{name}: {took:?}"
+        );
+
+        let o = hook_on(input.as_bytes(), "strict: true\n", &path);
+        let log = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{name}: {log}");
+        assert!(o.stdout.is_empty(), "{name}");
+        assert!(
+            log.contains(reason) && log.contains("strict"),
+            "{name}: {log}"
+        );
+    }
 }
