@@ -1002,3 +1002,113 @@ fn doctor_checks_the_daemon_nvml_snapshot_cache_and_each_engine() {
         ]
     );
 }
+
+/// The complete entries of the store under `cache`: `objects/xx/<key>`
+/// directories that hold a manifest.
+fn store_entries(cache: &Path) -> Vec<std::path::PathBuf> {
+    let mut v = Vec::new();
+    for shard in std::fs::read_dir(cache.join("objects"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        for e in std::fs::read_dir(shard.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            v.push(e.path());
+        }
+    }
+    v.sort();
+    v
+}
+
+/// gpuarchd killed with SIGKILL in the middle of its start-up pre-warm: no
+/// partial build is ever in the store, and the restarted daemon finishes the
+/// job, with its index (ListKernels) matching the disk and every file
+/// verifying.
+#[test]
+fn a_daemon_killed_during_prewarm_leaves_no_partial_build_and_finishes_on_restart() {
+    require!();
+    let Some(cuda) = gpuarch_tests::cuda_dir() else {
+        return;
+    };
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    let pkgs = workspace_root().join("kernels/packages");
+    let mut yaml = gpuarch_tests::daemon::kernels_yaml(&node.path(""), &[&pkgs], Some(&cuda));
+    yaml.push_str("  workers: 1\n");
+    std::fs::write(node.path("config.yaml"), yaml).unwrap();
+    let cache = node.path("cache");
+    node.start(&[]);
+    // Kill as soon as the first build is in: the job is under way.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while store_entries(&cache).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no build in 60 s:\n{}",
+            node.log()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let mut child = node.daemon.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let at_kill = store_entries(&cache);
+    assert!(
+        at_kill.len() < 6,
+        "the pre-warm had already finished: {at_kill:?}"
+    );
+    for e in &at_kill {
+        assert!(
+            e.join("manifest.json").is_file(),
+            "{} is in the store without its manifest",
+            e.display()
+        );
+    }
+
+    node.start(&[]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let listed = loop {
+        let o = node.ctl(None, &["--json", "kernels"]);
+        let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        let n = doc["kernels"].as_array().map_or(0, Vec::len);
+        if n == 6 {
+            break doc;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} of 6 after restart:\n{}",
+            node.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut paths: Vec<std::path::PathBuf> = listed["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| std::path::PathBuf::from(k["path"].as_str().unwrap()))
+        .collect();
+    paths.sort();
+    assert_eq!(
+        paths,
+        store_entries(&cache),
+        "the index differs from the disk"
+    );
+    for e in &at_kill {
+        assert!(
+            paths.contains(e),
+            "{} built before the kill was lost",
+            e.display()
+        );
+    }
+    let o = node.ctl(None, &["verify"]);
+    assert_eq!(o.status.code(), Some(0), "{}", all_text(&o));
+    let leftovers: Vec<_> = std::fs::read_dir(cache.join("tmp"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(leftovers.is_empty(), "temp builds left: {leftovers:?}");
+}
