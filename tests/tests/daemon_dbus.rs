@@ -1112,3 +1112,70 @@ fn a_daemon_killed_during_prewarm_leaves_no_partial_build_and_finishes_on_restar
         .collect();
     assert!(leftovers.is_empty(), "temp builds left: {leftovers:?}");
 }
+
+/// Unmounts what it names when dropped (lazily: a test that failed may
+/// still have files open there).
+struct Mounted(std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// The cache on a filesystem too small for a build: the build fails with the
+/// reason, nothing half-written is stored, the daemon goes on serving, and
+/// once there is room the same request builds (a full disk is not recorded
+/// as the compiler's refusal).
+#[test]
+fn a_full_cache_disk_fails_the_build_clearly_and_stores_nothing_corrupt() {
+    require!("mount");
+    let Some(cuda) = gpuarch_tests::cuda_dir() else {
+        return;
+    };
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    let pkgs = workspace_root().join("kernels/packages");
+    let mut yaml = gpuarch_tests::daemon::kernels_yaml(&node.path(""), &[&pkgs], Some(&cuda));
+    yaml.push_str("  prewarm: false\n");
+    std::fs::write(node.path("config.yaml"), yaml).unwrap();
+    let cache = node.path("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    // Two pages: saxpy's cubin, PTX and manifest need three.
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8k,mode=0755", "tmpfs"])
+        .arg(&cache)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount tmpfs");
+    let _unmount = Mounted(cache.clone());
+    node.start(&[]);
+
+    let o = node.ctl(None, &["prewarm", "saxpy", "--arch", "8.6"]);
+    let out = all_text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(out.contains("saxpy sm_86"), "{out}");
+    assert!(out.contains("No space left on device"), "{out}");
+    assert!(
+        store_entries(&cache).is_empty(),
+        "{:?}",
+        store_entries(&cache)
+    );
+    // Still serving.
+    let o = node.ctl(None, &["devices"]);
+    assert_eq!(o.status.code(), Some(0), "{}", all_text(&o));
+    assert!(all_text(&o).contains("RTX 3090"));
+
+    let st = Command::new("mount")
+        .args(["-o", "remount,size=64m"])
+        .arg(&cache)
+        .status()
+        .unwrap();
+    assert!(st.success(), "remount");
+    let o = node.ctl(None, &["prewarm", "saxpy", "--arch", "8.6"]);
+    let out = all_text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert!(out.contains("saxpy sm_86: built fp32"), "{out}");
+    let o = node.ctl(None, &["verify"]);
+    assert_eq!(o.status.code(), Some(0), "{}", all_text(&o));
+    node.stop();
+}
