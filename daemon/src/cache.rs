@@ -53,8 +53,17 @@ pub struct Cache {
     /// Archs asked for since start, published alongside the host's.
     archs: Mutex<BTreeSet<Target>>,
     next_job: AtomicU64,
-    finished_jobs: Mutex<Vec<String>>,
+    jobs: Mutex<Jobs>,
     shared: Arc<Shared>,
+}
+
+/// The job objects on the bus: kept here so that a new bus connection
+/// (after a dbus-daemon restart) serves them again.
+#[derive(Debug, Default)]
+struct Jobs {
+    live: BTreeMap<String, Arc<Mutex<JobState>>>,
+    /// Finished jobs, oldest first; past [`KEEP_FINISHED`] they are dropped.
+    finished: Vec<String>,
 }
 
 /// `sm_XX` for every GPU of the host.
@@ -87,7 +96,7 @@ impl Cache {
             workers: Arc::new(Semaphore::new(workers)),
             archs: Mutex::new(BTreeSet::new()),
             next_job: AtomicU64::new(1),
-            finished_jobs: Mutex::new(Vec::new()),
+            jobs: Mutex::new(Jobs::default()),
             cfg,
             shared,
         });
@@ -304,14 +313,38 @@ impl Cache {
         )
     }
 
+    fn add_job(&self, path: &str, state: Arc<Mutex<JobState>>) {
+        if let Ok(mut j) = self.jobs.lock() {
+            j.live.insert(path.to_owned(), state);
+        }
+    }
+
     /// Remember a finished job; returns the paths of jobs to drop.
-    pub fn retire_job(&self, path: String) -> Vec<String> {
-        let Ok(mut f) = self.finished_jobs.lock() else {
+    fn retire_job(&self, path: String) -> Vec<String> {
+        let Ok(mut j) = self.jobs.lock() else {
             return Vec::new();
         };
-        f.push(path);
-        let excess = f.len().saturating_sub(KEEP_FINISHED);
-        f.drain(..excess).collect()
+        j.finished.push(path);
+        let excess = j.finished.len().saturating_sub(KEEP_FINISHED);
+        let old: Vec<String> = j.finished.drain(..excess).collect();
+        for p in &old {
+            j.live.remove(p);
+        }
+        old
+    }
+
+    /// Serve every job still kept on `conn` (a new bus connection).
+    pub async fn serve_jobs(&self, conn: &Connection) -> zbus::Result<()> {
+        let jobs: Vec<_> = match self.jobs.lock() {
+            Ok(j) => j.live.iter().map(|(p, s)| (p.clone(), s.clone())).collect(),
+            Err(_) => return Ok(()),
+        };
+        for (path, state) in jobs {
+            conn.object_server()
+                .at(path.as_str(), crate::service::Job { state })
+                .await?;
+        }
+        Ok(())
     }
 
     /// Keys of store entries bind-mounted in any mount namespace now.
@@ -556,25 +589,28 @@ pub fn watch(
     Some(w)
 }
 
-/// Serve the job object at `path` on `conn` and run it; emits progress and
-/// `Finished`, then leaves the object for late readers.
+/// Run `tasks` as a job whose object is served on the bus (now, and again
+/// after a reconnect); emits progress and `Finished`, then leaves the object
+/// for late readers. The job runs whether or not the bus is up.
 pub async fn start_job(
     cache: Arc<Cache>,
-    conn: Connection,
     tasks: Vec<Task>,
     pin: bool,
 ) -> zbus::Result<zbus::OwnedObjectPath> {
     let path = cache.new_job_path();
+    let owned = zbus::OwnedObjectPath::try_from(path.clone())?;
     let state = Arc::new(Mutex::new(JobState {
         total: tasks.len(),
         state: "running".into(),
         ..JobState::default()
     }));
-    let job = crate::service::Job {
-        state: state.clone(),
-    };
-    conn.object_server().at(path.as_str(), job).await?;
-    let owned = zbus::OwnedObjectPath::try_from(path.clone())?;
+    cache.add_job(&path, state.clone());
+    if let Some(conn) = cache.shared.bus() {
+        let job = crate::service::Job {
+            state: state.clone(),
+        };
+        conn.object_server().at(path.as_str(), job).await?;
+    }
     tokio::spawn(async move {
         let run = {
             let cache = cache.clone();
@@ -589,11 +625,11 @@ pub async fn start_job(
             let done = state.lock().map(|s| s.done).unwrap_or(0);
             if done != last {
                 last = done;
-                emit_progress(&conn, &path).await;
+                emit_progress(cache.shared.bus(), &path).await;
             }
         }
         let _ = run.await;
-        emit_progress(&conn, &path).await;
+        emit_progress(cache.shared.bus(), &path).await;
         let (ok, msg) = state
             .lock()
             .map(|s| (s.state == "done", s.message.clone()))
@@ -603,10 +639,12 @@ pub async fn start_job(
         } else {
             warn!("{path}: {msg}");
         }
-        if let Ok(iface) = conn
-            .object_server()
-            .interface::<_, crate::service::Job>(path.as_str())
-            .await
+        let conn = cache.shared.bus();
+        if let Some(conn) = &conn
+            && let Ok(iface) = conn
+                .object_server()
+                .interface::<_, crate::service::Job>(path.as_str())
+                .await
         {
             let em = iface.signal_emitter();
             let i = iface.get().await;
@@ -614,16 +652,19 @@ pub async fn start_job(
             let _ = crate::service::Job::finished(em, ok, &msg).await;
         }
         for old in cache.retire_job(path) {
-            let _ = conn
-                .object_server()
-                .remove::<crate::service::Job, _>(old.as_str())
-                .await;
+            if let Some(conn) = &conn {
+                let _ = conn
+                    .object_server()
+                    .remove::<crate::service::Job, _>(old.as_str())
+                    .await;
+            }
         }
     });
     Ok(owned)
 }
 
-async fn emit_progress(conn: &Connection, path: &str) {
+async fn emit_progress(conn: Option<Connection>, path: &str) {
+    let Some(conn) = conn else { return };
     if let Ok(iface) = conn
         .object_server()
         .interface::<_, crate::service::Job>(path)

@@ -164,8 +164,120 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
             None
         }
     };
+    let (conn, mut lost) = connect(&shared, cache.as_ref(), &req_tx)
+        .await
+        .with_context(|| format!("owning {} on the system bus", service::BUS_NAME))?;
+    shared.set_bus(Some(conn));
+    info!(
+        "serving {} at {} on the system bus",
+        service::BUS_NAME,
+        service::OBJECT_PATH
+    );
+
+    let (stop_tx, stop_rx) = tokio_watch::channel(false);
+    let refresh_task = tokio::spawn(refresher.run(req_rx, stop_rx.clone()));
+    let _watcher = watch::start(shared.clone(), req_tx.clone());
+    if let Some(every) = sdnotify::watchdog_interval() {
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => { let _ = sdnotify::notify("WATCHDOG=1"); }
+                    _ = stop.changed() => return,
+                }
+            }
+        });
+    }
+    if let Err(e) = sdnotify::notify("READY=1") {
+        warn!("cannot notify systemd: {e}");
+    }
+    let _kernel_watcher = cache.as_ref().and_then(|c| start_kernels(c.clone()));
+
+    // When the bus goes away (dbus-daemon restarted), everything but the
+    // D-Bus API goes on: the snapshot the hook reads, the builds, the
+    // watchers. Reconnect with backoff and take the name again; the
+    // objects, and the jobs kept for late readers, are served anew.
+    let mut outcome = Ok(());
+    let mut down: Option<Reconnect> = None;
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            m = next_signal(&mut lost), if down.is_none() => match m {
+                None | Some(Err(_)) => {
+                    warn!("lost the connection to the system bus; reconnecting");
+                    shared.set_bus(None);
+                    let _ = sdnotify::notify("STATUS=reconnecting to the system bus");
+                    down = Some(Reconnect::new());
+                }
+                Some(Ok(msg)) => {
+                    // Another owner took the name: a second gpuarchd
+                    // allowed to replace us. It answers from now on.
+                    if msg.body().deserialize::<&str>().ok() == Some(service::BUS_NAME) {
+                        outcome = Err(anyhow::anyhow!("lost the bus name {}", service::BUS_NAME));
+                        break;
+                    }
+                }
+            },
+            _ = tokio::time::sleep_until(down.as_ref().map_or_else(tokio::time::Instant::now, |d| d.at)), if down.is_some() => {
+                let Some(d) = down.as_mut() else { continue };
+                match connect(&shared, cache.as_ref(), &req_tx).await {
+                    Ok((conn, stream)) => {
+                        info!(
+                            "back on the system bus as {} after {:.1?} and {} attempts",
+                            service::BUS_NAME,
+                            d.since.elapsed(),
+                            d.attempts + 1
+                        );
+                        shared.set_bus(Some(conn));
+                        lost = stream;
+                        down = None;
+                        let _ = sdnotify::notify("STATUS=serving");
+                    }
+                    Err(e) if matches!(e.downcast_ref::<zbus::Error>(), Some(zbus::Error::NameTaken)) => {
+                        outcome = Err(anyhow::anyhow!(
+                            "{} is owned by another process since the bus came back",
+                            service::BUS_NAME
+                        ));
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::debug!("reconnecting to the system bus: {e:#}");
+                        d.failed();
+                    }
+                }
+            }
+            _ = hup.recv() => {
+                info!("SIGHUP: reloading the config and the inventory");
+                let (tx, _rx) = tokio::sync::oneshot::channel();
+                let _ = req_tx.send(Request::Reload(tx)).await;
+            }
+        }
+    }
+    match &outcome {
+        Ok(()) => info!("stopping"),
+        Err(e) => error!("{e}; stopping so that systemd restarts gpuarchd"),
+    }
+    let _ = sdnotify::notify("STOPPING=1\nSTATUS=stopping");
+    let _ = stop_tx.send(true);
+    // The refresher stops between steps; a snapshot write in progress
+    // finishes (it is a rename, so the file is whole either way).
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), refresh_task).await;
+    shared.set_bus(None);
+    outcome
+}
+
+/// Connect to the system bus, serve gpuarchd's objects (and the jobs the
+/// cache keeps) and take the name; with the stream of `NameLost` signals,
+/// which ends when the connection does.
+async fn connect(
+    shared: &Arc<Shared>,
+    cache: Option<&Arc<cache::Cache>>,
+    req_tx: &mpsc::Sender<Request>,
+) -> Result<(zbus::Connection, zbus::MessageStream)> {
     let mut builder = zbus::connection::Builder::system();
-    if let Some(c) = &cache {
+    if let Some(c) = cache {
         builder = builder.serve_at(
             service::OBJECT_PATH,
             service::KernelCache { cache: c.clone() },
@@ -187,95 +299,57 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
         )
         .name(service::BUS_NAME)
         .build()
-        .await
-        .with_context(|| format!("owning {} on the system bus", service::BUS_NAME))?;
-    refresher.set_connection(conn.clone());
-    info!(
-        "serving {} at {} on the system bus",
-        service::BUS_NAME,
-        service::OBJECT_PATH
-    );
-
-    // The stream ends when the bus connection does (dbus-daemon restarted);
-    // NameLost says another owner took the name. Either way this process
-    // can no longer answer: exit with an error so systemd restarts it.
+        .await?;
+    if let Some(c) = cache {
+        c.serve_jobs(&conn).await?;
+    }
     let rule = zbus::MatchRule::builder()
         .msg_type(zbus::message::Type::Signal)
         .sender("org.freedesktop.DBus")
         .interface("org.freedesktop.DBus")
         .member("NameLost")
-        .build()
-        .context("NameLost match rule")?;
-    let mut lost = zbus::MessageStream::for_match_rule(rule, &conn, None)
-        .await
-        .context("watching the bus connection")?;
+        .build()?;
+    let lost = zbus::MessageStream::for_match_rule(rule, &conn, None).await?;
+    Ok((conn, lost))
+}
 
-    let (stop_tx, stop_rx) = tokio_watch::channel(false);
-    let refresh_task = tokio::spawn(refresher.run(req_rx, stop_rx.clone()));
-    let _watcher = watch::start(shared.clone(), req_tx.clone());
-    if let Some(every) = sdnotify::watchdog_interval() {
-        let mut stop = stop_rx.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => { let _ = sdnotify::notify("WATCHDOG=1"); }
-                    _ = stop.changed() => return,
-                }
-            }
-        });
-    }
-    if let Err(e) = sdnotify::notify("READY=1") {
-        warn!("cannot notify systemd: {e}");
-    }
-    let _kernel_watcher = cache
-        .as_ref()
-        .and_then(|c| start_kernels(c.clone(), conn.clone()));
+async fn next_signal(s: &mut zbus::MessageStream) -> Option<zbus::Result<zbus::Message>> {
+    futures_util::StreamExt::next(s).await
+}
 
-    let mut outcome = Ok(());
-    loop {
-        tokio::select! {
-            _ = term.recv() => break,
-            _ = int.recv() => break,
-            m = futures_util::StreamExt::next(&mut lost) => match m {
-                None | Some(Err(_)) => {
-                    outcome = Err(anyhow::anyhow!("lost the connection to the system bus"));
-                    break;
-                }
-                Some(Ok(msg)) => {
-                    if msg.body().deserialize::<&str>().ok() == Some(service::BUS_NAME) {
-                        outcome = Err(anyhow::anyhow!("lost the bus name {}", service::BUS_NAME));
-                        break;
-                    }
-                }
-            },
-            _ = hup.recv() => {
-                info!("SIGHUP: reloading the config and the inventory");
-                let (tx, _rx) = tokio::sync::oneshot::channel();
-                let _ = req_tx.send(Request::Reload(tx)).await;
-            }
+/// Backoff between attempts to get back on the bus: 50 ms, doubling, at
+/// most 2 s, so that gpuarchd is back within 2 s of the bus.
+struct Reconnect {
+    since: std::time::Instant,
+    at: tokio::time::Instant,
+    attempts: u32,
+}
+
+impl Reconnect {
+    const FIRST: std::time::Duration = std::time::Duration::from_millis(50);
+    const MOST: std::time::Duration = std::time::Duration::from_secs(2);
+
+    fn new() -> Self {
+        Self {
+            since: std::time::Instant::now(),
+            at: tokio::time::Instant::now() + Self::FIRST,
+            attempts: 0,
         }
     }
-    match &outcome {
-        Ok(()) => info!("stopping"),
-        Err(e) => error!("{e}; stopping so that systemd restarts gpuarchd"),
+
+    fn failed(&mut self) {
+        self.attempts += 1;
+        let wait = Self::FIRST
+            .saturating_mul(1 << self.attempts.min(10))
+            .min(Self::MOST);
+        self.at = tokio::time::Instant::now() + wait;
     }
-    let _ = sdnotify::notify("STOPPING=1\nSTATUS=stopping");
-    let _ = stop_tx.send(true);
-    // The refresher stops between steps; a snapshot write in progress
-    // finishes (it is a rename, so the file is whole either way).
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), refresh_task).await;
-    drop(conn);
-    outcome
 }
 
 /// After READY: publish what the store holds, pre-warm for the host's GPUs
 /// (config `kernels.prewarm`), take the hook's requests, and follow the
 /// package directories and the spool.
-fn start_kernels(
-    cache: Arc<cache::Cache>,
-    conn: zbus::Connection,
-) -> Option<notify::RecommendedWatcher> {
+fn start_kernels(cache: Arc<cache::Cache>) -> Option<notify::RecommendedWatcher> {
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let watcher = cache::watch(&cache.cfg, tx);
     tokio::spawn(async move {
@@ -285,7 +359,7 @@ fn start_kernels(
             match cache.tasks(&[], &[]) {
                 Ok(t) if !t.is_empty() => {
                     info!("pre-warming {} kernel builds for the host's GPUs", t.len());
-                    if let Err(e) = cache::start_job(cache.clone(), conn.clone(), t, false).await {
+                    if let Err(e) = cache::start_job(cache.clone(), t, false).await {
                         warn!("cannot start the pre-warm: {e}");
                     }
                 }
@@ -297,8 +371,7 @@ fn start_kernels(
             let requests = cache.take_requests();
             if !requests.is_empty() {
                 info!("{} kernel build requests from containers", requests.len());
-                if let Err(e) = cache::start_job(cache.clone(), conn.clone(), requests, false).await
-                {
+                if let Err(e) = cache::start_job(cache.clone(), requests, false).await {
                     warn!("cannot start the requested builds: {e}");
                 }
             }
@@ -316,7 +389,7 @@ fn start_kernels(
             if cache.cfg.prewarm
                 && !changed.is_empty()
                 && let Ok(t) = cache.tasks(&changed, &[])
-                && let Err(e) = cache::start_job(cache.clone(), conn.clone(), t, false).await
+                && let Err(e) = cache::start_job(cache.clone(), t, false).await
             {
                 warn!("cannot start the pre-warm of changed packages: {e}");
             }

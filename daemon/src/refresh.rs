@@ -17,7 +17,6 @@ use gpuarch_inventory::{GpuInventory, NvmlInventory, read_snapshot, write_snapsh
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
-use zbus::Connection;
 
 use crate::sdnotify;
 use crate::service::{self, Request};
@@ -35,7 +34,6 @@ pub struct Refresher {
     dirty: bool,
     /// Refreshes that failed in a row, for the backoff.
     failures: u32,
-    conn: Option<Connection>,
 }
 
 impl Refresher {
@@ -46,13 +44,7 @@ impl Refresher {
             hung: None,
             dirty: false,
             failures: 0,
-            conn: None,
         }
-    }
-
-    /// Emit signals on this connection from now on.
-    pub fn set_connection(&mut self, conn: Connection) {
-        self.conn = Some(conn);
     }
 
     async fn read_nvml(&mut self) -> Result<Snapshot, String> {
@@ -176,7 +168,11 @@ impl Refresher {
     }
 
     async fn announce(&self, change: Change) {
-        let Some(conn) = &self.conn else { return };
+        // While the bus is down nobody can hear a signal; a client that
+        // reconnects reads the properties afresh.
+        let Some(conn) = self.shared.bus() else {
+            return;
+        };
         if !change.any() {
             return;
         }

@@ -362,7 +362,7 @@ impl KernelCache {
             .cache
             .tasks(&packages, &archs)
             .map_err(fdo::Error::InvalidArgs)?;
-        crate::cache::start_job(self.cache.clone(), conn.clone(), tasks, true)
+        crate::cache::start_job(self.cache.clone(), tasks, true)
             .await
             .map_err(|e| fdo::Error::Failed(e.to_string()))
     }
@@ -396,7 +396,7 @@ impl KernelCache {
         let c = self.cache.clone();
         let (records, rebuild) = blocking(move || c.verify()).await?;
         if !rebuild.is_empty() {
-            crate::cache::start_job(self.cache.clone(), conn.clone(), rebuild, false)
+            crate::cache::start_job(self.cache.clone(), rebuild, false)
                 .await
                 .map_err(|e| fdo::Error::Failed(e.to_string()))?;
         }

@@ -52,6 +52,10 @@ pub struct Shared {
     /// The config file and whether it must exist (named explicitly).
     pub config_path: PathBuf,
     pub config_must_exist: bool,
+    /// The system bus connection in use; `None` while the bus is down.
+    /// Replaced when gpuarchd reconnects after a dbus-daemon restart, so
+    /// signals and job objects always go to the live one.
+    bus: RwLock<Option<zbus::Connection>>,
 }
 
 fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
@@ -76,7 +80,17 @@ impl Shared {
             snapshot_path,
             config_path,
             config_must_exist,
+            bus: RwLock::new(None),
         }
+    }
+
+    /// The live bus connection, if gpuarchd is on the bus now.
+    pub fn bus(&self) -> Option<zbus::Connection> {
+        read(&self.bus).clone()
+    }
+
+    pub fn set_bus(&self, conn: Option<zbus::Connection>) {
+        *write(&self.bus) = conn;
     }
 
     pub fn inventory(&self) -> Inventory {

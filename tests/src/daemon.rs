@@ -77,6 +77,30 @@ fn bus_config(dir: &Path, policy: Policy) -> String {
     )
 }
 
+/// A dbus-daemon on `conf`, and its address without the server's guid (as
+/// the real system bus's is written), so that clients reach a restarted one.
+fn spawn_bus(conf: &Path) -> (Child, String) {
+    let mut bus = Command::new("dbus-daemon")
+        .arg(format!("--config-file={}", conf.display()))
+        .args(["--nofork", "--print-address"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut address = String::new();
+    BufReader::new(bus.stdout.take().unwrap())
+        .read_line(&mut address)
+        .unwrap();
+    assert!(address.starts_with("unix:"), "dbus-daemon said {address:?}");
+    let address = address
+        .trim()
+        .split(',')
+        .filter(|kv| !kv.starts_with("guid="))
+        .collect::<Vec<_>>()
+        .join(",");
+    (bus, address)
+}
+
 impl Node {
     pub fn new(topology: &str, policy: Policy) -> Self {
         let dir = tempfile::Builder::new()
@@ -95,19 +119,7 @@ impl Node {
         std::fs::copy(&artifacts().gpuarchctl, dir.path().join("gpuarchctl")).unwrap();
         let conf = dir.path().join("bus.conf");
         std::fs::write(&conf, bus_config(dir.path(), policy)).unwrap();
-        let mut bus = Command::new("dbus-daemon")
-            .arg(format!("--config-file={}", conf.display()))
-            .args(["--nofork", "--print-address"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut address = String::new();
-        BufReader::new(bus.stdout.take().unwrap())
-            .read_line(&mut address)
-            .unwrap();
-        let address = address.trim().to_owned();
-        assert!(address.starts_with("unix:"), "dbus-daemon said {address:?}");
+        let (bus, address) = spawn_bus(&conf);
         let notify = UnixDatagram::bind(dir.path().join("notify")).unwrap();
         Node {
             dir,
@@ -123,6 +135,13 @@ impl Node {
     pub fn kill_bus(&mut self) {
         let _ = self.bus.kill();
         let _ = self.bus.wait();
+    }
+
+    /// Start the bus again at the same address (after [`Node::kill_bus`]).
+    pub fn restart_bus(&mut self) {
+        let (bus, address) = spawn_bus(&self.path("bus.conf"));
+        assert_eq!(address, self.address);
+        self.bus = bus;
     }
 
     /// The dbus-daemon's process id.

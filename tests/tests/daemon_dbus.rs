@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use gpuarch_core::snapshot::Snapshot;
-use gpuarch_daemon::client::{DaemonProxy, InventoryProxy};
+use gpuarch_daemon::client::{DaemonProxy, InventoryProxy, JobProxy};
 use gpuarch_tests::daemon::{Node, Policy, block_on};
 use gpuarch_tests::{artifacts, cannot_run, fixture, workspace_root};
 
@@ -671,28 +671,89 @@ fn a_hung_nvml_costs_the_budget_not_the_daemon() {
 }
 
 #[test]
-fn losing_the_bus_stops_the_daemon_with_an_error_for_systemd_to_restart() {
+fn a_restarted_bus_gets_the_same_gpuarchd_back_on_its_name() {
     require!();
     let mut node = Node::new("2080ti-3090", Policy::Shipped);
     node.start(&[]);
-    node.kill_bus();
-    let mut child = node.daemon.take().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(Instant::now() < deadline, "gpuarchd outlived its bus");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(!status.success());
+    // A finished job, kept on the bus for late readers (no packages: it
+    // finishes at once).
+    let job = block_on(async {
+        let conn = node.conn().await;
+        let reply = conn
+            .call_method(
+                Some("io.gpuarch1"),
+                "/io/gpuarch1",
+                Some("io.gpuarch1.KernelCache"),
+                "Prewarm",
+                &(Vec::<String>::new(), vec!["8.6".to_owned()]),
+            )
+            .await
+            .unwrap();
+        let path: zbus::OwnedObjectPath = reply.body().deserialize().unwrap();
+        path
+    });
+    for round in 1..=2 {
+        node.kill_bus();
+        // Away from the bus, gpuarchd lives on and the hook's snapshot
+        // stays whole.
+        std::thread::sleep(Duration::from_millis(500));
+        let alive = node.daemon.as_mut().unwrap().try_wait().unwrap();
+        assert!(
+            alive.is_none(),
+            "gpuarchd exited: {alive:?}\n{}",
+            node.log()
+        );
+        assert_eq!(node.snapshot().devices.len(), 2);
+        let o = node.ctl(Some(&[]), &["devices"]);
+        assert_eq!(o.status.code(), Some(2), "{}", all_text(&o));
+
+        node.restart_bus();
+        let t0 = Instant::now();
+        let o = loop {
+            let o = node.ctl(Some(&[]), &["devices"]);
+            if o.status.success() {
+                break o;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "round {round}: not back on the bus within 5 s: {}\n{}",
+                all_text(&o),
+                node.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        eprintln!(
+            "round {round}: answering {:?} after the bus came back",
+            t0.elapsed()
+        );
+        assert!(text(&o).0.contains("8.6"), "{}", all_text(&o));
+    }
     let log = node.log();
-    assert!(
-        log.contains("lost the connection to the system bus"),
+    assert_eq!(
+        log.matches("lost the connection to the system bus; reconnecting")
+            .count(),
+        2,
         "{log}"
     );
-    // The hook's snapshot is still there and whole.
-    assert_eq!(node.snapshot().devices.len(), 2);
+    assert_eq!(
+        log.matches("back on the system bus as io.gpuarch1").count(),
+        2,
+        "{log}"
+    );
+    node.wait_note("STATUS=serving", Duration::from_secs(1));
+    // The job object is served on the new connection too.
+    let state = block_on(async {
+        let conn = node.conn().await;
+        let p = JobProxy::builder(&conn)
+            .path(job.clone())
+            .build()
+            .await
+            .unwrap();
+        p.state().await
+    });
+    assert_eq!(state.as_deref(), Ok("done"), "{job}: {state:?}");
+    let (status, _) = node.stop();
+    assert!(status.success(), "{status:?}");
 }
 
 fn all_text(o: &Output) -> String {
