@@ -96,13 +96,33 @@ fn device_dict(d: &gpuarch_core::snapshot::Device) -> BTreeMap<String, Variant<'
     ])
 }
 
+/// Most entries a `Plan` takes: more than any node's GPUs and MIG devices.
+pub const MAX_PLAN_DEVICES: usize = 1024;
+/// Longest device name a `Plan` takes (a MIG UUID is 40 bytes).
+pub const MAX_DEVICE_NAME: usize = 256;
+/// Longest requirement a `Match` takes.
+pub const MAX_REQUIREMENT: usize = 4096;
+
 /// The Plan for an explicit device list: every entry must name a device.
-pub fn plan_for(
-    devices: &[String],
+pub fn plan_for<S: AsRef<str>>(
+    devices: &[S],
     snap: &Snapshot,
     cfg: &Config,
 ) -> Result<(BTreeMap<String, String>, Vec<String>), String> {
-    for d in devices {
+    if devices.len() > MAX_PLAN_DEVICES {
+        return Err(format!(
+            "{} devices given; a Plan takes at most {MAX_PLAN_DEVICES}",
+            devices.len()
+        ));
+    }
+    if let Some(d) = devices.iter().find(|d| d.as_ref().len() > MAX_DEVICE_NAME) {
+        return Err(format!(
+            "a device name of {} bytes; at most {MAX_DEVICE_NAME}",
+            d.as_ref().len()
+        ));
+    }
+    let devices: Vec<&str> = devices.iter().map(AsRef::as_ref).collect();
+    for d in &devices {
         select::check_request_entry(d, snap).map_err(|e| format!("device {d:?}: {e}"))?;
     }
     let p = plan::plan_request(
@@ -116,6 +136,12 @@ pub fn plan_for(
 
 /// UUIDs of the GPUs meeting `requirement`, in index order.
 pub fn match_uuids(requirement: &str, snap: &Snapshot) -> Result<Vec<String>, String> {
+    if requirement.len() > MAX_REQUIREMENT {
+        return Err(format!(
+            "a requirement of {} bytes; at most {MAX_REQUIREMENT}",
+            requirement.len()
+        ));
+    }
     let r: Requirement = requirement.parse().map_err(|e| format!("{e}"))?;
     Ok(r.matching(snap).map(|d| d.uuid.clone()).collect())
 }
@@ -146,16 +172,18 @@ impl Inventory {
     /// What a container on these GPUs gets: the variables gpuarch would
     /// inject and one note per decision. Devices as NVIDIA_VISIBLE_DEVICES
     /// names them, one per entry: "0", "GPU-<uuid>", "0:1", "MIG-<uuid>",
-    /// "all". An entry naming no device here is an InvalidArgs error.
+    /// "all". An entry naming no device here is an InvalidArgs error, as
+    /// are more than 1024 entries or one longer than 256 bytes.
     #[zbus(out_args("env", "notes"))]
-    fn plan(&self, devices: Vec<String>) -> fdo::Result<(BTreeMap<String, String>, Vec<String>)> {
+    fn plan(&self, devices: Vec<&str>) -> fdo::Result<(BTreeMap<String, String>, Vec<String>)> {
         let snap = current(&self.shared)?;
         plan_for(&devices, &snap, &self.shared.config()).map_err(fdo::Error::InvalidArgs)
     }
 
     /// UUIDs of the GPUs meeting every comma-joined term of the requirement:
     /// arch>=X.Y, arch>X.Y, arch<=X.Y, arch<X.Y, arch=X.Y, arch!=X.Y,
-    /// feature=NAME. A bad term is an InvalidArgs error naming it.
+    /// feature=NAME. A bad term is an InvalidArgs error naming it; so is a
+    /// requirement longer than 4096 bytes.
     #[zbus(name = "Match", out_args("uuids"))]
     fn match_devices(&self, requirement: &str) -> fdo::Result<Vec<String>> {
         let snap = current(&self.shared)?;
@@ -326,7 +354,16 @@ pub struct KernelCache {
     pub cache: Arc<crate::cache::Cache>,
 }
 
+/// Calls that read the cache from disk run on blocking threads, two at a
+/// time: a client flooding ListKernels queues behind itself instead of
+/// taking the runtime's 512 blocking threads.
+static DISK_WORK: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> fdo::Result<T> {
+    let _turn = DISK_WORK
+        .acquire()
+        .await
+        .map_err(|e| fdo::Error::Failed(e.to_string()))?;
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| fdo::Error::Failed(e.to_string()))
@@ -349,15 +386,22 @@ impl KernelCache {
     #[zbus(out_args("job"))]
     async fn prewarm(
         &self,
-        packages: Vec<String>,
-        archs: Vec<String>,
+        packages: Vec<&str>,
+        archs: Vec<&str>,
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> fdo::Result<zbus::OwnedObjectPath> {
-        authorize(conn, &hdr, "Prewarm").await?;
+        // Sizes first: cheap, and says nothing about who may call.
         if packages.len() > 1024 || archs.len() > 64 {
-            return Err(fdo::Error::InvalidArgs("too many packages or archs".into()));
+            return Err(fdo::Error::InvalidArgs(format!(
+                "{} packages and {} archs given; at most 1024 and 64",
+                packages.len(),
+                archs.len()
+            )));
         }
+        authorize(conn, &hdr, "Prewarm").await?;
+        let packages: Vec<String> = packages.into_iter().map(str::to_owned).collect();
+        let archs: Vec<String> = archs.into_iter().map(str::to_owned).collect();
         let tasks = self
             .cache
             .tasks(&packages, &archs)

@@ -131,6 +131,17 @@ impl Node {
         }
     }
 
+    /// A node on the 2080 Ti + 3090 whose gpuarchd builds the sample kernel
+    /// packages with the NVRTC in `cuda`; `extra` adds `kernels:` keys.
+    pub fn with_kernels(cuda: &Path, extra: &str) -> Self {
+        let node = Node::new("2080ti-3090", Policy::Shipped);
+        let pkgs = workspace_root().join("kernels/packages");
+        let mut yaml = kernels_yaml(&node.path(""), &[&pkgs], Some(cuda));
+        yaml.push_str(extra);
+        std::fs::write(node.path("config.yaml"), yaml).unwrap();
+        node
+    }
+
     /// Stop the bus under the daemon, as a dbus-daemon restart would.
     pub fn kill_bus(&mut self) {
         let _ = self.bus.kill();

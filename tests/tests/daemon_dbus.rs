@@ -761,17 +761,6 @@ fn all_text(o: &Output) -> String {
     format!("{out}{err}")
 }
 
-/// A node on the 2080 Ti + 3090 whose gpuarchd builds the sample kernel
-/// packages with the NVRTC in `cuda`; `extra` adds `kernels:` keys.
-fn kernel_node(cuda: &Path, extra: &str) -> Node {
-    let node = Node::new("2080ti-3090", Policy::Shipped);
-    let pkgs = workspace_root().join("kernels/packages");
-    let mut yaml = gpuarch_tests::daemon::kernels_yaml(&node.path(""), &[&pkgs], Some(cuda));
-    yaml.push_str(extra);
-    std::fs::write(node.path("config.yaml"), yaml).unwrap();
-    node
-}
-
 /// gpuarchctl prewarm, kernels, verify, gc and inspect against gpuarchd
 /// building the sample packages with real NVRTC; the privileged ones are
 /// refused to nobody by the shipped bus policy.
@@ -781,7 +770,7 @@ fn prewarm_verify_and_gc_through_gpuarchctl() {
     let Some(cuda) = gpuarch_tests::cuda_dir() else {
         return;
     };
-    let mut node = kernel_node(&cuda, "  prewarm: false\n");
+    let mut node = Node::with_kernels(&cuda, "  prewarm: false\n");
     node.start(&[]);
 
     let o = node.ctl(Some(&[]), &["prewarm", "saxpy", "--arch", "8.6"]);
@@ -1102,7 +1091,7 @@ fn a_daemon_killed_during_prewarm_leaves_no_partial_build_and_finishes_on_restar
     let Some(cuda) = gpuarch_tests::cuda_dir() else {
         return;
     };
-    let mut node = kernel_node(&cuda, "  workers: 1\n");
+    let mut node = Node::with_kernels(&cuda, "  workers: 1\n");
     let cache = node.path("cache");
     node.start(&[]);
     // Kill as soon as the first build is in: the job is under way.
@@ -1197,7 +1186,7 @@ fn a_full_cache_disk_fails_the_build_clearly_and_stores_nothing_corrupt() {
     let Some(cuda) = gpuarch_tests::cuda_dir() else {
         return;
     };
-    let mut node = kernel_node(&cuda, "  prewarm: false\n");
+    let mut node = Node::with_kernels(&cuda, "  prewarm: false\n");
     let cache = node.path("cache");
     std::fs::create_dir_all(&cache).unwrap();
     // Two pages: saxpy's cubin, PTX and manifest need three.

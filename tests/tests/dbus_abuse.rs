@@ -1,0 +1,239 @@
+//! D-Bus abuse: unprivileged clients flooding gpuarchd's reads, calling its
+//! privileged methods, and sending huge arguments, on a private system bus
+//! with the shipped policy. Other clients must keep being answered, the
+//! privileged calls refused, and the daemon's memory must stay bounded.
+//!
+//! The hostile clients are `dbus-flood` (tests/src/bin) run as nobody.
+//!
+//! Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpuarch_tests::cannot_run;
+use gpuarch_tests::daemon::{Node, Policy, block_on};
+
+/// The floods measure latency: one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+macro_rules! require {
+    () => {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(why) = cannot_run(
+            ": only root may own io.gpuarch1 under the shipped bus policy",
+            &["dbus-daemon", "setpriv"],
+        ) {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+}
+
+/// `dbus-flood MODE WORKERS SECONDS` as nobody against the node's bus.
+fn flood(node: &Node, mode: &str, workers: u32, seconds: f64) -> Child {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_dbus-flood"))
+        .args([mode, &workers.to_string(), &seconds.to_string()])
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &node.address)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// What a flood saw: `calls`, `ok`, `max_ms` and `err:<name>` counts.
+fn result(c: Child) -> BTreeMap<String, u64> {
+    let o = c.wait_with_output().unwrap();
+    let line = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "dbus-flood failed: {line}");
+    line.split_whitespace()
+        .map(|kv| {
+            let (k, v) = kv.rsplit_once('=').unwrap();
+            (k.to_owned(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+/// A field of /proc/PID/status, in KiB.
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        .unwrap()
+}
+
+/// Latencies of ListDevices from a well-behaved client, one call every
+/// 20 ms for `span`.
+fn observe(node: &Node, span: Duration) -> Vec<Duration> {
+    block_on(async {
+        let conn = node.conn().await;
+        let end = Instant::now() + span;
+        let mut seen = Vec::new();
+        while Instant::now() < end {
+            let t0 = Instant::now();
+            conn.call_method(
+                Some("io.gpuarch1"),
+                "/io/gpuarch1",
+                Some("io.gpuarch1.Inventory"),
+                "ListDevices",
+                &(),
+            )
+            .await
+            .unwrap();
+            seen.push(t0.elapsed());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        seen
+    })
+}
+
+fn percentile(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    v[((v.len() - 1) as f64 * p) as usize]
+}
+
+const ACCESS_DENIED: &str = "err:org.freedesktop.DBus.Error.AccessDenied";
+const INVALID_ARGS: &str = "err:org.freedesktop.DBus.Error.InvalidArgs";
+
+/// Four nobody clients with 64 calls in flight each on every read method,
+/// and one on every privileged method, for `secs`, beside a well-behaved
+/// client calling ListDevices: asserts every read answered and every
+/// privileged call refused; returns the reads answered and the
+/// well-behaved client's latencies.
+fn flood_round(node: &Node, secs: f64) -> (u64, Vec<Duration>) {
+    let readers: Vec<Child> = (0..4).map(|_| flood(node, "reads", 64, secs)).collect();
+    let privileged = flood(node, "privileged", 16, secs);
+    let busy = observe(node, Duration::from_secs_f64(secs - 0.5));
+    let reads: Vec<_> = readers.into_iter().map(result).collect();
+    let privileged = result(privileged);
+    for r in &reads {
+        assert_eq!(r["ok"], r["calls"], "a read was not answered: {r:?}");
+    }
+    assert!(privileged["calls"] > 0, "{privileged:?}");
+    assert_eq!(
+        privileged.get(ACCESS_DENIED),
+        Some(&privileged["calls"]),
+        "every privileged call refused: {privileged:?}"
+    );
+    (reads.iter().map(|r| r["ok"]).sum(), busy)
+}
+
+fn report(what: &str, answered: u64, secs: f64, busy: &mut [Duration]) {
+    eprintln!(
+        "{what}: {answered} reads answered in {secs} s ({:.0}/s); observer's ListDevices \
+         p50 {:?} p99 {:?} max {:?}",
+        answered as f64 / secs,
+        percentile(busy, 0.5),
+        percentile(busy, 0.99),
+        percentile(busy, 1.0),
+    );
+}
+
+/// Flooded by nobody while gpuarchd pre-warms the sample kernels with
+/// NVRTC, then again once the cache is full (ListKernels has work): the
+/// reads are all answered, the privileged calls all refused, a
+/// well-behaved client's ListDevices stays quick, and the flood adds little
+/// to the daemon's peak memory.
+#[test]
+fn an_unprivileged_flood_is_answered_in_turn_and_refused_what_is_privileged() {
+    require!();
+    let Some(cuda) = gpuarch_tests::cuda_dir() else {
+        return;
+    };
+    let mut node = Node::with_kernels(&cuda, "");
+    node.start(&[]);
+    let pid = node.daemon.as_ref().unwrap().id();
+    let mut quiet = observe(&node, Duration::from_millis(300));
+    eprintln!("quiet: ListDevices p50 {:?}", percentile(&mut quiet, 0.5));
+
+    let secs = 4.0;
+    let (answered, mut busy) = flood_round(&node, secs);
+    report("during the pre-warm", answered, secs, &mut busy);
+    assert!(
+        percentile(&mut busy, 1.0) < Duration::from_secs(1),
+        "observer waited {:?}",
+        percentile(&mut busy, 1.0)
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !node.log().contains("/io/gpuarch1/jobs/1: ") {
+        assert!(
+            Instant::now() < deadline,
+            "no pre-warm end:\n{}",
+            node.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(node.log().contains("6 of 6 served"), "{}", node.log());
+
+    // NVRTC's own peak is behind us; reset the high-water mark to the
+    // resident size now, so that what it gains is the flood's.
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+    let before = status_kib(pid, "VmHWM");
+    let (answered, mut busy) = flood_round(&node, secs);
+    let after = status_kib(pid, "VmHWM");
+    report("with the cache full", answered, secs, &mut busy);
+    eprintln!("gpuarchd VmHWM {before} -> {after} KiB");
+    assert!(
+        percentile(&mut busy, 1.0) < Duration::from_secs(1),
+        "observer waited {:?}",
+        percentile(&mut busy, 1.0)
+    );
+    assert!(
+        after < before + 32 * 1024,
+        "gpuarchd's peak memory grew from {before} to {after} KiB"
+    );
+    let o = node.ctl(Some(&[]), &["devices"]);
+    assert!(o.status.success(), "{o:?}");
+    let (status, _) = node.stop();
+    assert!(status.success(), "{status:?}\n{}", node.log());
+}
+
+/// Huge arrays and strings are refused with InvalidArgs before any work,
+/// and the daemon's memory stays bounded; a huge privileged call is refused
+/// by the policy, and with the policy opened, by gpuarchd itself.
+#[test]
+fn huge_arguments_are_refused_cheaply() {
+    require!();
+    for policy in [Policy::Shipped, Policy::Open] {
+        let mut node = Node::new("2080ti-3090", policy);
+        node.start(&[]);
+        let pid = node.daemon.as_ref().unwrap().id();
+        let before = status_kib(pid, "VmHWM");
+        for (mode, expect) in [
+            ("huge-plan:200000", INVALID_ARGS),
+            ("huge-match:2000000", INVALID_ARGS),
+        ] {
+            let f = flood(&node, mode, 4, 2.0);
+            let mut seen = observe(&node, Duration::from_millis(1500));
+            let r = result(f);
+            let worst = percentile(&mut seen, 1.0);
+            eprintln!("{policy:?} {mode}: {r:?}; observer's ListDevices at worst {worst:?}");
+            assert!(worst < Duration::from_secs(1), "observer waited {worst:?}");
+            assert!(r["calls"] > 0, "{mode}: {r:?}");
+            assert_eq!(r.get(expect), Some(&r["calls"]), "{policy:?} {mode}: {r:?}");
+        }
+        // Refused by the policy, or with it opened, by its size.
+        let (mode, expect) = ("huge-prewarm:200000", ACCESS_DENIED);
+        let r = result(flood(&node, mode, 4, 2.0));
+        eprintln!("{policy:?} {mode}: {r:?}");
+        let expect = if policy == Policy::Open {
+            INVALID_ARGS
+        } else {
+            expect
+        };
+        assert_eq!(r.get(expect), Some(&r["calls"]), "{policy:?} {mode}: {r:?}");
+        let r = result(flood(&node, "privileged", 4, 1.0));
+        assert_eq!(r.get(ACCESS_DENIED), Some(&r["calls"]), "{policy:?}: {r:?}");
+        let after = status_kib(pid, "VmHWM");
+        eprintln!("{policy:?}: gpuarchd VmHWM {before} -> {after} KiB");
+        assert!(
+            after < before + 32 * 1024,
+            "{policy:?}: gpuarchd's peak memory grew from {before} to {after} KiB"
+        );
+        let o = node.ctl(Some(&[]), &["plan", "--devices", "1"]);
+        assert!(o.status.success(), "{o:?}");
+    }
+}
