@@ -11,9 +11,11 @@ use std::io::Read;
 
 use serde::Deserialize;
 
-/// Configs larger than this are refused: real ones are kilobytes, and the
-/// bound keeps hostile input from costing memory.
-pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
+/// Configs larger than this are not parsed: real ones are kilobytes (what a
+/// process can exec is bounded by ARG_MAX, a Kubernetes object's annotations
+/// by 256 KiB), and parsing costs up to ten times the bytes, so the bound
+/// keeps a hostile config's cost near 160 MiB.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
 /// Why a config could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +81,9 @@ pub struct ContainerView {
     /// `process.env` entries in order, split at the first `=`. Entries
     /// without `=` are kept out: execve passes them, but no lookup sees them.
     pub env: Vec<(String, String)>,
+    /// The annotations gpuarch reads (see [`read_annotation`]); the rest
+    /// are skipped while parsing, so a config holding a million of them
+    /// costs no more than its bytes.
     pub annotations: BTreeMap<String, String>,
     /// `linux.devices[].path`, in order.
     pub device_paths: Vec<String>,
@@ -88,10 +93,72 @@ pub struct ContainerView {
 struct Raw {
     #[serde(default)]
     process: Option<RawProcess>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "read_annotations")]
     annotations: Option<BTreeMap<String, String>>,
     #[serde(default)]
     linux: Option<RawLinux>,
+}
+
+/// Does gpuarch read annotation `key`: CDI requests and `io.gpuarch.*`.
+pub fn read_annotation(key: &str) -> bool {
+    key.starts_with("cdi.k8s.io/") || key.starts_with("io.gpuarch.")
+}
+
+/// `annotations`, keeping only what [`read_annotation`] names; every value
+/// must still be a string, as the OCI spec says.
+fn read_annotations<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    struct Kept;
+    impl<'de> serde::de::Visitor<'de> for Kept {
+        type Value = Option<BTreeMap<String, String>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a map of strings")
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_map(self)
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut m: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut kept = BTreeMap::new();
+            while let Some(k) = m.next_key::<std::borrow::Cow<'de, str>>()? {
+                if read_annotation(&k) {
+                    kept.insert(k.into_owned(), m.next_value::<String>()?);
+                } else {
+                    m.next_value::<StrOnly>()?;
+                }
+            }
+            Ok(Some(kept))
+        }
+    }
+    d.deserialize_option(Kept)
+}
+
+/// A string value, checked and dropped.
+struct StrOnly;
+
+impl<'de> Deserialize<'de> for StrOnly {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = StrOnly;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E>(self, _: &str) -> Result<StrOnly, E> {
+                Ok(StrOnly)
+            }
+        }
+        d.deserialize_str(V)
+    }
 }
 
 #[derive(Deserialize)]

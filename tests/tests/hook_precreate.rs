@@ -100,18 +100,135 @@ fn a_broken_gpuarch_config_fails_open() {
 
 #[test]
 fn an_oversized_config_streams_through_unchanged_or_fails_strict() {
-    // 65 MiB: over the 64 MiB bound, valid JSON, GPUs requested.
+    // 17 MiB: over the 16 MiB bound, valid JSON, GPUs requested.
     let mut input =
         b"{\"process\": {\"env\": [\"NVIDIA_VISIBLE_DEVICES=1\"]}, \"pad\": \"".to_vec();
-    input.resize(65 << 20, b'x');
+    input.resize(17 << 20, b'x');
     input.extend_from_slice(b"\"}");
     let o = hook(&input, "");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(o.stdout == input, "output differs from the input");
-    assert!(String::from_utf8_lossy(&o.stderr).contains("over 64 MiB"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("over 16 MiB"));
     let o = hook(&input, "strict: true\n");
     assert_eq!(o.status.code(), Some(1));
     assert!(o.stdout.is_empty());
+}
+
+/// The hook with stdin from `input`, run by `peak-rss` (tests/src/bin):
+/// its output, log, peak resident memory (KiB) and time.
+fn hook_measured(
+    input: &std::path::Path,
+    config_yaml: &str,
+) -> (Vec<u8>, String, u64, std::time::Duration) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(&cfg, config_yaml).unwrap();
+    let peak = dir.path().join("peak");
+    let t0 = std::time::Instant::now();
+    let o = Command::new(env!("CARGO_BIN_EXE_peak-rss"))
+        .arg(&peak)
+        .arg(&artifacts().gpuarch_hook)
+        .arg("precreate")
+        .env("GPUARCH_INVENTORY", fixture("2080ti-3090"))
+        .env("GPUARCH_CONFIG", &cfg)
+        .stdin(std::fs::File::open(input).unwrap())
+        .output()
+        .unwrap();
+    let took = t0.elapsed();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "hook failed: {err}");
+    let kib = std::fs::read_to_string(&peak).unwrap().parse().unwrap();
+    (o.stdout, err, kib, took)
+}
+
+/// A config of about `mib` MiB in `shape` (0: one long string, 1:
+/// annotations, 2: env entries), written to `path`.
+fn big_config(shape: usize, mib: usize, path: &std::path::Path) {
+    let mut c = config(&["NVIDIA_VISIBLE_DEVICES=1"]);
+    // An annotation or env entry takes 50 to 60 bytes.
+    let n = (mib << 20) / 60;
+    match shape {
+        0 => c["pad"] = json!("x".repeat(mib << 20)),
+        1 => {
+            c["process"]["env"] = json!(["PATH=/bin"]);
+            c["annotations"] = (0..n)
+                .map(|i| (format!("org.example/a{i}"), json!("v".repeat(30))))
+                .chain([("cdi.k8s.io/gpu".to_owned(), json!("nvidia.com/gpu=1"))])
+                .collect::<serde_json::Map<String, Value>>()
+                .into();
+        }
+        _ => {
+            let mut env: Vec<String> = (0..n).map(|i| format!("V{i}={}", "v".repeat(36))).collect();
+            env.push("NVIDIA_VISIBLE_DEVICES=1".to_owned());
+            c["process"]["env"] = json!(env);
+        }
+    }
+    std::fs::write(path, serde_json::to_vec(&c).unwrap()).unwrap();
+}
+
+const SHAPES: [&str; 3] = ["one long string", "annotations", "env entries"];
+
+/// Configs of 50 MiB in three shapes (one long string, a million
+/// annotations, a million env entries): over the 16 MiB bound, so they
+/// stream through unchanged in little memory, or with strict the start
+/// fails saying why. Just under the bound (15 MiB) they are parsed and
+/// planned, every field but process.env coming back as it was, in at most
+/// ten times their size.
+#[test]
+fn a_50_mib_config_streams_through_and_a_15_mib_one_is_planned_in_bounded_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("config.json");
+    for (shape, name) in SHAPES.into_iter().enumerate() {
+        big_config(shape, 50, &input);
+        let size = std::fs::metadata(&input).unwrap().len();
+        let (out, log, rss_kib, took) = hook_measured(&input, "");
+        eprintln!(
+            "50 MiB, {name}: streamed through, the hook's peak RSS {} MiB, {took:?}",
+            rss_kib >> 10,
+        );
+        assert!(log.contains("over 16 MiB; not planning it"), "{log}");
+        assert!(out == std::fs::read(&input).unwrap(), "{name}: changed");
+        assert!(rss_kib < 40 << 10, "{name}: {rss_kib} KiB for {size} bytes");
+
+        let strict = dir.path().join("strict.yaml");
+        std::fs::write(&strict, "strict: true\n").unwrap();
+        let o = Command::new(&artifacts().gpuarch_hook)
+            .arg("precreate")
+            .env("GPUARCH_INVENTORY", fixture("2080ti-3090"))
+            .env("GPUARCH_CONFIG", &strict)
+            .stdin(std::fs::File::open(&input).unwrap())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{name}: {err}");
+        assert!(
+            err.contains("over 16 MiB") && err.contains("strict"),
+            "{err}"
+        );
+        assert!(o.stdout.is_empty());
+    }
+    for (shape, name) in SHAPES.into_iter().enumerate() {
+        big_config(shape, 15, &input);
+        let size = std::fs::metadata(&input).unwrap().len();
+        assert!(size < 16 << 20, "{name}: {size}");
+        let (out, log, rss_kib, took) = hook_measured(&input, "hook:\n  timeout_ms: 60000\n");
+        eprintln!(
+            "15 MiB, {name}: planned, the hook's peak RSS {} MiB ({:.1}x), {took:?}",
+            rss_kib >> 10,
+            (rss_kib << 10) as f64 / size as f64,
+        );
+        assert!(
+            rss_kib << 10 < 10 * size,
+            "{name}: {rss_kib} KiB for {size} bytes"
+        );
+        let mut got: Value = serde_json::from_slice(&out).unwrap();
+        let env = got["process"]["env"].to_string();
+        assert!(env.contains("TORCH_CUDA_ARCH_LIST=8.6"), "{name}: {log}");
+        let mut c: Value = serde_json::from_slice(&std::fs::read(&input).unwrap()).unwrap();
+        c["process"]["env"] = Value::Null;
+        got["process"]["env"] = Value::Null;
+        assert!(got == c, "{name}: a field other than process.env changed");
+    }
 }
 
 /// The snapshot the hook reads is missing, truncated, empty or from a newer
