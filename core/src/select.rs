@@ -333,10 +333,23 @@ fn finish(
     {
         gpus = narrow(&gpus, cvd, &mut notes);
     }
+    cap_notes(&mut notes);
     Selection {
         source,
         gpus,
         notes,
+    }
+}
+
+/// Most notes a selection keeps: a container listing thousands of bad
+/// device names gets a log of a few lines, not one line per name.
+pub const MAX_NOTES: usize = 16;
+
+fn cap_notes(notes: &mut Vec<String>) {
+    if notes.len() > MAX_NOTES {
+        let more = notes.len() - (MAX_NOTES - 1);
+        notes.truncate(MAX_NOTES - 1);
+        notes.push(format!("... and {more} more notes like these, not shown"));
     }
 }
 
@@ -549,6 +562,22 @@ pub(crate) mod tests {
         let s = select(&v, &host());
         assert_eq!(s.source, None);
         assert!(s.gpus.is_empty());
+    }
+
+    #[test]
+    fn thousands_of_bad_names_make_a_few_notes() {
+        let inv = crate::snapshot::Snapshot::from_json(include_bytes!(
+            "../../tests/fixtures/2080ti-3090.json"
+        ))
+        .unwrap();
+        let list = format!("1,{}", "../x,".repeat(10_000));
+        let s = select_request(&list, &ContainerView::default(), &inv);
+        assert_eq!(s.gpus.len(), 1);
+        assert_eq!(s.notes.len(), MAX_NOTES);
+        assert_eq!(
+            s.notes.last().map(String::as_str),
+            Some("... and 9985 more notes like these, not shown")
+        );
     }
 
     #[test]

@@ -1008,3 +1008,202 @@ fn the_daemon_prewarms_and_each_container_gets_the_builds_for_its_gpus() {
     assert!(!node.path("spool/saxpy@sm_89").exists());
     node.stop();
 }
+
+/// The paths the hook writes or mounts in a rootfs.
+const WRITTEN: [&str; 5] = [
+    "opt",
+    "opt/gpuarch",
+    "run",
+    "etc/profile.d",
+    "etc/ld.so.conf.d",
+];
+
+/// A host directory holding one canary file; `check` asserts it holds
+/// exactly that, unchanged.
+fn host_dir(s: &Scene, name: &str) -> PathBuf {
+    let d = s.path().join(format!("host-{}", name.replace('/', "-")));
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join("canary"), "host\n").unwrap();
+    d
+}
+
+fn check(d: &Path) {
+    let names: Vec<_> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["canary"], "{}: written on the host", d.display());
+    assert_eq!(std::fs::read_to_string(d.join("canary")).unwrap(), "host\n");
+}
+
+/// A scene with the two sample packages (one with a library for ldconfig).
+fn kernel_scene() -> Scene {
+    let mut s = Scene::new();
+    let root = s.path().join("kernels");
+    std::fs::create_dir_all(root.join("demo/sm_86")).unwrap();
+    std::fs::write(
+        root.join("demo/manifest.json"),
+        r#"{"package": "demo", "targets": ["sm_75", "sm_86"]}"#,
+    )
+    .unwrap();
+    library_package(&root, s.path());
+    s.config_yaml = format!("kernels:\n  mount_root: {}\n", root.display());
+    s
+}
+
+/// Each path the hook writes or mounts (/opt, /opt/gpuarch, /run,
+/// /etc/profile.d, /etc/ld.so.conf.d) a symlink to a host directory: the
+/// container starts, through the shim and with the createContainer hook
+/// alone, and the host directory is as it was.
+#[test]
+fn each_path_the_hook_writes_may_lead_to_the_host() {
+    require!("runc", "gcc");
+    for p in WRITTEN {
+        let s = kernel_scene();
+        let host = host_dir(&s, p);
+        let at = s.rootfs().join(p);
+        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+        let _ = std::fs::remove_dir_all(&at);
+        symlink(&host, &at).unwrap();
+
+        s.shim("runc", &["NVIDIA_VISIBLE_DEVICES=1"]).ok();
+        check(&host);
+        let hooks = json!({ "createContainer": s.hook_entry("create-container") });
+        let b = s.bundle_with("runc", &["NVIDIA_VISIBLE_DEVICES=1"], Some(hooks));
+        s.run_bundle("runc", &b, false).ok();
+        check(&host);
+    }
+}
+
+/// Entries other than the canary under `d`: (path, is a directory).
+fn host_extra(d: &Path) -> Vec<(PathBuf, bool)> {
+    let mut out = Vec::new();
+    let mut todo = vec![d.to_owned()];
+    while let Some(dir) = todo.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            if p == d.join("canary") {
+                continue;
+            }
+            let is_dir = e.file_type().unwrap().is_dir();
+            if is_dir {
+                todo.push(p.clone());
+            }
+            out.push((p, is_dir));
+        }
+    }
+    out
+}
+
+/// runc before 1.1.14 creates a mount's missing destination directories by
+/// path after checking them, so a swapped rootfs path makes it create empty
+/// directories on the host (CVE-2024-45310).
+fn runc_creates_through_swaps() -> Option<String> {
+    let o = Command::new("runc").arg("--version").output().ok()?;
+    let v = String::from_utf8_lossy(&o.stdout);
+    let ver = v.lines().next()?.strip_prefix("runc version ")?.to_owned();
+    let nums: Vec<u32> = ver
+        .split(|c: char| !c.is_ascii_digit())
+        .take(3)
+        .map(|n| n.parse().unwrap_or(0))
+        .collect();
+    (nums.as_slice() < [1, 1, 14].as_slice()).then_some(ver)
+}
+
+/// The same paths (but /run, on which the bundle mounts a tmpfs) swapped
+/// between a directory and a symlink to the host, thousands of times a
+/// second, while containers start.
+///
+/// With the createContainer hook alone, gpuarch makes every write and mount
+/// itself, through handles resolved in the rootfs: every container starts
+/// and no host directory is touched. Through the shim, runc makes the
+/// kernel mounts named in the config; it refuses a path that moved, and a
+/// runc with CVE-2024-45310 creates the mount's empty directories through
+/// the swapped path (the test says so and checks that nothing else, no
+/// file of gpuarch's, reaches the host).
+#[test]
+fn paths_swapped_between_check_and_use_never_reach_the_host() {
+    require!("runc", "gcc");
+    use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+    let old_runc = runc_creates_through_swaps();
+    for shim in [false, true] {
+        let s = kernel_scene();
+        let mut pairs = Vec::new();
+        for p in ["opt/gpuarch", "etc/profile.d", "etc/ld.so.conf.d"] {
+            let host = host_dir(&s, p);
+            let at = s.rootfs().join(p);
+            std::fs::create_dir_all(&at).unwrap();
+            let other = s.rootfs().join(format!("{p}.swap"));
+            symlink(&host, &other).unwrap();
+            pairs.push((at, other, host));
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let stop = stop.clone();
+            let pairs: Vec<_> = pairs
+                .iter()
+                .map(|(a, b, _)| (a.clone(), b.clone()))
+                .collect();
+            std::thread::spawn(move || {
+                let mut swaps = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (a, b) in &pairs {
+                        renameat2(AT_FDCWD, a, AT_FDCWD, b, RenameFlags::RENAME_EXCHANGE).unwrap();
+                        swaps += 1;
+                    }
+                }
+                swaps
+            })
+        };
+        let t0 = std::time::Instant::now();
+        let mut started = 0;
+        let runs = 8;
+        for _ in 0..runs {
+            let seen = if shim {
+                s.shim("runc", &["NVIDIA_VISIBLE_DEVICES=1"])
+            } else {
+                let hooks = json!({ "createContainer": s.hook_entry("create-container") });
+                let b = s.bundle_with("runc", &["NVIDIA_VISIBLE_DEVICES=1"], Some(hooks));
+                s.run_bundle("runc", &b, false)
+            };
+            if seen.out.status.success() {
+                started += 1;
+            } else {
+                let err = seen.stderr();
+                assert!(shim, "the hook alone failed a start: {err}");
+                assert!(err.contains("runc run failed"), "{err}");
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let swaps = swapper.join().unwrap();
+        let how = if shim {
+            "through the shim"
+        } else {
+            "with the createContainer hook"
+        };
+        eprintln!(
+            "{how}: {started} of {runs} containers started during {swaps} swaps in {:?}",
+            t0.elapsed()
+        );
+        assert!(swaps > 1000, "the paths were hardly swapped: {swaps}");
+        for (_, _, host) in &pairs {
+            let extra = host_extra(host);
+            match (&old_runc, shim) {
+                (Some(v), true) if extra.iter().all(|(_, dir)| *dir) => {
+                    if !extra.is_empty() {
+                        eprintln!("runc {v} (CVE-2024-45310) created on the host: {extra:?}");
+                    }
+                }
+                _ => assert!(extra.is_empty(), "{how}: written on the host: {extra:?}"),
+            }
+            assert_eq!(
+                std::fs::read_to_string(host.join("canary")).unwrap(),
+                "host\n"
+            );
+        }
+        if !shim {
+            assert_eq!(started, runs, "{how}");
+        }
+    }
+}

@@ -285,3 +285,72 @@ fn a_broken_snapshot_fails_open_or_strict_within_the_budget() {
         );
     }
 }
+
+/// Device names a container's owner wrote to reach files or confuse
+/// parsing: `../` paths, NUL bytes and 64 KiB values in CDI annotations,
+/// NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES and device paths. Each
+/// config is planned from what names real GPUs, with a bounded log and the
+/// rest passed through, within the budget.
+#[test]
+fn hostile_device_names_are_notes_in_a_bounded_log() {
+    let long_bad = "../x,".repeat(64 << 10 >> 5);
+    let long_zero = "0,".repeat(32 << 10);
+    let cases: Vec<(&str, Value)> = vec![
+        (
+            "CDI ../",
+            json!({"process": {"env": ["PATH=/bin"]},
+                   "annotations": {"cdi.k8s.io/a": "nvidia.com/gpu=../../../../etc/passwd,nvidia.com/gpu=1"}}),
+        ),
+        (
+            "CDI NUL",
+            json!({"process": {"env": ["PATH=/bin"]},
+                   "annotations": {"cdi.k8s.io/a": "nvidia.com/gpu=0\u{0}1,nvidia.com/gpu=1"}}),
+        ),
+        (
+            "CDI 64 KiB",
+            json!({"process": {"env": ["PATH=/bin"]},
+                   "annotations": {"cdi.k8s.io/a": format!("nvidia.com/gpu=1,{}", long_bad.replace("../", "nvidia.com/gpu=../"))}}),
+        ),
+        (
+            "env 64 KiB",
+            json!({"process": {"env": [format!("NVIDIA_VISIBLE_DEVICES=1,{long_bad}"),
+                                       format!("CUDA_VISIBLE_DEVICES={long_zero}")]}}),
+        ),
+        (
+            "env NUL",
+            // "1\0" names no GPU: the container gets GPU 0 alone.
+            json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=1\u{0},0", "GPUARCH_DISABLE=\u{0}"]}}),
+        ),
+        (
+            "device paths",
+            json!({"process": {"env": ["PATH=/bin"]},
+                   "linux": {"devices": [{"path": "/dev/../dev/nvidia0"}, {"path": "/dev/nvidia1\u{0}"},
+                                         {"path": format!("/dev/{}", "a".repeat(64 << 10))}, {"path": "/dev/nvidia1"}]}}),
+        ),
+    ];
+    let _ = artifacts(); // built before the clock starts
+    for (name, mut c) in cases {
+        c["ociVersion"] = json!("1.2.0");
+        c["x-vendor"] = json!({"keep": "\u{0}"});
+        let input = serde_json::to_vec(&c).unwrap();
+        let t0 = std::time::Instant::now();
+        let o = hook(&input, "hook:\n  timeout_ms: 2000\n");
+        let took = t0.elapsed();
+        let log = String::from_utf8_lossy(&o.stderr);
+        eprintln!("{name}: {} bytes of log in {took:?}", log.len());
+        assert!(o.status.success(), "{name}: {log}");
+        let out: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(out["x-vendor"], c["x-vendor"], "{name}");
+        assert_eq!(out["annotations"], c["annotations"], "{name}");
+        assert_eq!(out["linux"], c["linux"], "{name}");
+        let env = out["process"]["env"].to_string();
+        let arch = if name == "env NUL" { "7.5" } else { "8.6" };
+        assert!(
+            env.contains(&format!("TORCH_CUDA_ARCH_LIST={arch}\"")),
+            "{name}: {log}"
+        );
+        assert!(log.len() < 16 << 10, "{name}: {} bytes of log", log.len());
+        assert!(!log.contains('\u{0}'), "{name}: a NUL reached the log");
+        assert!(took < std::time::Duration::from_secs(2), "{name}: {took:?}");
+    }
+}
