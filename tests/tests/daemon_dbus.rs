@@ -189,6 +189,22 @@ async fn introspect(conn: &zbus::Connection, path: &str) -> String {
         .unwrap()
 }
 
+/// A Prewarm of 8.6 as root on a node with no packages: a job that
+/// finishes at once.
+async fn empty_prewarm(conn: &zbus::Connection) -> zbus::OwnedObjectPath {
+    let reply = conn
+        .call_method(
+            Some("io.gpuarch1"),
+            "/io/gpuarch1",
+            Some("io.gpuarch1.KernelCache"),
+            "Prewarm",
+            &(Vec::<String>::new(), vec!["8.6".to_owned()]),
+        )
+        .await
+        .unwrap();
+    reply.body().deserialize().unwrap()
+}
+
 #[test]
 fn the_shipped_interface_xml_is_what_the_daemon_serves() {
     require!();
@@ -197,19 +213,8 @@ fn the_shipped_interface_xml_is_what_the_daemon_serves() {
     let (main, job) = block_on(async {
         let conn = node.conn().await;
         let main = introspect(&conn, "/io/gpuarch1").await;
-        // A job object exists once a pre-warm was asked for (none here: no
-        // packages, so it finishes at once).
-        let reply = conn
-            .call_method(
-                Some("io.gpuarch1"),
-                "/io/gpuarch1",
-                Some("io.gpuarch1.KernelCache"),
-                "Prewarm",
-                &(Vec::<String>::new(), vec!["8.6".to_owned()]),
-            )
-            .await
-            .unwrap();
-        let path: zbus::OwnedObjectPath = reply.body().deserialize().unwrap();
+        // A job object exists once a pre-warm was asked for.
+        let path = empty_prewarm(&conn).await;
         (main, introspect(&conn, path.as_str()).await)
     });
     let shipped =
@@ -677,21 +682,7 @@ fn a_restarted_bus_gets_the_same_gpuarchd_back_on_its_name() {
     node.start(&[]);
     // A finished job, kept on the bus for late readers (no packages: it
     // finishes at once).
-    let job = block_on(async {
-        let conn = node.conn().await;
-        let reply = conn
-            .call_method(
-                Some("io.gpuarch1"),
-                "/io/gpuarch1",
-                Some("io.gpuarch1.KernelCache"),
-                "Prewarm",
-                &(Vec::<String>::new(), vec!["8.6".to_owned()]),
-            )
-            .await
-            .unwrap();
-        let path: zbus::OwnedObjectPath = reply.body().deserialize().unwrap();
-        path
-    });
+    let job = block_on(async { empty_prewarm(&node.conn().await).await });
     for round in 1..=2 {
         node.kill_bus();
         // Away from the bus, gpuarchd lives on and the hook's snapshot
