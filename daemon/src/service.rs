@@ -104,8 +104,8 @@ pub const MAX_DEVICE_NAME: usize = 256;
 pub const MAX_REQUIREMENT: usize = 4096;
 
 /// The Plan for an explicit device list: every entry must name a device.
-pub fn plan_for<S: AsRef<str>>(
-    devices: &[S],
+pub fn plan_for(
+    devices: &[&str],
     snap: &Snapshot,
     cfg: &Config,
 ) -> Result<(BTreeMap<String, String>, Vec<String>), String> {
@@ -115,14 +115,13 @@ pub fn plan_for<S: AsRef<str>>(
             devices.len()
         ));
     }
-    if let Some(d) = devices.iter().find(|d| d.as_ref().len() > MAX_DEVICE_NAME) {
+    if let Some(d) = devices.iter().find(|d| d.len() > MAX_DEVICE_NAME) {
         return Err(format!(
             "a device name of {} bytes; at most {MAX_DEVICE_NAME}",
-            d.as_ref().len()
+            d.len()
         ));
     }
-    let devices: Vec<&str> = devices.iter().map(AsRef::as_ref).collect();
-    for d in &devices {
+    for d in devices {
         select::check_request_entry(d, snap).map_err(|e| format!("device {d:?}: {e}"))?;
     }
     let p = plan::plan_request(
