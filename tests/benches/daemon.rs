@@ -90,15 +90,6 @@ fn rate(node: &Node, call: Call, clients: usize, calls: usize) -> f64 {
     (clients * calls) as f64 / t0.elapsed().as_secs_f64()
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
 /// CPU time a process has used (user + system).
 fn cpu(pid: u32) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -131,7 +122,7 @@ fn main() {
     node.start(&[]);
     let pid = node.daemon.as_ref().unwrap().id();
     std::thread::sleep(Duration::from_millis(300));
-    let idle = rss_kib(pid);
+    let idle = gpuarch_tests::proc_status_kib(pid, "VmRSS");
 
     // ABBA order so drift on a noisy machine hits both sides alike.
     let mut ping1 = 0.0;
@@ -150,7 +141,7 @@ fn main() {
     let plan8 = rate(&node, Call::Plan, CLIENTS, CALLS / CLIENTS);
     let per_call = |t: Duration| t.as_secs_f64() * 1e6 / (CALLS / CLIENTS * CLIENTS) as f64;
     let (d_us, b_us) = (per_call(cpu(pid) - d0), per_call(cpu(node.bus_pid()) - b0));
-    let loaded = rss_kib(pid);
+    let loaded = gpuarch_tests::proc_status_kib(pid, "VmRSS");
     println!(
         "Plan over D-Bus, 1 client:  {plan1:>8.0} calls/s (Ping {ping1:.0}/s; Plan/Ping time ratio {:.2}x)",
         ping1 / plan1

@@ -42,6 +42,15 @@ pub fn which(tool: &str) -> Option<PathBuf> {
     })
 }
 
+/// A memory field of /proc/PID/status (`VmRSS`, `VmHWM`), in KiB.
+pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
+    s.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
 /// Why a test that needs root and `tools` cannot run here (`root_for` says
 /// what root is needed for), or `None` when it can.
 pub fn cannot_run(root_for: &str, tools: &[&str]) -> Option<String> {

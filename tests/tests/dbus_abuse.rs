@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpuarch_tests::cannot_run;
 use gpuarch_tests::daemon::{Node, Policy, block_on};
+use gpuarch_tests::{cannot_run, proc_status_kib};
 
 /// The floods measure latency: one at a time.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -54,15 +54,6 @@ fn result(c: Child) -> BTreeMap<String, u64> {
             (k.to_owned(), v.parse().unwrap())
         })
         .collect()
-}
-
-/// A field of /proc/PID/status, in KiB.
-fn status_kib(pid: u32, field: &str) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    s.lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
-        .unwrap()
 }
 
 /// Latencies of ListDevices from a well-behaved client, one call every
@@ -171,9 +162,9 @@ fn an_unprivileged_flood_is_answered_in_turn_and_refused_what_is_privileged() {
     // NVRTC's own peak is behind us; reset the high-water mark to the
     // resident size now, so that what it gains is the flood's.
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
-    let before = status_kib(pid, "VmHWM");
+    let before = proc_status_kib(pid, "VmHWM");
     let (answered, mut busy) = flood_round(&node, secs);
-    let after = status_kib(pid, "VmHWM");
+    let after = proc_status_kib(pid, "VmHWM");
     report("with the cache full", answered, secs, &mut busy);
     eprintln!("gpuarchd VmHWM {before} -> {after} KiB");
     assert!(
@@ -201,7 +192,7 @@ fn huge_arguments_are_refused_cheaply() {
         let mut node = Node::new("2080ti-3090", policy);
         node.start(&[]);
         let pid = node.daemon.as_ref().unwrap().id();
-        let before = status_kib(pid, "VmHWM");
+        let before = proc_status_kib(pid, "VmHWM");
         for (mode, expect) in [
             ("huge-plan:200000", INVALID_ARGS),
             ("huge-match:2000000", INVALID_ARGS),
@@ -227,7 +218,7 @@ fn huge_arguments_are_refused_cheaply() {
         assert_eq!(r.get(expect), Some(&r["calls"]), "{policy:?} {mode}: {r:?}");
         let r = result(flood(&node, "privileged", 4, 1.0));
         assert_eq!(r.get(ACCESS_DENIED), Some(&r["calls"]), "{policy:?}: {r:?}");
-        let after = status_kib(pid, "VmHWM");
+        let after = proc_status_kib(pid, "VmHWM");
         eprintln!("{policy:?}: gpuarchd VmHWM {before} -> {after} KiB");
         assert!(
             after < before + 32 * 1024,
