@@ -237,6 +237,11 @@ impl Node {
 
     /// gpuarchctl as root, or as nobody with `groups` (setpriv).
     pub fn ctl(&self, as_nobody: Option<&[u32]>, args: &[&str]) -> Output {
+        self.ctl_cmd(as_nobody, args).output().unwrap()
+    }
+
+    /// The command [`Node::ctl`] runs, to spawn it.
+    pub fn ctl_cmd(&self, as_nobody: Option<&[u32]>, args: &[&str]) -> Command {
         let ctl = self.path("gpuarchctl");
         let mut cmd = match as_nobody {
             None => Command::new(&ctl),
@@ -255,9 +260,8 @@ impl Node {
         };
         cmd.args(args)
             .env("DBUS_SYSTEM_BUS_ADDRESS", &self.address)
-            .env_remove("GPUARCH_INVENTORY")
-            .output()
-            .unwrap()
+            .env_remove("GPUARCH_INVENTORY");
+        cmd
     }
 
     pub fn rewrite_topology(&self, f: impl FnOnce(&mut Snapshot)) {

@@ -3,6 +3,7 @@
 //! cdylib and the workspace's binaries), built on first use into the same
 //! target directory and profile as the running test.
 
+pub mod containers;
 pub mod daemon;
 
 use std::path::{Path, PathBuf};

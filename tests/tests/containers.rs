@@ -8,325 +8,13 @@
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
 
-use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::process::Command;
 
-use gpuarch_tests::{artifacts, cannot_run, fixture, which, workspace_root};
+use gpuarch_tests::containers::{Scene, Seen};
+use gpuarch_tests::{artifacts, fixture, require_containers as require, workspace_root};
 use serde_json::{Value, json};
-
-const BUSYBOX: &str = "/bin/busybox";
-/// What every container runs: its env, a separator, the env file.
-const SCRIPT: &str = "env; echo @@@; cat /run/gpuarch/env 2>/dev/null; echo @@@; \
-     ls /opt/gpuarch/kernels 2>/dev/null; cat /opt/gpuarch/kernels/*/manifest.json 2>/dev/null; \
-     echo ===; find /opt/gpuarch/kernels -type f 2>/dev/null | sort; \
-     for d in /opt/gpuarch/kernels/*/ /opt/gpuarch/kernels/*/*/; do \
-       touch \"$d/x\" 2>/dev/null && echo WRITABLE $d; done; echo @@@; \
-     cat /etc/ld.so.cache 2>/dev/null; true";
-
-/// `None` when this machine can run the test; else the reason it cannot.
-fn missing(tools: &[&str]) -> Option<String> {
-    if let Some(why) = cannot_run("to run containers", &[]) {
-        return Some(why);
-    }
-    if !Path::new(BUSYBOX).is_file() {
-        return Some(format!("no {BUSYBOX} (apt install busybox-static)"));
-    }
-    cannot_run("to run containers", tools)
-}
-
-macro_rules! require {
-    ($($tool:expr),*) => {
-        if let Some(why) = missing(&[$($tool),*]) {
-            eprintln!("SKIPPED: {why}");
-            return;
-        }
-    };
-}
-
-fn unique(prefix: &str) -> String {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "gpuarch-{prefix}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    )
-}
-
-/// A busybox rootfs with the directories a container needs.
-fn make_rootfs(dir: &Path) {
-    for d in ["bin", "etc", "run", "proc", "sys", "dev", "tmp", "opt"] {
-        std::fs::create_dir_all(dir.join(d)).unwrap();
-    }
-    std::fs::copy(BUSYBOX, dir.join("bin/busybox")).unwrap();
-    for applet in ["sh", "env", "cat", "echo", "ls", "touch", "true"] {
-        symlink("busybox", dir.join("bin").join(applet)).unwrap();
-    }
-}
-
-/// What the container saw.
-#[derive(Debug)]
-struct Seen {
-    out: Output,
-    env: BTreeMap<String, String>,
-    env_file: String,
-    kernels: String,
-    ld_cache: String,
-}
-
-impl Seen {
-    fn parse(out: Output) -> Self {
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let mut parts = stdout.split("@@@\n");
-        let env = parts
-            .next()
-            .unwrap_or("")
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect();
-        let env_file = parts.next().unwrap_or("").to_owned();
-        let kernels = parts.next().unwrap_or("").to_owned();
-        let ld_cache = parts.next().unwrap_or("").to_owned();
-        Self {
-            out,
-            env,
-            env_file,
-            kernels,
-            ld_cache,
-        }
-    }
-
-    fn get(&self, k: &str) -> Option<&str> {
-        self.env.get(k).map(String::as_str)
-    }
-
-    fn ok(&self) -> &Self {
-        assert!(
-            self.out.status.success(),
-            "container failed: {:?}\nstdout: {}\nstderr: {}",
-            self.out.status,
-            String::from_utf8_lossy(&self.out.stdout),
-            self.stderr()
-        );
-        self
-    }
-
-    fn stderr(&self) -> String {
-        String::from_utf8_lossy(&self.out.stderr).into_owned()
-    }
-
-    /// The three hints of the issue, as the container's env has them.
-    fn hints(&self) -> (Option<&str>, Option<&str>, Option<&str>) {
-        (
-            self.get("TORCH_CUDA_ARCH_LIST"),
-            self.get("GPUARCH_DTYPE"),
-            self.get("GPUARCH_ATTN_IMPLEMENTATION"),
-        )
-    }
-
-    fn untouched(&self) {
-        let ours: Vec<_> = self
-            .env
-            .keys()
-            .filter(|k| k.starts_with("GPUARCH_") && *k != "GPUARCH_DISABLE")
-            .collect();
-        assert!(ours.is_empty(), "gpuarch env leaked in: {ours:?}");
-        assert!(self.env_file.is_empty(), "env file: {}", self.env_file);
-    }
-}
-
-/// A test's scratch space: a rootfs, a gpuarch config, an inventory.
-struct Scene {
-    dir: tempfile::TempDir,
-    config_yaml: String,
-    /// `GPUARCH_INVENTORY`; `None` leaves the hook to NVML.
-    inventory: Option<PathBuf>,
-    extra_env: Vec<(String, String)>,
-}
-
-impl Scene {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        make_rootfs(&dir.path().join("rootfs"));
-        Self {
-            dir,
-            config_yaml: String::new(),
-            inventory: Some(fixture("2080ti-3090")),
-            extra_env: Vec::new(),
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn rootfs(&self) -> PathBuf {
-        self.path().join("rootfs")
-    }
-
-    fn config_file(&self, runtime: Option<&Path>) -> PathBuf {
-        let p = self.path().join("config.yaml");
-        let mut yaml = self.config_yaml.clone();
-        if let Some(r) = runtime {
-            yaml.push_str(&format!("\nruntime:\n  path: {}\n", r.display()));
-        }
-        std::fs::write(&p, yaml).unwrap();
-        p
-    }
-
-    /// A bundle for runc/crun: the runtime's own `spec`, our process.
-    fn bundle(&self, runtime: &str, env: &[&str]) -> PathBuf {
-        self.bundle_with(runtime, env, None)
-    }
-
-    /// A bundle with `hooks` set in its config, as an engine that runs
-    /// gpuarch-hook as a plain OCI hook would write it.
-    fn bundle_with(&self, runtime: &str, env: &[&str], hooks: Option<Value>) -> PathBuf {
-        let b = self.path().join(unique("bundle"));
-        std::fs::create_dir_all(&b).unwrap();
-        let o = Command::new(runtime)
-            .arg("spec")
-            .current_dir(&b)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{runtime} spec: {o:?}");
-        let mut c: Value =
-            serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
-        c["root"] = json!({"path": self.rootfs(), "readonly": false});
-        c["process"]["terminal"] = json!(false);
-        c["process"]["args"] = json!(["sh", "-c", SCRIPT]);
-        let base = c["process"]["env"].as_array().unwrap().clone();
-        c["process"]["env"] = Value::Array(
-            base.into_iter()
-                .chain(env.iter().map(|e| json!(e)))
-                .collect(),
-        );
-        c["mounts"]
-            .as_array_mut()
-            .unwrap()
-            .push(json!({"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev"]}));
-        if let Some(h) = hooks {
-            c["hooks"] = h;
-        }
-        std::fs::write(b.join("config.json"), c.to_string()).unwrap();
-        b
-    }
-
-    /// `gpuarch-runtime run` in front of `runtime` (runc or crun).
-    fn shim(&self, runtime: &str, env: &[&str]) -> Seen {
-        let bundle = self.bundle(runtime, env);
-        self.run_bundle(runtime, &bundle, true)
-    }
-
-    /// The hook entry an engine would put in a config for `stage`.
-    fn hook_entry(&self, stage: &str) -> Value {
-        let mut env = vec![format!(
-            "GPUARCH_CONFIG={}",
-            self.config_file(None).display()
-        )];
-        if let Some(inv) = &self.inventory {
-            env.push(format!("GPUARCH_INVENTORY={}", inv.display()));
-        }
-        json!([{"path": artifacts().gpuarch_hook, "args": ["gpuarch-hook", stage], "env": env}])
-    }
-
-    /// Run `bundle` with `runtime`, through the shim or not.
-    fn run_bundle(&self, runtime: &str, bundle: &Path, shim: bool) -> Seen {
-        let real = which(runtime).unwrap();
-        let shim = if shim {
-            artifacts().gpuarch_runtime.clone()
-        } else {
-            real.clone()
-        };
-        let id = unique(runtime);
-        let mut cmd = if runtime == "crun" {
-            // crun wants cgroup v2 alone: hide the hybrid v1 "unified" mount
-            // in a private mount namespace (a no-op where there is none).
-            let mut c = Command::new("unshare");
-            c.args(["--mount", "--propagation", "private", "sh", "-c"])
-                .arg("umount /sys/fs/cgroup/unified 2>/dev/null; exec \"$@\"")
-                .arg("sh")
-                .arg(shim);
-            c
-        } else {
-            Command::new(&shim)
-        };
-        cmd.args(["run", "--bundle"])
-            .arg(bundle)
-            .arg(&id)
-            .env("GPUARCH_CONFIG", self.config_file(Some(&real)))
-            .env_remove("GPUARCH_INVENTORY");
-        if let Some(inv) = &self.inventory {
-            cmd.env("GPUARCH_INVENTORY", inv);
-        }
-        for (k, v) in &self.extra_env {
-            cmd.env(k, v);
-        }
-        Seen::parse(cmd.output().unwrap())
-    }
-
-    /// podman with the shipped hooks.d file (path and env filled in).
-    fn podman(&self, args: &[&str]) -> Seen {
-        let hooks = self.path().join("hooks.d");
-        std::fs::create_dir_all(&hooks).unwrap();
-        let shipped = workspace_root().join("packaging/oci-hooks.d/gpuarch-hook.json");
-        let mut h: Value = serde_json::from_slice(&std::fs::read(shipped).unwrap()).unwrap();
-        assert_eq!(h["stages"], json!(["precreate"]));
-        h["hook"]["path"] = json!(artifacts().gpuarch_hook);
-        let mut env = vec![format!(
-            "GPUARCH_CONFIG={}",
-            self.config_file(None).display()
-        )];
-        if let Some(inv) = &self.inventory {
-            env.push(format!("GPUARCH_INVENTORY={}", inv.display()));
-        }
-        env.extend(self.extra_env.iter().map(|(k, v)| format!("{k}={v}")));
-        h["hook"]["env"] = json!(env);
-        std::fs::write(hooks.join("gpuarch-hook.json"), h.to_string()).unwrap();
-        let store = self.path().join("podman");
-        let o = Command::new("podman")
-            .arg("--root")
-            .arg(store.join("root"))
-            .arg("--runroot")
-            .arg(store.join("runroot"))
-            .args([
-                "--runtime",
-                "runc",
-                "--storage-driver",
-                "vfs",
-                "--cgroup-manager",
-                "cgroupfs",
-                "--events-backend",
-                "file",
-                "--hooks-dir",
-            ])
-            .arg(&hooks)
-            .args([
-                "run",
-                "--rm",
-                "--network",
-                "none",
-                // A fresh /run per container, as runc's bundles get: the
-                // rootfs directory is shared by a test's containers.
-                "--tmpfs",
-                "/run",
-                "--ulimit",
-                "nofile=1024:1024",
-                "--ulimit",
-                "nproc=1024:1024",
-            ])
-            .args(args)
-            .arg("--rootfs")
-            .arg(self.rootfs())
-            .args(["/bin/sh", "-c", SCRIPT])
-            .output()
-            .unwrap();
-        Seen::parse(o)
-    }
-}
 
 /// The issue's table, through one way of starting containers.
 fn matrix(start: impl Fn(&Scene, &[&str]) -> Seen) {
@@ -892,17 +580,6 @@ fn a_stage_that_cannot_write_safely_fails_open_or_strict() {
     );
 }
 
-/// The manifests a container's probe printed, by package.
-fn manifests(kernels: &str) -> std::collections::BTreeMap<String, Value> {
-    let json = kernels.split("===").next().unwrap_or("");
-    let start = json.find('{').unwrap_or(json.len());
-    serde_json::Deserializer::from_str(&json[start..])
-        .into_iter::<Value>()
-        .map(|v| v.unwrap())
-        .map(|v| (v["package"].as_str().unwrap().to_owned(), v))
-        .collect()
-}
-
 /// gpuarchd pre-warms the sample packages on the 2080 Ti + 3090 with real
 /// NVRTC; a container on GPU 1 then sees only the sm_86 builds, read-only,
 /// and one on both GPUs sees both, with a manifest mapping each GPU to its
@@ -953,7 +630,7 @@ fn the_daemon_prewarms_and_each_container_gets_the_builds_for_its_gpus() {
         seen.get("GPUARCH_KERNELS_DIR"),
         Some("/opt/gpuarch/kernels")
     );
-    let files = seen.kernels.split("===").nth(1).unwrap();
+    let files = seen.files();
     assert!(!files.contains("sm_75"), "{files}");
     for f in [
         "/opt/gpuarch/kernels/rmsnorm/sm_86/rmsnorm.cubin",
@@ -964,7 +641,7 @@ fn the_daemon_prewarms_and_each_container_gets_the_builds_for_its_gpus() {
         assert!(files.contains(f), "{f} missing: {files}");
     }
     assert!(!seen.kernels.contains("WRITABLE"), "{}", seen.kernels);
-    let m = manifests(&seen.kernels);
+    let m = seen.manifests();
     let gpu = &m["rmsnorm"]["gpus"][0];
     assert_eq!(gpu["index"], 0);
     assert_eq!(gpu["host_index"], 1);
@@ -976,7 +653,7 @@ fn the_daemon_prewarms_and_each_container_gets_the_builds_for_its_gpus() {
     // Both GPUs, through podman's precreate hook: both builds, mapped.
     let seen = s.podman(&["-e", "NVIDIA_VISIBLE_DEVICES=0,1"]);
     seen.ok();
-    let files = seen.kernels.split("===").nth(1).unwrap();
+    let files = seen.files();
     assert!(
         files.contains("/opt/gpuarch/kernels/rmsnorm/sm_75/rmsnorm.cubin"),
         "{files}"
@@ -986,7 +663,7 @@ fn the_daemon_prewarms_and_each_container_gets_the_builds_for_its_gpus() {
         "{files}"
     );
     assert!(!seen.kernels.contains("WRITABLE"), "{}", seen.kernels);
-    let m = manifests(&seen.kernels);
+    let m = seen.manifests();
     let gpus = m["rmsnorm"]["gpus"].as_array().unwrap();
     assert_eq!(
         (gpus[0]["arch"].as_str(), gpus[0]["variant"].as_str()),

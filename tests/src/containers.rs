@@ -1,0 +1,396 @@
+//! Real containers for the end-to-end tests: a busybox-static rootfs, runc
+//! and crun bundles started behind `gpuarch-runtime` or not, podman with the
+//! shipped hooks.d file, and what the process inside saw.
+
+#![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::{Value, json};
+
+use crate::{artifacts, cannot_run, fixture, which, workspace_root};
+
+const BUSYBOX: &str = "/bin/busybox";
+/// What a container runs unless its scene says otherwise: its env, the env
+/// file, the kernel packages (their names, manifests and files, and which
+/// of their directories it could write), its loader cache; `@@@` between.
+pub const SCRIPT: &str = "env; echo @@@; cat /run/gpuarch/env 2>/dev/null; echo @@@; \
+     ls /opt/gpuarch/kernels 2>/dev/null; cat /opt/gpuarch/kernels/*/manifest.json 2>/dev/null; \
+     echo ===; find /opt/gpuarch/kernels -type f 2>/dev/null | sort; \
+     for d in /opt/gpuarch/kernels/*/ /opt/gpuarch/kernels/*/*/; do \
+       touch \"$d/x\" 2>/dev/null && echo WRITABLE $d; done; echo @@@; \
+     cat /etc/ld.so.cache 2>/dev/null; true";
+
+/// `None` when this machine can run the test; else the reason it cannot.
+pub fn missing(tools: &[&str]) -> Option<String> {
+    if let Some(why) = cannot_run("to run containers", &[]) {
+        return Some(why);
+    }
+    if !Path::new(BUSYBOX).is_file() {
+        return Some(format!("no {BUSYBOX} (apt install busybox-static)"));
+    }
+    cannot_run("to run containers", tools)
+}
+
+/// Skip the test, saying why, unless it may run containers with `tools`.
+#[macro_export]
+macro_rules! require_containers {
+    ($($tool:expr),*) => {
+        if let Some(why) = $crate::containers::missing(&[$($tool),*]) {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+}
+
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "gpuarch-{prefix}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// A busybox rootfs with the directories a container needs.
+pub fn make_rootfs(dir: &Path) {
+    for d in ["bin", "etc", "run", "proc", "sys", "dev", "tmp", "opt"] {
+        std::fs::create_dir_all(dir.join(d)).unwrap();
+    }
+    std::fs::copy(BUSYBOX, dir.join("bin/busybox")).unwrap();
+    for applet in ["sh", "env", "cat", "echo", "ls", "touch", "true"] {
+        symlink("busybox", dir.join("bin").join(applet)).unwrap();
+    }
+}
+
+/// What the container saw.
+#[derive(Debug)]
+pub struct Seen {
+    pub out: Output,
+    pub env: BTreeMap<String, String>,
+    /// `/run/gpuarch/env`.
+    pub env_file: String,
+    /// The mounted packages, their manifests, `===`, their files.
+    pub kernels: String,
+    pub ld_cache: String,
+}
+
+impl Seen {
+    pub fn parse(out: Output) -> Self {
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut parts = stdout.split("@@@\n");
+        let env = parts
+            .next()
+            .unwrap_or("")
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let env_file = parts.next().unwrap_or("").to_owned();
+        let kernels = parts.next().unwrap_or("").to_owned();
+        let ld_cache = parts.next().unwrap_or("").to_owned();
+        Self {
+            out,
+            env,
+            env_file,
+            kernels,
+            ld_cache,
+        }
+    }
+
+    pub fn get(&self, k: &str) -> Option<&str> {
+        self.env.get(k).map(String::as_str)
+    }
+
+    pub fn ok(&self) -> &Self {
+        assert!(
+            self.out.status.success(),
+            "container failed: {:?}\nstdout: {}\nstderr: {}",
+            self.out.status,
+            String::from_utf8_lossy(&self.out.stdout),
+            self.stderr()
+        );
+        self
+    }
+
+    /// The manifests of the mounted kernel packages, by package.
+    pub fn manifests(&self) -> BTreeMap<String, Value> {
+        let json = self.kernels.split("===").next().unwrap_or("");
+        let start = json.find('{').unwrap_or(json.len());
+        serde_json::Deserializer::from_str(&json[start..])
+            .into_iter::<Value>()
+            .map(|v| v.unwrap())
+            .map(|v| (v["package"].as_str().unwrap().to_owned(), v))
+            .collect()
+    }
+
+    /// The files under the kernel directory, a path a line, then a
+    /// `WRITABLE dir` line for each directory the container could write.
+    pub fn files(&self) -> &str {
+        self.kernels.split("===").nth(1).unwrap_or("")
+    }
+
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.out.stderr).into_owned()
+    }
+
+    /// The three hints of the issue, as the container's env has them.
+    pub fn hints(&self) -> (Option<&str>, Option<&str>, Option<&str>) {
+        (
+            self.get("TORCH_CUDA_ARCH_LIST"),
+            self.get("GPUARCH_DTYPE"),
+            self.get("GPUARCH_ATTN_IMPLEMENTATION"),
+        )
+    }
+
+    pub fn untouched(&self) {
+        let ours: Vec<_> = self
+            .env
+            .keys()
+            .filter(|k| k.starts_with("GPUARCH_") && *k != "GPUARCH_DISABLE")
+            .collect();
+        assert!(ours.is_empty(), "gpuarch env leaked in: {ours:?}");
+        assert!(self.env_file.is_empty(), "env file: {}", self.env_file);
+    }
+}
+
+/// A test's scratch space: a rootfs, a gpuarch config, an inventory.
+#[derive(Debug)]
+pub struct Scene {
+    dir: tempfile::TempDir,
+    /// The gpuarch `config.yaml` of the hook and the shim.
+    pub config_yaml: String,
+    /// `GPUARCH_INVENTORY`; `None` leaves the hook to NVML.
+    pub inventory: Option<PathBuf>,
+    pub extra_env: Vec<(String, String)>,
+    /// The shell script each container runs; its output is a [`Seen`].
+    pub probe: &'static str,
+}
+
+impl Default for Scene {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Scene {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        make_rootfs(&dir.path().join("rootfs"));
+        Self {
+            dir,
+            config_yaml: String::new(),
+            inventory: Some(fixture("2080ti-3090")),
+            extra_env: Vec::new(),
+            probe: SCRIPT,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn rootfs(&self) -> PathBuf {
+        self.path().join("rootfs")
+    }
+
+    pub fn config_file(&self, runtime: Option<&Path>) -> PathBuf {
+        let p = self.path().join("config.yaml");
+        let mut yaml = self.config_yaml.clone();
+        if let Some(r) = runtime {
+            yaml.push_str(&format!("\nruntime:\n  path: {}\n", r.display()));
+        }
+        std::fs::write(&p, yaml).unwrap();
+        p
+    }
+
+    /// A bundle for runc/crun: the runtime's own `spec`, our process.
+    pub fn bundle(&self, runtime: &str, env: &[&str]) -> PathBuf {
+        self.bundle_with(runtime, env, None)
+    }
+
+    /// A bundle with `hooks` set in its config, as an engine that runs
+    /// gpuarch-hook as a plain OCI hook would write it.
+    pub fn bundle_with(&self, runtime: &str, env: &[&str], hooks: Option<Value>) -> PathBuf {
+        self.bundle_on(&self.rootfs(), runtime, env, hooks)
+    }
+
+    /// A bundle on `rootfs` (made with [`make_rootfs`]).
+    pub fn bundle_on(
+        &self,
+        rootfs: &Path,
+        runtime: &str,
+        env: &[&str],
+        hooks: Option<Value>,
+    ) -> PathBuf {
+        let b = self.path().join(unique("bundle"));
+        std::fs::create_dir_all(&b).unwrap();
+        let o = Command::new(runtime)
+            .arg("spec")
+            .current_dir(&b)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{runtime} spec: {o:?}");
+        let mut c: Value =
+            serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+        c["root"] = json!({"path": rootfs, "readonly": false});
+        c["process"]["terminal"] = json!(false);
+        c["process"]["args"] = json!(["sh", "-c", self.probe]);
+        let base = c["process"]["env"].as_array().unwrap().clone();
+        c["process"]["env"] = Value::Array(
+            base.into_iter()
+                .chain(env.iter().map(|e| json!(e)))
+                .collect(),
+        );
+        c["mounts"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev"]}));
+        if let Some(h) = hooks {
+            c["hooks"] = h;
+        }
+        std::fs::write(b.join("config.json"), c.to_string()).unwrap();
+        b
+    }
+
+    /// `gpuarch-runtime run` in front of `runtime` (runc or crun).
+    pub fn shim(&self, runtime: &str, env: &[&str]) -> Seen {
+        let bundle = self.bundle(runtime, env);
+        self.run_bundle(runtime, &bundle, true)
+    }
+
+    /// The hook entry an engine would put in a config for `stage`.
+    pub fn hook_entry(&self, stage: &str) -> Value {
+        let mut env = vec![format!(
+            "GPUARCH_CONFIG={}",
+            self.config_file(None).display()
+        )];
+        if let Some(inv) = &self.inventory {
+            env.push(format!("GPUARCH_INVENTORY={}", inv.display()));
+        }
+        json!([{"path": artifacts().gpuarch_hook, "args": ["gpuarch-hook", stage], "env": env}])
+    }
+
+    /// Run `bundle` with `runtime`, through the shim or not.
+    pub fn run_bundle(&self, runtime: &str, bundle: &Path, shim: bool) -> Seen {
+        let config = self.config_file(Some(&which(runtime).unwrap()));
+        Seen::parse(
+            self.bundle_cmd(runtime, bundle, shim, &config)
+                .output()
+                .unwrap(),
+        )
+    }
+
+    /// The command that runs `bundle` with `runtime`, through the shim (with
+    /// gpuarch's `config`, from [`Scene::config_file`]) or not.
+    pub fn bundle_cmd(&self, runtime: &str, bundle: &Path, shim: bool, config: &Path) -> Command {
+        let shim = if shim {
+            artifacts().gpuarch_runtime.clone()
+        } else {
+            which(runtime).unwrap()
+        };
+        let id = unique(runtime);
+        let mut cmd = if runtime == "crun" {
+            // crun wants cgroup v2 alone: hide the hybrid v1 "unified" mount
+            // in a private mount namespace (a no-op where there is none).
+            let mut c = Command::new("unshare");
+            c.args(["--mount", "--propagation", "private", "sh", "-c"])
+                .arg("umount /sys/fs/cgroup/unified 2>/dev/null; exec \"$@\"")
+                .arg("sh")
+                .arg(shim);
+            c
+        } else {
+            Command::new(&shim)
+        };
+        cmd.args(["run", "--bundle"])
+            .arg(bundle)
+            .arg(&id)
+            .env("GPUARCH_CONFIG", config)
+            .env_remove("GPUARCH_INVENTORY");
+        if let Some(inv) = &self.inventory {
+            cmd.env("GPUARCH_INVENTORY", inv);
+        }
+        for (k, v) in &self.extra_env {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    /// podman with the shipped hooks.d file (path and env filled in).
+    pub fn podman(&self, args: &[&str]) -> Seen {
+        let hooks = self.podman_hooks();
+        let o = self
+            .podman_cmd(&hooks, &self.rootfs(), args)
+            .output()
+            .unwrap();
+        Seen::parse(o)
+    }
+
+    /// A hooks directory holding the shipped hooks.d file, its path and env
+    /// filled in for this scene.
+    pub fn podman_hooks(&self) -> PathBuf {
+        let hooks = self.path().join("hooks.d");
+        std::fs::create_dir_all(&hooks).unwrap();
+        let shipped = workspace_root().join("packaging/oci-hooks.d/gpuarch-hook.json");
+        let mut h: Value = serde_json::from_slice(&std::fs::read(shipped).unwrap()).unwrap();
+        assert_eq!(h["stages"], json!(["precreate"]));
+        h["hook"]["path"] = json!(artifacts().gpuarch_hook);
+        let mut env = vec![format!(
+            "GPUARCH_CONFIG={}",
+            self.config_file(None).display()
+        )];
+        if let Some(inv) = &self.inventory {
+            env.push(format!("GPUARCH_INVENTORY={}", inv.display()));
+        }
+        env.extend(self.extra_env.iter().map(|(k, v)| format!("{k}={v}")));
+        h["hook"]["env"] = json!(env);
+        std::fs::write(hooks.join("gpuarch-hook.json"), h.to_string()).unwrap();
+        hooks
+    }
+
+    /// `podman run` of the probe on `rootfs` with the hooks in `hooks`
+    /// (runc, vfs storage and cgroupfs, with this scene's store).
+    pub fn podman_cmd(&self, hooks: &Path, rootfs: &Path, args: &[&str]) -> Command {
+        let store = self.path().join("podman");
+        let mut c = Command::new("podman");
+        c.arg("--root")
+            .arg(store.join("root"))
+            .arg("--runroot")
+            .arg(store.join("runroot"))
+            .args([
+                "--runtime",
+                "runc",
+                "--storage-driver",
+                "vfs",
+                "--cgroup-manager",
+                "cgroupfs",
+                "--events-backend",
+                "file",
+                "--hooks-dir",
+            ])
+            .arg(hooks)
+            .args([
+                "run",
+                "--rm",
+                "--network",
+                "none",
+                // A fresh /run per container, as runc's bundles get: the
+                // rootfs directory is shared by a test's containers.
+                "--tmpfs",
+                "/run",
+                "--ulimit",
+                "nofile=1024:1024",
+                "--ulimit",
+                "nproc=1024:1024",
+            ])
+            .args(args)
+            .arg("--rootfs")
+            .arg(rootfs)
+            .args(["/bin/sh", "-c", self.probe]);
+        c
+    }
+}
