@@ -1,0 +1,541 @@
+//! Load: 50 containers started at once through `gpuarch-runtime` in front of
+//! runc, and through podman with the shipped precreate hook, on the 2080 Ti
+//! and 3090 while gpuarchd pre-warms kernel packages with NVRTC. Every
+//! container must get exactly its own Plan and its own kernel builds, and
+//! none may fail. Each round starts, at the same moment, the same 50
+//! containers without gpuarch (and, for runc, with gpuarch configured
+//! without kernel packages), so the start time gpuarch adds is measured
+//! under the very same load.
+//!
+//! The figures in docs/BENCHMARKS.md come from the release build:
+//! `sudo cargo test --release -p gpuarch-tests --test load -- --nocapture`.
+
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use gpuarch_tests::containers::{SCRIPT, Scene, Seen, make_rootfs};
+use gpuarch_tests::daemon::{Node, Policy, kernels_yaml};
+use gpuarch_tests::{require_containers as require, which, workspace_root};
+
+/// Containers per batch.
+const N: usize = 50;
+/// Rounds of each way of starting containers.
+const RUNC_ROUNDS: usize = 6;
+const PODMAN_ROUNDS: usize = 2;
+
+/// What a container is given and what it must see: the hints, and for each
+/// of its GPUs (in container order) the host index and the arch of the
+/// only builds that may serve it.
+struct Want {
+    env: &'static [&'static str],
+    hints: Option<(&'static str, &'static str, &'static str)>,
+    gpus: &'static [(u64, &'static str)],
+}
+
+/// Container `i` gets `WANTS[i % 5]`: neighbours in a batch differ.
+const WANTS: [Want; 5] = [
+    Want {
+        env: &["NVIDIA_VISIBLE_DEVICES=0"],
+        hints: Some(("7.5", "float16", "sdpa")),
+        gpus: &[(0, "sm_75")],
+    },
+    Want {
+        env: &["NVIDIA_VISIBLE_DEVICES=1"],
+        hints: Some(("8.6", "bfloat16", "flash_attention_2")),
+        gpus: &[(1, "sm_86")],
+    },
+    Want {
+        env: &["NVIDIA_VISIBLE_DEVICES=0,1"],
+        hints: Some(("7.5;8.6", "float16", "sdpa")),
+        gpus: &[(0, "sm_75"), (1, "sm_86")],
+    },
+    Want {
+        env: &["NVIDIA_VISIBLE_DEVICES=0,1", "CUDA_VISIBLE_DEVICES=1"],
+        hints: Some(("8.6", "bfloat16", "flash_attention_2")),
+        gpus: &[(1, "sm_86")],
+    },
+    Want {
+        env: &["NVIDIA_VISIBLE_DEVICES=none"],
+        hints: None,
+        gpus: &[],
+    },
+];
+
+/// Container `i`'s env: its selection and its number.
+fn env_of(i: usize) -> Vec<String> {
+    let mut env: Vec<String> = WANTS[i % WANTS.len()]
+        .env
+        .iter()
+        .map(|e| (*e).to_owned())
+        .collect();
+    env.push(format!("LOAD_ID={i}"));
+    env
+}
+
+/// Archs pre-warmed beside the containers, one job each. None of them runs
+/// on a 7.5 or an 8.6 GPU, so they never change what a container may be
+/// given.
+const EXTRA_ARCHS: [&str; 14] = [
+    "8.9", "9.0", "5.0", "12.0", "6.1", "10.0", "8.7", "5.2", "6.0", "10.3", "6.2", "5.3", "12.1",
+    "10.1",
+];
+
+/// Packages whose builds take NVRTC and ptxas a while (about 1.5 s each on
+/// a 2-core VM), as a real kernel library's do; written under `dir`.
+fn heavy_packages(dir: &Path, count: usize) {
+    for k in 0..count {
+        let p = dir.join(format!("heavy{k}"));
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::write(
+            p.join("kernel.yaml"),
+            format!(
+                "name: heavy{k}\nversion: \"1.0.0\"\nsources: [heavy.cu]\nexports: [heavy]\n\
+                 build:\n  backend: nvrtc\n  options: [--std=c++17, -DSTEPS=4000]\n\
+                 variants:\n  - name: fp32\n    dtype: float32\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            p.join("heavy.cu"),
+            "extern \"C\" __global__ void heavy(float *x, unsigned int n)\n{\n\
+             unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;\n\
+             if (i >= n) return;\n float v = x[i];\n\
+             #pragma unroll\n for (int k = 0; k < STEPS; ++k)\n\
+             v = __sinf(v) * 1.0001f + __cosf(v * (float)k);\n x[i] = v;\n}\n",
+        )
+        .unwrap();
+    }
+}
+
+/// Pre-warm jobs, one arch after another, until told to stop or out of
+/// archs; says whether it still had work when asked to stop.
+struct Prewarm {
+    stop: Arc<AtomicBool>,
+    busy: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<String>>,
+}
+
+impl Prewarm {
+    fn start(node: &Node) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let busy = Arc::new(AtomicBool::new(true));
+        let cmds: Vec<Command> = EXTRA_ARCHS
+            .iter()
+            .map(|a| node.ctl_cmd(None, &["prewarm", "--arch", a]))
+            .collect();
+        let (st, bz) = (stop.clone(), busy.clone());
+        let thread = std::thread::spawn(move || {
+            let mut failed = Vec::new();
+            for mut c in cmds {
+                if st.load(Ordering::SeqCst) {
+                    return failed;
+                }
+                let o = c.output().unwrap();
+                if !o.status.success() {
+                    failed.push(String::from_utf8_lossy(&o.stderr).into_owned());
+                }
+            }
+            bz.store(false, Ordering::SeqCst);
+            failed
+        });
+        Prewarm { stop, busy, thread }
+    }
+
+    /// Still building (not out of archs).
+    fn busy(&self) -> bool {
+        self.busy.load(Ordering::SeqCst)
+    }
+
+    /// Stop after the job in flight; every job must have been served.
+    fn finish(self, node: &Node) {
+        self.stop.store(true, Ordering::SeqCst);
+        let failed = self.thread.join().unwrap();
+        assert!(failed.is_empty(), "pre-warm: {failed:?}\n{}", node.log());
+    }
+}
+
+/// How a container was started.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    /// Without gpuarch: the baseline.
+    Plain,
+    /// With gpuarch, kernel packages and all.
+    Gpuarch,
+    /// With gpuarch configured without kernel packages: the Plan alone.
+    PlanOnly,
+}
+
+/// Container `i` saw its own number, and: started plain, nothing of
+/// gpuarch; with gpuarch, its own Plan and, of the kernel packages, whole
+/// views holding only builds for its own GPUs.
+fn verify(what: &str, i: usize, kind: Kind, seen: &Seen, uuids: &[String]) {
+    let ctx = || format!("{what}, {kind:?} container {i}");
+    assert!(
+        seen.out.status.success(),
+        "{}: failed: {:?}\n{}",
+        ctx(),
+        seen.out.status,
+        seen.stderr()
+    );
+    assert_eq!(
+        seen.get("LOAD_ID"),
+        Some(i.to_string().as_str()),
+        "{}: not its own output",
+        ctx()
+    );
+    let want = &WANTS[i % WANTS.len()];
+    let hints = if kind == Kind::Plain {
+        None
+    } else {
+        want.hints
+    };
+    let Some((arch, dtype, attn)) = hints else {
+        seen.untouched();
+        assert!(
+            seen.manifests().is_empty() && seen.files().trim().is_empty(),
+            "{}: kernels without a GPU: {}",
+            ctx(),
+            seen.kernels
+        );
+        return;
+    };
+    assert_eq!(
+        seen.hints(),
+        (Some(arch), Some(dtype), Some(attn)),
+        "{}",
+        ctx()
+    );
+    let files = seen.files();
+    if kind == Kind::PlanOnly {
+        assert!(files.trim().is_empty(), "{}: {files}", ctx());
+    }
+    assert!(!files.contains("WRITABLE"), "{}: {files}", ctx());
+    for f in files.lines().filter(|l| !l.is_empty()) {
+        // /opt/gpuarch/kernels/PKG/manifest.json or .../PKG/ARCH/FILE
+        let parts: Vec<&str> = f.split('/').collect();
+        let ok = match parts[..] {
+            [_, _, _, _, _, "manifest.json"] => true,
+            [_, _, _, _, _, build, _] => want.gpus.iter().any(|(_, a)| *a == build),
+            _ => false,
+        };
+        assert!(ok, "{}: {f} is not for its GPUs", ctx());
+    }
+    for (pkg, m) in seen.manifests() {
+        let gpus = m["gpus"].as_array().unwrap();
+        assert_eq!(gpus.len(), want.gpus.len(), "{}: {pkg}: {m}", ctx());
+        for (k, (g, (host, arch))) in gpus.iter().zip(want.gpus).enumerate() {
+            assert_eq!(g["index"], k as u64, "{}: {pkg}: {m}", ctx());
+            assert_eq!(g["host_index"], *host, "{}: {pkg}: {m}", ctx());
+            assert_eq!(g["uuid"], uuids[*host as usize], "{}: {pkg}: {m}", ctx());
+            // A GPU whose build is not published yet is a miss; a served
+            // one names its own arch, and its files are all there.
+            if g.get("missing").is_some() {
+                continue;
+            }
+            assert_eq!(g["arch"], *arch, "{}: {pkg}: {m}", ctx());
+            for f in g["files"].as_array().unwrap() {
+                let path = format!("/opt/gpuarch/kernels/{pkg}/{}", f.as_str().unwrap());
+                assert!(
+                    files.lines().any(|l| l == path),
+                    "{}: {path} in the manifest but not in the container",
+                    ctx()
+                );
+            }
+        }
+    }
+}
+
+/// The first line every container prints.
+const UP: &str = "up";
+
+/// Start every command at once and wait for all: the batch's wall time and
+/// for each command, the time until its container printed its first line
+/// (the process inside is running: the container has started) and its
+/// output.
+fn batch(cmds: Vec<Command>) -> (Duration, Vec<(Duration, Output)>) {
+    let t0 = Instant::now();
+    let runs = std::thread::scope(|sc| {
+        let handles: Vec<_> = cmds
+            .into_iter()
+            .map(|mut c| sc.spawn(move || started(&mut c)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    (t0.elapsed(), runs)
+}
+
+/// Run `c`: the time until its first line, and its whole output.
+fn started(c: &mut Command) -> (Duration, Output) {
+    use std::io::{BufRead, BufReader, Read};
+    let t = Instant::now();
+    let mut child = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    let up = t.elapsed();
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let mut stderr = Vec::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_end(&mut stderr)
+        .unwrap();
+    let status = child.wait().unwrap();
+    let mut all = first.into_bytes();
+    all.extend(rest);
+    (
+        up,
+        Output {
+            status,
+            stdout: all,
+            stderr,
+        },
+    )
+}
+
+fn median(v: &mut [Duration]) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// The rounds of one way of starting containers: in each, `N` containers
+/// of each kind, all started at once.
+struct Tally {
+    kinds: Vec<Kind>,
+    /// Per kind, per round, each container's time from its command's start
+    /// to its first line.
+    up: Vec<Vec<Vec<Duration>>>,
+    /// Per round, the time until the last container exited.
+    walls: Vec<Duration>,
+    /// Rounds that ended with the pre-warm still running.
+    during_prewarm: usize,
+}
+
+impl Tally {
+    /// Print the figures; return, for each kind after the first, the start
+    /// time it added to the first, as a fraction: the geometric mean over
+    /// rounds of the ratio of the kinds' median starts in the same round.
+    fn report(&mut self, what: &str) -> Vec<(Kind, f64)> {
+        let rounds = self.walls.len();
+        let mut medians: Vec<Vec<f64>> = self
+            .up
+            .iter_mut()
+            .map(|k| k.iter_mut().map(|r| median(r).as_secs_f64()).collect())
+            .collect();
+        let base = medians.remove(0);
+        eprintln!(
+            "{what}: {rounds} rounds of {N} containers of each of {:?}, all at once ({} ended \
+             during the pre-warm, the last exit after {:.2?} in the median round); \
+             a container's start (median of medians) {:.1} ms {:?}",
+            self.kinds,
+            self.during_prewarm,
+            median(&mut self.walls),
+            1e3 * median_f(&base),
+            self.kinds[0],
+        );
+        medians
+            .iter()
+            .zip(&self.kinds[1..])
+            .map(|(m, kind)| {
+                let ratios: Vec<f64> = m.iter().zip(&base).map(|(a, b)| a / b).collect();
+                let added =
+                    (ratios.iter().map(|r| r.ln()).sum::<f64>() / rounds as f64).exp() - 1.0;
+                eprintln!(
+                    "  {kind:?}: {:.1} ms; per round {}: {:+.1}% added",
+                    1e3 * median_f(m),
+                    ratios
+                        .iter()
+                        .map(|r| format!("{:+.1}%", 100.0 * (r - 1.0)))
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    100.0 * added,
+                );
+                (*kind, added)
+            })
+            .collect()
+    }
+}
+
+fn median_f(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Run `rounds` rounds of `N` containers of each of `kinds`, started at
+/// once, interleaved (which kind of container `i` starts first turns by
+/// round), so that every kind sees the same load; `make(i, kind)` builds
+/// container `i`'s command. Every container is verified.
+fn measure(
+    what: &str,
+    rounds: usize,
+    kinds: &[Kind],
+    prewarm: &Prewarm,
+    uuids: &[String],
+    make: impl Fn(usize, Kind) -> Command,
+) -> Tally {
+    let mut t = Tally {
+        kinds: kinds.to_vec(),
+        up: vec![Vec::new(); kinds.len()],
+        walls: Vec::new(),
+        during_prewarm: 0,
+    };
+    for round in 0..rounds {
+        let mut order: Vec<usize> = (0..kinds.len()).collect();
+        order.rotate_left(round % kinds.len());
+        let cmds = (0..N)
+            .flat_map(|i| order.iter().map(move |&k| (i, k)))
+            .map(|(i, k)| make(i, kinds[k]))
+            .collect();
+        let (wall, runs) = batch(cmds);
+        if prewarm.busy() {
+            t.during_prewarm += 1;
+        }
+        let mut ups = vec![Vec::new(); kinds.len()];
+        for (n, (up, out)) in runs.into_iter().enumerate() {
+            let (i, k) = (n / kinds.len(), order[n % kinds.len()]);
+            assert!(
+                out.stdout.starts_with(b"up\n"),
+                "{what}, {:?} container {i}: {out:?}",
+                kinds[k]
+            );
+            verify(what, i, kinds[k], &Seen::parse(out), uuids);
+            ups[k].push(up);
+        }
+        for (k, u) in ups.into_iter().enumerate() {
+            t.up[k].push(u);
+        }
+        t.walls.push(wall);
+    }
+    t
+}
+
+/// Added start time allowed: a guard against regressions, not the hook
+/// issue's target of 10%. With 150 containers and two NVRTC builds on two
+/// cores, one round's ratio swings by about 20% either way, so the
+/// geometric mean of six is only good to about 10%; the figures in
+/// docs/BENCHMARKS.md are that mean over several runs of the release
+/// build. A debug build (what `cargo test` runs) plans more slowly.
+fn allowed() -> f64 {
+    if cfg!(debug_assertions) { 0.40 } else { 0.25 }
+}
+
+/// Container `i` of `kind`'s own rootfs, as an engine gives each
+/// container its own: made on first use, kept for the next round.
+fn rootfs_of(s: &Scene, kind: Kind, i: usize) -> PathBuf {
+    let r = s.path().join(format!("rootfs-{kind:?}-{i}"));
+    if !r.exists() {
+        make_rootfs(&r);
+    }
+    r
+}
+
+#[test]
+fn fifty_containers_at_once_each_get_their_own_plan() {
+    require!("runc", "podman", "dbus-daemon");
+    let Some(cuda) = gpuarch_tests::cuda_dir() else {
+        return;
+    };
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    let heavy = node.path("heavy-packages");
+    heavy_packages(&heavy, 3);
+    let samples = workspace_root().join("kernels/packages");
+    let yaml = kernels_yaml(&node.path(""), &[&samples, &heavy], Some(&cuda));
+    std::fs::write(node.path("config.yaml"), &yaml).unwrap();
+    // Pre-warms the host's archs at start; more archs are asked for below.
+    node.start(&[]);
+    let uuids: Vec<String> = node
+        .snapshot()
+        .devices
+        .into_iter()
+        .map(|d| d.uuid)
+        .collect();
+
+    let mut s = Scene::new();
+    // The usual probe, after a first line that marks the process running.
+    s.probe = Box::leak(format!("echo {UP}; {SCRIPT}").into_boxed_str());
+    // The daemon's snapshot, as on a host, not a fixture.
+    s.inventory = Some(node.path("run/inventory.json"));
+    let runc_path = which("runc").unwrap();
+    s.config_yaml = "kernels:\n  mount_root: /nonexistent/gpuarch-kernels\n".into();
+    let plan_only = s.path().join("plan-only.yaml");
+    std::fs::rename(s.config_file(Some(&runc_path)), &plan_only).unwrap();
+    s.config_yaml = yaml;
+    let config = s.config_file(Some(&runc_path));
+    let hooks = s.podman_hooks();
+    let no_hooks = s.path().join("no-hooks");
+    std::fs::create_dir_all(&no_hooks).unwrap();
+
+    let prewarm = Prewarm::start(&node);
+    // runc, plain or with gpuarch-runtime in front. The shim rewrites a
+    // bundle's config.json, so each container gets a fresh bundle.
+    let kinds = [Kind::Plain, Kind::Gpuarch, Kind::PlanOnly];
+    let mut runc = measure("runc", RUNC_ROUNDS, &kinds, &prewarm, &uuids, |i, kind| {
+        let env = env_of(i);
+        let env: Vec<&str> = env.iter().map(String::as_str).collect();
+        let bundle = s.bundle_on(&rootfs_of(&s, kind, i), "runc", &env, None);
+        let cfg = if kind == Kind::PlanOnly {
+            &plan_only
+        } else {
+            &config
+        };
+        s.bundle_cmd("runc", &bundle, kind != Kind::Plain, cfg)
+    });
+    // podman, with the shipped hooks.d file or an empty hooks dir.
+    let kinds = [Kind::Plain, Kind::Gpuarch];
+    let mut podman = measure(
+        "podman",
+        PODMAN_ROUNDS,
+        &kinds,
+        &prewarm,
+        &uuids,
+        |i, kind| {
+            let args: Vec<String> = env_of(i)
+                .into_iter()
+                .flat_map(|e| ["-e".to_owned(), e])
+                .collect();
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let dir = if kind == Kind::Plain {
+                &no_hooks
+            } else {
+                &hooks
+            };
+            s.podman_cmd(dir, &rootfs_of(&s, kind, i), &args)
+        },
+    );
+    prewarm.finish(&node);
+
+    let mut added = runc.report("runc behind gpuarch-runtime");
+    added.extend(podman.report("podman with the precreate hook"));
+    assert_eq!(
+        runc.during_prewarm + podman.during_prewarm,
+        RUNC_ROUNDS + PODMAN_ROUNDS,
+        "the pre-warm ran out before the containers did"
+    );
+    for (what, (kind, added)) in ["runc", "runc", "podman"].iter().zip(added) {
+        let limit = allowed();
+        assert!(
+            added < limit,
+            "{what}, {kind:?}: gpuarch added {:.1}% to a container's start, over {:.0}%",
+            100.0 * added,
+            100.0 * limit
+        );
+    }
+    let (status, _) = node.stop();
+    assert!(status.success(), "{status:?}\n{}", node.log());
+}
