@@ -116,19 +116,17 @@ fn heavy_packages(dir: &Path, count: usize) {
 /// archs; says whether it still had work when asked to stop.
 struct Prewarm {
     stop: Arc<AtomicBool>,
-    busy: Arc<AtomicBool>,
     thread: std::thread::JoinHandle<Vec<String>>,
 }
 
 impl Prewarm {
     fn start(node: &Node) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let busy = Arc::new(AtomicBool::new(true));
         let cmds: Vec<Command> = EXTRA_ARCHS
             .iter()
             .map(|a| node.ctl_cmd(None, &["prewarm", "--arch", a]))
             .collect();
-        let (st, bz) = (stop.clone(), busy.clone());
+        let st = stop.clone();
         let thread = std::thread::spawn(move || {
             let mut failed = Vec::new();
             for mut c in cmds {
@@ -140,15 +138,15 @@ impl Prewarm {
                     failed.push(String::from_utf8_lossy(&o.stderr).into_owned());
                 }
             }
-            bz.store(false, Ordering::SeqCst);
             failed
         });
-        Prewarm { stop, busy, thread }
+        Prewarm { stop, thread }
     }
 
-    /// Still building (not out of archs).
+    /// Still building: not out of archs (it stops early only once
+    /// [`Prewarm::finish`] asks it to).
     fn busy(&self) -> bool {
-        self.busy.load(Ordering::SeqCst)
+        !self.thread.is_finished()
     }
 
     /// Stop after the job in flight; every job must have been served.
@@ -332,32 +330,36 @@ impl Tally {
     /// rounds of the ratio of the kinds' median starts in the same round.
     fn report(&mut self, what: &str) -> Vec<(Kind, f64)> {
         let rounds = self.walls.len();
-        let mut medians: Vec<Vec<f64>> = self
+        let mut medians: Vec<Vec<Duration>> = self
             .up
             .iter_mut()
-            .map(|k| k.iter_mut().map(|r| median(r).as_secs_f64()).collect())
+            .map(|k| k.iter_mut().map(|r| median(r)).collect())
             .collect();
         let base = medians.remove(0);
         eprintln!(
             "{what}: {rounds} rounds of {N} containers of each of {:?}, all at once ({} ended \
              during the pre-warm, the last exit after {:.2?} in the median round); \
-             a container's start (median of medians) {:.1} ms {:?}",
+             a container's start (median of medians) {:.1?} {:?}",
             self.kinds,
             self.during_prewarm,
             median(&mut self.walls),
-            1e3 * median_f(&base),
+            median(&mut base.clone()),
             self.kinds[0],
         );
         medians
             .iter()
             .zip(&self.kinds[1..])
             .map(|(m, kind)| {
-                let ratios: Vec<f64> = m.iter().zip(&base).map(|(a, b)| a / b).collect();
+                let ratios: Vec<f64> = m
+                    .iter()
+                    .zip(&base)
+                    .map(|(a, b)| a.div_duration_f64(*b))
+                    .collect();
                 let added =
                     (ratios.iter().map(|r| r.ln()).sum::<f64>() / rounds as f64).exp() - 1.0;
                 eprintln!(
-                    "  {kind:?}: {:.1} ms; per round {}: {:+.1}% added",
-                    1e3 * median_f(m),
+                    "  {kind:?}: {:.1?}; per round {}: {:+.1}% added",
+                    median(&mut m.clone()),
                     ratios
                         .iter()
                         .map(|r| format!("{:+.1}%", 100.0 * (r - 1.0)))
@@ -369,12 +371,6 @@ impl Tally {
             })
             .collect()
     }
-}
-
-fn median_f(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Run `rounds` rounds of `N` containers of each of `kinds`, started at
@@ -410,7 +406,7 @@ fn measure(
         for (n, (up, out)) in runs.into_iter().enumerate() {
             let (i, k) = (n / kinds.len(), order[n % kinds.len()]);
             assert!(
-                out.stdout.starts_with(b"up\n"),
+                out.stdout.starts_with(format!("{UP}\n").as_bytes()),
                 "{what}, {:?} container {i}: {out:?}",
                 kinds[k]
             );
