@@ -21,8 +21,8 @@ const BUSYBOX: &str = "/bin/busybox";
 pub const SCRIPT: &str = "env; echo @@@; cat /run/gpuarch/env 2>/dev/null; echo @@@; \
      ls /opt/gpuarch/kernels 2>/dev/null; cat /opt/gpuarch/kernels/*/manifest.json 2>/dev/null; \
      echo ===; find /opt/gpuarch/kernels -type f 2>/dev/null | sort; \
-     for d in /opt/gpuarch/kernels/*/ /opt/gpuarch/kernels/*/*/; do \
-       touch \"$d/x\" 2>/dev/null && echo WRITABLE $d; done; echo @@@; \
+     set --; for d in /opt/gpuarch/kernels/*/ /opt/gpuarch/kernels/*/*/; do set -- \"$@\" \"${d}x\"; done; \
+     touch \"$@\" 2>/dev/null; for f in \"$@\"; do [ -e \"$f\" ] && echo WRITABLE ${f%x}; done; echo @@@; \
      cat /etc/ld.so.cache 2>/dev/null; true";
 
 /// `None` when this machine can run the test; else the reason it cannot.
@@ -169,6 +169,9 @@ pub struct Scene {
     pub extra_env: Vec<(String, String)>,
     /// The shell script each container runs; its output is a [`Seen`].
     pub probe: &'static str,
+    /// Where [`Scene::bundle_on`] makes bundles: the scene's directory
+    /// unless a test says otherwise.
+    pub bundles: Option<PathBuf>,
 }
 
 impl Default for Scene {
@@ -187,6 +190,7 @@ impl Scene {
             inventory: Some(fixture("2080ti-3090")),
             extra_env: Vec::new(),
             probe: SCRIPT,
+            bundles: None,
         }
     }
 
@@ -227,7 +231,11 @@ impl Scene {
         env: &[&str],
         hooks: Option<Value>,
     ) -> PathBuf {
-        let b = self.path().join(unique("bundle"));
+        let b = self
+            .bundles
+            .as_deref()
+            .unwrap_or(self.path())
+            .join(unique("bundle"));
         std::fs::create_dir_all(&b).unwrap();
         let o = Command::new(runtime)
             .arg("spec")
