@@ -253,57 +253,159 @@ const UP: &str = "up";
 
 /// Start every command at once and wait for all: the batch's wall time and
 /// for each command, the time until its container printed its first line
-/// (the process inside is running: the container has started) and its
-/// output.
-fn batch(cmds: Vec<Command>) -> (Duration, Vec<(Duration, Output)>) {
+/// (the process inside is running: the container has started), its CPU
+/// time and its output.
+///
+/// One thread starts them all and watches their output. It runs at a
+/// real-time priority where the kernel allows it, so that when a first line
+/// arrives it is there to see it at once; a thread of normal priority
+/// waits its turn behind the 150 containers it is timing, and that wait
+/// (tens of milliseconds, different every time) was in every figure.
+/// Children get normal priority back (`SCHED_RESET_ON_FORK`).
+fn batch(cmds: Vec<Command>) -> (Duration, Vec<Run>) {
     let t0 = Instant::now();
-    let runs = std::thread::scope(|sc| {
-        let handles: Vec<_> = cmds
-            .into_iter()
-            .map(|mut c| sc.spawn(move || started(&mut c)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap())
-            .collect::<Vec<_>>()
-    });
+    let runs = std::thread::scope(|sc| sc.spawn(move || watch(cmds)).join().unwrap());
     (t0.elapsed(), runs)
 }
 
-/// Run `c`: the time until its first line, and its whole output.
-fn started(c: &mut Command) -> (Duration, Output) {
-    use std::io::{BufRead, BufReader, Read};
-    let t = Instant::now();
-    let mut child = c
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut first = String::new();
-    stdout.read_line(&mut first).unwrap();
-    let up = t.elapsed();
-    let mut rest = Vec::new();
-    stdout.read_to_end(&mut rest).unwrap();
-    let mut stderr = Vec::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_end(&mut stderr)
-        .unwrap();
-    let status = child.wait().unwrap();
-    let mut all = first.into_bytes();
-    all.extend(rest);
-    (
-        up,
-        Output {
-            status,
-            stdout: all,
-            stderr,
+/// How one container's start went.
+struct Run {
+    /// From the command's start to the container's first line.
+    up: Duration,
+    /// CPU time (user and system) of the command and everything it waited
+    /// for: the shim, the runtime, the runtime's children and the container.
+    cpu: Duration,
+    out: Output,
+}
+
+/// One command being watched.
+struct Watched {
+    child: std::process::Child,
+    start: Instant,
+    up: Option<Duration>,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    /// stdout and stderr, until each ends.
+    open: [Option<std::os::fd::OwnedFd>; 2],
+}
+
+/// Read what is there on every ready pipe; note the first line's time.
+fn drain(all: &mut [Watched], wait_ms: u16) {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    let mut at = Vec::new();
+    let mut fds = Vec::new();
+    for (w, x) in all.iter().enumerate() {
+        for (k, fd) in x.open.iter().enumerate() {
+            if let Some(fd) = fd {
+                at.push((w, k));
+                fds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+            }
+        }
+    }
+    if fds.is_empty() {
+        return;
+    }
+    poll(&mut fds, PollTimeout::from(wait_ms)).unwrap();
+    let ready: Vec<bool> = fds.iter().map(|f| f.any().unwrap_or(true)).collect();
+    drop(fds);
+    let now = Instant::now();
+    for ((w, k), ready) in at.into_iter().zip(ready) {
+        if !ready {
+            continue;
+        }
+        let x = &mut all[w];
+        let mut buf = [0u8; 65536];
+        let n = nix::unistd::read(x.open[k].as_ref().unwrap(), &mut buf).unwrap();
+        if n == 0 {
+            x.open[k] = None;
+            continue;
+        }
+        if k == 0 {
+            x.stdout.extend_from_slice(&buf[..n]);
+            if x.up.is_none() && buf[..n].contains(&b'\n') {
+                x.up = Some(now - x.start);
+            }
+        } else {
+            x.stderr.extend_from_slice(&buf[..n]);
+        }
+    }
+}
+
+/// Start `cmds` one right after the other, watching the output of those
+/// already started between starts, then until every one has ended.
+fn watch(cmds: Vec<Command>) -> Vec<Run> {
+    realtime();
+    let mut all: Vec<Watched> = Vec::new();
+    for mut c in cmds {
+        let start = Instant::now();
+        let mut child = c
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let open = [
+            Some(child.stdout.take().unwrap().into()),
+            Some(child.stderr.take().unwrap().into()),
+        ];
+        all.push(Watched {
+            child,
+            start,
+            up: None,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            open,
+        });
+        drain(&mut all, 0);
+    }
+    while all.iter().any(|x| x.open.iter().any(Option::is_some)) {
+        drain(&mut all, 1000);
+    }
+    all.into_iter().map(reap).collect()
+}
+
+/// This thread at a real-time priority, its children not; where the kernel
+/// refuses, say so once and go on at normal priority.
+fn realtime() {
+    let param = libc::sched_param { sched_priority: 10 };
+    // SAFETY: a plain syscall on this thread with a valid, live parameter.
+    let r = unsafe {
+        libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &param)
+    };
+    if r != 0 {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            eprintln!(
+                "note: no real-time priority for the watching thread ({}): start times include its waits",
+                std::io::Error::last_os_error()
+            )
+        });
+    }
+}
+
+/// Wait for an ended command: its status and, from `wait4`, the CPU time of
+/// it and of the descendants it waited for.
+fn reap(x: Watched) -> Run {
+    use std::os::unix::process::ExitStatusExt;
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value of the plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = x.child.id() as libc::pid_t;
+    // SAFETY: `pid` is our child, not yet reaped (Child::wait is never
+    // called on it); both pointers are to live locals.
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(r, pid, "wait4: {}", std::io::Error::last_os_error());
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    Run {
+        up: x.up.unwrap_or(Duration::MAX),
+        cpu: tv(usage.ru_utime) + tv(usage.ru_stime),
+        out: Output {
+            status: std::process::ExitStatus::from_raw(status),
+            stdout: x.stdout,
+            stderr: x.stderr,
         },
-    )
+    }
 }
 
 fn median(v: &mut [Duration]) -> Duration {
@@ -318,17 +420,30 @@ struct Tally {
     /// Per kind, per round, each container's time from its command's start
     /// to its first line.
     up: Vec<Vec<Vec<Duration>>>,
+    /// Per kind, each container's CPU time, all rounds together.
+    cpu: Vec<Vec<Duration>>,
     /// Per round, the time until the last container exited.
     walls: Vec<Duration>,
     /// Rounds that ended with the pre-warm still running.
     during_prewarm: usize,
 }
 
+/// What one kind added to the baseline kind's start, as fractions.
+#[derive(Clone, Copy, Debug)]
+struct Added {
+    kind: Kind,
+    /// Start time: the geometric mean over rounds of the ratio of the two
+    /// kinds' median starts in the same round.
+    start: f64,
+    /// CPU time per container: the ratio of the two kinds' medians over
+    /// all rounds.
+    cpu: f64,
+}
+
 impl Tally {
-    /// Print the figures; return, for each kind after the first, the start
-    /// time it added to the first, as a fraction: the geometric mean over
-    /// rounds of the ratio of the kinds' median starts in the same round.
-    fn report(&mut self, what: &str) -> Vec<(Kind, f64)> {
+    /// Print the figures; return what each kind after the first added to
+    /// the first.
+    fn report(&mut self, what: &str) -> Vec<Added> {
         let rounds = self.walls.len();
         let mut medians: Vec<Vec<Duration>> = self
             .up
@@ -336,47 +451,58 @@ impl Tally {
             .map(|k| k.iter_mut().map(|r| median(r)).collect())
             .collect();
         let base = medians.remove(0);
+        let mut cpu: Vec<Duration> = self.cpu.iter_mut().map(|c| median(c)).collect();
+        let base_cpu = cpu.remove(0);
         eprintln!(
-            "{what}: {rounds} rounds of {N} containers of each of {:?}, all at once ({} ended \
-             during the pre-warm, the last exit after {:.2?} in the median round); \
-             a container's start (median of medians) {:.1?} {:?}",
+            "{what}: {rounds} rounds (after one not counted) of {N} containers of each of {:?}, \
+             all at once ({} ended during the pre-warm, the last exit after {:.2?} in the median \
+             round); {:?}: start {:.1?} (median of round medians), CPU {:.1?} (median)",
             self.kinds,
             self.during_prewarm,
             median(&mut self.walls),
-            median(&mut base.clone()),
             self.kinds[0],
+            median(&mut base.clone()),
+            base_cpu,
         );
         medians
             .iter()
             .zip(&self.kinds[1..])
-            .map(|(m, kind)| {
+            .zip(cpu)
+            .map(|((m, &kind), cpu)| {
                 let ratios: Vec<f64> = m
                     .iter()
                     .zip(&base)
                     .map(|(a, b)| a.div_duration_f64(*b))
                     .collect();
-                let added =
-                    (ratios.iter().map(|r| r.ln()).sum::<f64>() / rounds as f64).exp() - 1.0;
+                let added = Added {
+                    kind,
+                    start: (ratios.iter().map(|r| r.ln()).sum::<f64>() / rounds as f64).exp()
+                        - 1.0,
+                    cpu: cpu.div_duration_f64(base_cpu) - 1.0,
+                };
                 eprintln!(
-                    "  {kind:?}: {:.1?}; per round {}: {:+.1}% added",
+                    "  {kind:?}: start {:.1?}, {:+.1}% added (per round {}); CPU {cpu:.1?}, {:+.1}% added",
                     median(&mut m.clone()),
+                    100.0 * added.start,
                     ratios
                         .iter()
                         .map(|r| format!("{:+.1}%", 100.0 * (r - 1.0)))
                         .collect::<Vec<_>>()
                         .join(" "),
-                    100.0 * added,
+                    100.0 * added.cpu,
                 );
-                (*kind, added)
+                added
             })
             .collect()
     }
 }
 
 /// Run `rounds` rounds of `N` containers of each of `kinds`, started at
-/// once, interleaved (which kind of container `i` starts first turns by
-/// round), so that every kind sees the same load; `make(i, kind)` builds
-/// container `i`'s command. Every container is verified.
+/// once, after one more round that is not counted (the first round of a
+/// run is the slowest: caches are cold and the pre-warm is starting), and
+/// interleaved so that every kind sees the same load; `make(i, kind)`
+/// builds container `i`'s command. Every container of every round is
+/// verified.
 fn measure(
     what: &str,
     rounds: usize,
@@ -388,23 +514,23 @@ fn measure(
     let mut t = Tally {
         kinds: kinds.to_vec(),
         up: vec![Vec::new(); kinds.len()],
+        cpu: vec![Vec::new(); kinds.len()],
         walls: Vec::new(),
         during_prewarm: 0,
     };
-    for round in 0..rounds {
-        let mut order: Vec<usize> = (0..kinds.len()).collect();
-        order.rotate_left(round % kinds.len());
-        let cmds = (0..N)
-            .flat_map(|i| order.iter().map(move |&k| (i, k)))
-            .map(|(i, k)| make(i, kinds[k]))
+    for round in 0..=rounds {
+        // Container i of each kind starts next to the others' i; which
+        // goes first turns with i (and with the round), so every kind
+        // starts as often first as last in every round. (Turning it only
+        // by round made one round's ratio swing by 20% either way.)
+        let slots: Vec<(usize, usize)> = (0..N)
+            .flat_map(|i| (0..kinds.len()).map(move |j| (i, (i + round + j) % kinds.len())))
             .collect();
+        let cmds = slots.iter().map(|&(i, k)| make(i, kinds[k])).collect();
         let (wall, runs) = batch(cmds);
-        if prewarm.busy() {
-            t.during_prewarm += 1;
-        }
         let mut ups = vec![Vec::new(); kinds.len()];
-        for (n, (up, out)) in runs.into_iter().enumerate() {
-            let (i, k) = (n / kinds.len(), order[n % kinds.len()]);
+        let mut cpus = vec![Vec::new(); kinds.len()];
+        for (&(i, k), Run { up, cpu, out }) in slots.iter().zip(runs) {
             assert!(
                 out.stdout.starts_with(format!("{UP}\n").as_bytes()),
                 "{what}, {:?} container {i}: {out:?}",
@@ -412,23 +538,70 @@ fn measure(
             );
             verify(what, i, kinds[k], &Seen::parse(out), uuids);
             ups[k].push(up);
+            cpus[k].push(cpu);
         }
-        for (k, u) in ups.into_iter().enumerate() {
+        if round == 0 {
+            continue;
+        }
+        if prewarm.busy() {
+            t.during_prewarm += 1;
+        }
+        for (k, (u, c)) in ups.into_iter().zip(cpus).enumerate() {
             t.up[k].push(u);
+            t.cpu[k].extend(c);
         }
         t.walls.push(wall);
     }
     t
 }
 
-/// Added start time allowed: a guard against regressions, not the hook
-/// issue's target of 10%. With 150 containers and two NVRTC builds on two
-/// cores, one round's ratio swings by about 20% either way, so the
-/// geometric mean of six is only good to about 10%; the figures in
-/// docs/BENCHMARKS.md are that mean over several runs of the release
-/// build. A debug build (what `cargo test` runs) plans more slowly.
-fn allowed() -> f64 {
-    if cfg!(debug_assertions) { 0.40 } else { 0.25 }
+/// The hook issue's target: gpuarch-runtime in front of runc adds under
+/// 10% to a container's start.
+const TARGET: f64 = 0.10;
+
+/// Added start time allowed: a guard against regressions, not the target.
+/// With 150 containers and NVRTC builds on two cores, one round's ratio
+/// still swings by 10% or more either way, so the geometric mean of six
+/// is only good to a few percent; the figures in docs/BENCHMARKS.md are
+/// that mean over several runs.
+const START_GUARD: f64 = 0.25;
+
+/// The target, held on the steadier measure: on a saturated machine a
+/// container's start follows the CPU time it takes, and that of each
+/// container is counted exactly. Only the release build (what a host runs
+/// and `scripts/test` tests here) is held to it; a debug build plans more
+/// slowly.
+fn cpu_allowed() -> f64 {
+    if cfg!(debug_assertions) { 0.20 } else { TARGET }
+}
+
+/// A tmpfs, mounted on a fresh directory for as long as it lives.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn new() -> Self {
+        use nix::mount::{MsFlags, mount};
+        let dir = tempfile::tempdir().unwrap();
+        mount(
+            Some("tmpfs"),
+            dir.path(),
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=0700"),
+        )
+        .unwrap_or_else(|e| panic!("mount a tmpfs on {}: {e}", dir.path().display()));
+        Tmpfs(dir)
+    }
+
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(self.0.path(), nix::mount::MntFlags::MNT_DETACH);
+    }
 }
 
 /// Container `i` of `kind`'s own rootfs, as an engine gives each
@@ -449,7 +622,7 @@ fn fifty_containers_at_once_each_get_their_own_plan() {
     };
     let mut node = Node::new("2080ti-3090", Policy::Shipped);
     let heavy = node.path("heavy-packages");
-    heavy_packages(&heavy, 3);
+    heavy_packages(&heavy, 6);
     let samples = workspace_root().join("kernels/packages");
     let yaml = kernels_yaml(&node.path(""), &[&samples, &heavy], Some(&cuda));
     std::fs::write(node.path("config.yaml"), &yaml).unwrap();
@@ -463,6 +636,14 @@ fn fifty_containers_at_once_each_get_their_own_plan() {
         .collect();
 
     let mut s = Scene::new();
+    // Bundles on a tmpfs, where engines keep them (containerd and Docker
+    // under /run/containerd, CRI-O under /run/containers). On this
+    // machine's ext4 the shim's atomic rewrite of config.json (a new file
+    // renamed over the old) costs about 0.4 ms more, and waits behind the
+    // journal commits of the builds the daemon writes meanwhile (see
+    // docs/BENCHMARKS.md).
+    let bundles = Tmpfs::new();
+    s.bundles = Some(bundles.path().to_owned());
     // The usual probe, after a first line that marks the process running.
     s.probe = Box::leak(format!("echo {UP}; {SCRIPT}").into_boxed_str());
     // The daemon's snapshot, as on a host, not a fixture.
@@ -516,22 +697,38 @@ fn fifty_containers_at_once_each_get_their_own_plan() {
     );
     prewarm.finish(&node);
 
-    let mut added = runc.report("runc behind gpuarch-runtime");
-    added.extend(podman.report("podman with the precreate hook"));
+    let runc_added = runc.report("runc behind gpuarch-runtime");
+    let podman_added = podman.report("podman with the precreate hook");
     assert_eq!(
         runc.during_prewarm + podman.during_prewarm,
         RUNC_ROUNDS + PODMAN_ROUNDS,
         "the pre-warm ran out before the containers did"
     );
-    for (what, (kind, added)) in ["runc", "runc", "podman"].iter().zip(added) {
-        let limit = allowed();
+    let all = runc_added.iter().map(|a| ("runc", a));
+    for (what, a) in all.chain(podman_added.iter().map(|a| ("podman", a))) {
         assert!(
-            added < limit,
-            "{what}, {kind:?}: gpuarch added {:.1}% to a container's start, over {:.0}%",
-            100.0 * added,
-            100.0 * limit
+            a.start < START_GUARD,
+            "{what}, {:?}: gpuarch added {:.1}% to a container's start, over {:.0}%",
+            a.kind,
+            100.0 * a.start,
+            100.0 * START_GUARD
         );
     }
+    // The hook issue's case: the shim in front of runc, no kernel packages.
+    // Kernel packages add runc's work for their mounts (about 0.2 ms of CPU
+    // each, a container of two GPUs gets three per package); podman's CPU
+    // time leaves out conmon's and the runtime's, which podman does not wait
+    // for, so it is reported, not held.
+    let plan_only = runc_added
+        .iter()
+        .find(|a| a.kind == Kind::PlanOnly)
+        .unwrap();
+    assert!(
+        plan_only.cpu < cpu_allowed(),
+        "gpuarch-runtime added {:.1}% to a runc container's CPU time, over {:.0}%",
+        100.0 * plan_only.cpu,
+        100.0 * cpu_allowed()
+    );
     let (status, _) = node.stop();
     assert!(status.success(), "{status:?}\n{}", node.log());
 }
