@@ -23,7 +23,8 @@ pub fn hook_command() -> Command {
             "OCI hook: give one container the Plan for the GPUs it was assigned: \
 TORCH_CUDA_ARCH_LIST, dtype and attention hints, and read-only mounts of the kernels built for \
 its GPUs' architectures. Container engines run it; people rarely do.\n\n\
-Fail open: on any error, or past hook.timeout_ms, the container starts unchanged and the \
+Fail open: on any error, or when NVML (asked only without gpuarchd's snapshot) or an \
+in-container stage takes longer than hook.timeout_ms, the container starts unchanged and the \
 reason is logged; with strict: true in the config the hook exits 1 with a one-line reason \
 instead, and the engine refuses the start.",
         )
@@ -58,8 +59,9 @@ the bundle's config.json (env, read-only kernel mounts, a createContainer entry 
 then executes the real runtime with exactly the arguments it was given. Every other \
 subcommand goes straight through; the exit status is the runtime's.\n\n\
 The runtime is runtime.path in the config, else the first of runc and crun on PATH. \
-Fail open: on any error, or past hook.timeout_ms, the runtime runs on the original bundle \
-and the reason is logged; with strict: true the shim exits 1 instead. gpuarch-runtime does \
+Fail open: on any error, or when NVML (asked only without gpuarchd's snapshot) does not \
+answer within hook.timeout_ms, the runtime runs on the original bundle and the reason is \
+logged; with strict: true the shim exits 1 instead. gpuarch-runtime does \
 not parse --help or --version itself: they are the runtime's.",
         )
         .after_help(FILES_AND_ENV)

@@ -63,6 +63,15 @@ pub const HOOK_ENV_VARS: [&str; 3] = ["GPUARCH_CONFIG", "GPUARCH_INVENTORY", "GP
 pub const SAFE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 impl Context {
+    pub fn new(inventory: Snapshot, config: Config, hook_path: Option<PathBuf>) -> Self {
+        Self {
+            inventory,
+            config,
+            hook_path,
+            hook_env: Self::hook_env_from_process(),
+        }
+    }
+
     /// The hook entry's env from this process's environment.
     pub fn hook_env_from_process() -> Vec<String> {
         let mut env = vec![format!("PATH={SAFE_PATH}")];
@@ -102,12 +111,30 @@ pub fn load_config() -> (Config, Option<String>) {
 pub fn load_context(config: Config, hook_path: Option<PathBuf>) -> Result<Context, String> {
     let (inventory, _) =
         gpuarch_inventory::read_inventory(None, None).map_err(|e| e.to_string())?;
-    Ok(Context {
-        inventory,
-        config,
-        hook_path,
-        hook_env: Context::hook_env_from_process(),
-    })
+    Ok(Context::new(inventory, config, hook_path))
+}
+
+/// [`load_context`] for work that runs on the calling thread: the snapshot
+/// is a file of gpuarchd's, read right here; NVML, which can hang, is asked
+/// on a thread of its own and given up on after `hook.timeout_ms`. A
+/// thread costs a container start about 1 ms on a VM (its start and the
+/// wake-up of the thread that waits for it), so only what can hang gets one.
+pub fn load_context_within(config: Config, hook_path: Option<PathBuf>) -> Result<Context, String> {
+    use gpuarch_inventory::GpuInventory;
+    let inventory = match gpuarch_inventory::snapshot_source(None) {
+        Some(path) => gpuarch_inventory::SnapshotFile::new(path)
+            .snapshot()
+            .map_err(|e| e.to_string())?,
+        None => {
+            let budget = std::time::Duration::from_millis(config.hook.timeout_ms);
+            budget::run(budget, || {
+                gpuarch_inventory::read_nvml()
+                    .map(|(s, _)| s)
+                    .map_err(|e| e.to_string())
+            })?
+        }
+    };
+    Ok(Context::new(inventory, config, hook_path))
 }
 
 /// Read all of `r`, refusing more than `limit` bytes without reading past

@@ -385,15 +385,29 @@ pub fn read_inventory(
     if let Some(lib) = nvml_lib {
         return from(&NvmlInventory::open(Some(lib))?);
     }
-    let named = snapshot
-        .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os("GPUARCH_INVENTORY").map(PathBuf::from));
-    if let Some(path) = named {
+    if let Some(path) = snapshot_source(snapshot) {
         return from(&SnapshotFile::new(path));
     }
-    if Path::new(DEFAULT_SNAPSHOT).exists() {
-        return from(&SnapshotFile::new(DEFAULT_SNAPSHOT));
-    }
+    read_nvml()
+}
+
+/// The snapshot [`read_inventory`] reads when not told to use NVML:
+/// `snapshot`, else `GPUARCH_INVENTORY`, else [`DEFAULT_SNAPSHOT`] if it
+/// exists; `None` leaves NVML.
+pub fn snapshot_source(snapshot: Option<&Path>) -> Option<PathBuf> {
+    snapshot
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("GPUARCH_INVENTORY").map(PathBuf::from))
+        .or_else(|| {
+            let default = Path::new(DEFAULT_SNAPSHOT);
+            default.exists().then(|| default.to_path_buf())
+        })
+}
+
+/// The inventory from NVML (`GPUARCH_NVML_LIB` or [`DEFAULT_NVML_LIB`]),
+/// as [`read_inventory`] reads it when there is no snapshot.
+pub fn read_nvml() -> Result<(Snapshot, String), InventoryError> {
+    let from = |inv: &dyn GpuInventory| Ok((inv.snapshot()?, inv.describe()));
     let lib = std::env::var_os("GPUARCH_NVML_LIB").map(PathBuf::from);
     let nvml =
         NvmlInventory::open(lib.as_deref()).map_err(|e| InventoryError::NoSource(Box::new(e)))?;

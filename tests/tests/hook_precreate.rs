@@ -15,12 +15,22 @@ fn hook(stdin: &[u8], config_yaml: &str) -> Output {
 
 /// The hook with `GPUARCH_INVENTORY` naming `inventory`.
 fn hook_on(stdin: &[u8], config_yaml: &str, inventory: &std::path::Path) -> Output {
+    hook_env(
+        stdin,
+        config_yaml,
+        &[("GPUARCH_INVENTORY", inventory.as_os_str())],
+    )
+}
+
+/// The hook with `env` added to this process's, less `GPUARCH_INVENTORY`.
+fn hook_env(stdin: &[u8], config_yaml: &str, env: &[(&str, &std::ffi::OsStr)]) -> Output {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("config.yaml");
     std::fs::write(&cfg, config_yaml).unwrap();
     let mut child = Command::new(&artifacts().gpuarch_hook)
         .arg("precreate")
-        .env("GPUARCH_INVENTORY", inventory)
+        .env_remove("GPUARCH_INVENTORY")
+        .envs(env.iter().copied())
         .env("GPUARCH_CONFIG", &cfg)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -275,6 +285,43 @@ fn a_broken_snapshot_fails_open_or_strict_within_the_budget() {
             log.contains(reason) && log.contains("strict"),
             "{name}: {log}"
         );
+    }
+}
+
+/// No snapshot, and NVML hangs: precreate gives up on it after the budget
+/// and passes the config through unchanged, saying why; with strict the
+/// start fails.
+#[test]
+fn a_hung_nvml_costs_precreate_at_most_the_budget() {
+    if std::path::Path::new(gpuarch_inventory::DEFAULT_SNAPSHOT).exists() {
+        eprintln!(
+            "SKIPPED: {} exists, so the hook would not ask NVML",
+            gpuarch_inventory::DEFAULT_SNAPSHOT
+        );
+        return;
+    }
+    let topology = fixture("2080ti-3090");
+    let env = [
+        ("GPUARCH_NVML_LIB", artifacts().fake_nvml.as_os_str()),
+        ("FAKE_NVML_TOPOLOGY", topology.as_os_str()),
+        ("FAKE_NVML_SLEEP", "nvmlInit_v2=20000".as_ref()),
+    ];
+    let input = config(&["NVIDIA_VISIBLE_DEVICES=1"]).to_string();
+    for strict in [false, true] {
+        let yaml = format!("strict: {strict}\nhook:\n  timeout_ms: 300\n");
+        let t0 = std::time::Instant::now();
+        let o = hook_env(input.as_bytes(), &yaml, &env);
+        let took = t0.elapsed();
+        let log = String::from_utf8_lossy(&o.stderr);
+        assert!(log.contains("gave up after 300ms"), "{log}");
+        assert!(took < std::time::Duration::from_secs(5), "{took:?}");
+        if strict {
+            assert_eq!(o.status.code(), Some(1), "{log}");
+            assert!(o.stdout.is_empty());
+        } else {
+            assert!(o.status.success(), "{log}");
+            assert_eq!(o.stdout, input.as_bytes(), "config changed");
+        }
     }
 }
 

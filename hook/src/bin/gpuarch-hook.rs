@@ -6,13 +6,13 @@
 //!   Plan into the container as `/run/gpuarch/env` and
 //!   `/etc/profile.d/gpuarch.sh`.
 //!
-//! Fail open: on any error (or past `hook.timeout_ms`) the container starts
-//! unchanged and the reason is logged; with `strict: true` in the config the
+//! Fail open: on any error (or past `hook.timeout_ms`: the stages' whole
+//! work, precreate's wait for NVML) the container starts unchanged and the
+//! reason is logged; with `strict: true` in the config the
 //! hook exits 1 with a one-line reason instead, failing the start.
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use gpuarch_hook::stage::{self, Stage, State};
@@ -48,20 +48,18 @@ fn precreate() -> ExitCode {
     if bytes.len() as u64 > limit {
         return too_large(&bytes, stdin);
     }
-    let input = Arc::new(bytes);
+    let input = bytes;
     let (cfg, cfg_err) = gpuarch_hook::load_config();
     let strict = cfg.strict;
     let result = match cfg_err {
         // A config that cannot be read leaves strict off: fail open.
         Some(e) => Err(e),
         None => {
-            let budget = Duration::from_millis(cfg.hook.timeout_ms);
+            // The config is in memory and bounded; only NVML can hang, and
+            // it alone runs under the budget.
             let hook_path = std::env::current_exe().ok();
-            let work = Arc::clone(&input);
-            budget::run(budget, move || {
-                let ctx = gpuarch_hook::load_context(cfg, hook_path)?;
-                gpuarch_hook::precreate(&work, &ctx).map_err(|e| e.to_string())
-            })
+            gpuarch_hook::load_context_within(cfg, hook_path)
+                .and_then(|ctx| gpuarch_hook::precreate(&input, &ctx).map_err(|e| e.to_string()))
         }
     };
     let out: &[u8] = match &result {
@@ -126,6 +124,9 @@ fn in_container(which: Stage) -> ExitCode {
         None => match State::read(std::io::stdin().lock()) {
             Err(e) => Err(e.to_string()),
             Ok(state) => {
+                // The container's rootfs may be anything (a FUSE mount
+                // that never answers, a FIFO where a file should be): the
+                // whole stage runs under the budget.
                 let budget = Duration::from_millis(cfg.hook.timeout_ms);
                 budget::run(budget, move || {
                     let ctx = gpuarch_hook::load_context(cfg, None)?;
