@@ -48,7 +48,6 @@ fn precreate() -> ExitCode {
     if bytes.len() as u64 > limit {
         return too_large(&bytes, stdin);
     }
-    let input = bytes;
     let (cfg, cfg_err) = gpuarch_hook::load_config();
     let strict = cfg.strict;
     let result = match cfg_err {
@@ -59,7 +58,7 @@ fn precreate() -> ExitCode {
             // it alone runs under the budget.
             let hook_path = std::env::current_exe().ok();
             gpuarch_hook::load_context_within(cfg, hook_path)
-                .and_then(|ctx| gpuarch_hook::precreate(&input, &ctx).map_err(|e| e.to_string()))
+                .and_then(|ctx| gpuarch_hook::precreate(&bytes, &ctx).map_err(|e| e.to_string()))
         }
     };
     let out: &[u8] = match &result {
@@ -73,7 +72,7 @@ fn precreate() -> ExitCode {
         }
         Err(e) => {
             log::warn(&format!("{e}; the container starts unchanged"));
-            &input
+            &bytes
         }
     };
     let mut stdout = std::io::stdout().lock();
@@ -125,8 +124,8 @@ fn in_container(which: Stage) -> ExitCode {
             Err(e) => Err(e.to_string()),
             Ok(state) => {
                 // The container's rootfs may be anything (a FUSE mount
-                // that never answers, a FIFO where a file should be): the
-                // whole stage runs under the budget.
+                // that never answers): the whole stage runs under the
+                // budget.
                 let budget = Duration::from_millis(cfg.hook.timeout_ms);
                 budget::run(budget, move || {
                     let ctx = gpuarch_hook::load_context(cfg, None)?;
