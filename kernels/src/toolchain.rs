@@ -12,8 +12,10 @@ use std::sync::OnceLock;
 use cudarc::nvrtc::sys;
 use gpuarch_core::arch::{CodeKind, Target};
 
-/// The NVRTC soname cudarc looks up; see [`Nvrtc::load`].
-const NVRTC_SONAME: &str = "libnvrtc.so.12";
+/// The NVRTC sonames gpuarch loads, newest first: CUDA 13 (driver 580 and
+/// later hosts) and CUDA 12. cudarc, built for 13.0, looks both up by these
+/// names; see [`Nvrtc::load`].
+const NVRTC_SONAMES: [&str; 2] = ["libnvrtc.so.13", "libnvrtc.so.12"];
 
 /// The NVIDIA wheels a checkout unpacks for its tests, demo and benches
 /// (`scripts/lib/setup.sh`): `$GPUARCH_CUDA_DIR`, else
@@ -22,9 +24,9 @@ pub fn local_wheels(workspace: &Path) -> Option<PathBuf> {
     let dir = std::env::var_os("GPUARCH_CUDA_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace.join(".local/cuda/nvidia"));
-    dir.join("cuda_nvrtc/lib")
-        .join(NVRTC_SONAME)
-        .is_file()
+    NVRTC_SONAMES
+        .iter()
+        .any(|so| dir.join("cuda_nvrtc/lib").join(so).is_file())
         .then_some(dir)
 }
 
@@ -55,13 +57,17 @@ fn roots(cuda_dirs: &[PathBuf]) -> Vec<PathBuf> {
     v
 }
 
-/// Where a file of a wheel's component can be under one root.
-fn layouts(root: &Path, component: &str, sub: &str, file: &str) -> [PathBuf; 5] {
+/// Where a file of a wheel's component can be under one root: a toolkit
+/// (`lib64/`), CUDA 12's wheels (one directory per component) and CUDA
+/// 13's (everything under `cu13/`).
+fn layouts(root: &Path, component: &str, sub: &str, file: &str) -> [PathBuf; 7] {
     [
         root.join(sub).join(file),
         root.join(format!("{sub}64")).join(file),
         root.join(component).join(sub).join(file),
         root.join("nvidia").join(component).join(sub).join(file),
+        root.join("cu13").join(sub).join(file),
+        root.join("nvidia/cu13").join(sub).join(file),
         root.join(file),
     ]
 }
@@ -97,7 +103,8 @@ pub fn tool_dirs(cuda_dirs: &[PathBuf]) -> Vec<PathBuf> {
 /// A loaded NVRTC and the headers it compiles against.
 #[derive(Debug)]
 pub struct Nvrtc {
-    /// The library, as found (`libnvrtc.so.12` when from the system path).
+    /// The library, as found (`libnvrtc.so.13` or `.12` when from the
+    /// system path).
     pub library: PathBuf,
     /// `12.9`.
     pub version: String,
@@ -139,17 +146,35 @@ impl Nvrtc {
     /// process: the first successful load wins, later calls reuse it.
     ///
     /// cudarc resolves its NVRTC symbols by library name; loading the file
-    /// found here first, under its soname `libnvrtc.so.12`, makes that name
-    /// resolve to it, so every call goes to the library chosen here.
+    /// found here first, under its soname (`libnvrtc.so.13` or `.12`), makes
+    /// that name resolve to it. cudarc tries the bare `libnvrtc.so` before
+    /// the sonames, though, and a CUDA toolkit on the library path answers
+    /// that with its own NVRTC; so the library cudarc settled on is checked
+    /// to be the one chosen here (same `nvrtcVersion` entry point) before any
+    /// call, and a different one is an error rather than a build by a
+    /// compiler the key does not name.
     pub fn load(cuda_dirs: &[PathBuf]) -> Result<Self, String> {
-        let (_, library) = LOADED
+        let (lib, library) = LOADED
             .get_or_init(|| Self::open(cuda_dirs))
             .as_ref()
             .map_err(Clone::clone)?;
         // SAFETY: the library is loaded (above), so cudarc finds the symbol.
         if !unsafe { sys::is_culib_present() } {
             return Err(format!(
-                "NVRTC at {} was loaded but cudarc cannot find it under {NVRTC_SONAME}",
+                "NVRTC at {} was loaded but cudarc cannot find it under {}",
+                library.display(),
+                NVRTC_SONAMES.join(" or ")
+            ));
+        }
+        // SAFETY: looking a symbol up runs no code; both libraries are NVRTC.
+        let same = unsafe {
+            let ours = lib.get::<unsafe extern "C" fn()>(b"nvrtcVersion\0");
+            let theirs = sys::culib().get::<unsafe extern "C" fn()>(b"nvrtcVersion\0");
+            matches!((ours, theirs), (Ok(a), Ok(b)) if *a as usize == *b as usize)
+        };
+        if !same {
+            return Err(format!(
+                "NVRTC: gpuarch chose {} but cudarc loaded the libnvrtc.so on the library path, a different NVRTC; list that toolkit's directory first in kernels.cuda_dirs",
                 library.display()
             ));
         }
@@ -162,7 +187,7 @@ impl Nvrtc {
         let include = find(cuda_dirs, "cuda_runtime", "include", "cuda_fp16.h")
             .and_then(|p| p.parent().map(Path::to_path_buf))
             .ok_or_else(|| {
-                "CUDA headers (cuda_fp16.h) not found: install the nvidia-cuda-runtime-cu12 wheel or a CUDA toolkit, or list its directory in kernels.cuda_dirs".to_owned()
+                "CUDA headers (cuda_fp16.h) not found: install the nvidia-cuda-runtime wheel or a CUDA toolkit, or list its directory in kernels.cuda_dirs".to_owned()
             })?;
         let headers_digest =
             digest_dir(&include).map_err(|e| format!("{}: {e}", include.display()))?;
@@ -176,16 +201,20 @@ impl Nvrtc {
 
     fn open(cuda_dirs: &[PathBuf]) -> Result<(libloading::Library, PathBuf), String> {
         let mut tried = Vec::new();
-        let mut candidates: Vec<PathBuf> = cuda_dirs
-            .iter()
-            .flat_map(|r| layouts(r, "cuda_nvrtc", "lib", NVRTC_SONAME))
-            .collect();
-        candidates.push(PathBuf::from(NVRTC_SONAME)); // the system library path
-        candidates.extend(
-            roots(&[])
+        let in_roots = |roots: &[PathBuf]| -> Vec<PathBuf> {
+            roots
                 .iter()
-                .flat_map(|r| layouts(r, "cuda_nvrtc", "lib", NVRTC_SONAME)),
-        );
+                .flat_map(|r| {
+                    NVRTC_SONAMES
+                        .iter()
+                        .flat_map(move |so| layouts(r, "cuda_nvrtc", "lib", so))
+                })
+                .collect()
+        };
+        let mut candidates = in_roots(cuda_dirs);
+        // The system library path.
+        candidates.extend(NVRTC_SONAMES.iter().map(PathBuf::from));
+        candidates.extend(in_roots(&roots(&[])));
         for c in candidates {
             if c.is_absolute() && !c.is_file() {
                 continue;
@@ -198,7 +227,8 @@ impl Nvrtc {
             }
         }
         Err(format!(
-            "NVRTC ({NVRTC_SONAME}) not found: install the nvidia-cuda-nvrtc-cu12 wheel or a CUDA 12 toolkit, or list its directory in kernels.cuda_dirs{}",
+            "NVRTC ({}) not found: install a CUDA 12 or 13 toolkit or the nvidia-cuda-nvrtc wheel, or list its directory in kernels.cuda_dirs{}",
+            NVRTC_SONAMES.join(" or "),
             if tried.is_empty() {
                 String::new()
             } else {
