@@ -3,10 +3,16 @@
 //! A cubin is an ELF file for `EM_CUDA` whose SM version is in `e_flags`:
 //! with ELF ABI version 7 (CUDA up to sm_90a) in the low byte, with the
 //! `a` flag at `0x800`; with ABI version 8 (sm_100 and later) in the second
-//! byte, with the `a` flag at `0x8`. A fatbin is a series of containers
-//! (magic `0xBA55ED50`) of entries, each PTX or a cubin with the SM in its
-//! header; a host shared library or executable carries fatbins in its
+//! byte, with the `a` flag at `0x8`. CUDA 13's compilers no longer set
+//! that flag (an nvcc 13.0 `sm_90a` cubin has the `sm_90` e_flags); they
+//! record it in the `.nv.compat` section instead, as attribute 9
+//! ("arch-specific") of its records, and both places are read. A fatbin is
+//! a series of containers (magic `0xBA55ED50`) of entries, each PTX or a
+//! cubin with the SM in its header and the `a` flag at `0x10_0000` of its
+//! flags; a host shared library or executable carries fatbins in its
 //! `.nv_fatbin` section. PTX names its target on its `.target` line.
+//! (The CUDA 13 layouts were read off nvcc 13.0's output and are checked
+//! against cuobjdump in kernels/tests/nvcc13.rs.)
 //!
 //! Nothing here trusts a file name: the store checks every build with
 //! [`inspect`], and `gpuarchctl inspect` reports from it.
@@ -22,6 +28,10 @@ const FATBIN_KIND_ELF: u16 = 2;
 /// Older fatbin compression flag, and the one newer toolkits use.
 const FATBIN_COMPRESSED: u64 = 0x2000 | 0x8000;
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+/// A fatbin entry's flag for arch-specific (`sm_90a`) code.
+const FATBIN_ARCH_SPECIFIC: u64 = 0x0010_0000;
+/// The `.nv.compat` attribute saying the code is arch-specific.
+const COMPAT_ARCH_SPECIFIC: u8 = 9;
 
 /// One piece of GPU code found in a binary.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -214,7 +224,33 @@ fn elf_sm(elf: &Elf<'_>) -> Result<Target, InspectError> {
     } else {
         (elf.flags & 0xff, elf.flags & 0x800 != 0)
     };
+    let a = a || elf.section(".nv.compat")?.is_some_and(compat_arch_specific);
     sm_target(sm, a, CodeKind::Sass)
+}
+
+/// Whether `.nv.compat` records the code as arch-specific. The section is
+/// a run of records `[format, attribute, value...]`: format 1 carries no
+/// value (2 bytes), 2 a byte and 3 a 16-bit value (4 bytes each), 4 a
+/// 16-bit size and that many bytes. A format not known here ends the
+/// reading.
+fn compat_arch_specific(mut b: &[u8]) -> bool {
+    while let [format, attr, rest @ ..] = b {
+        let (value, len) = match format {
+            1 => (0, 0),
+            2 => (u16::from(rest.first().copied().unwrap_or(0)), 2),
+            3 => (u16_at(rest, 0).unwrap_or(0), 2),
+            4 => (0, 2 + usize::from(u16_at(rest, 0).unwrap_or(0))),
+            _ => return false,
+        };
+        if *attr == COMPAT_ARCH_SPECIFIC && matches!(format, 2 | 3) {
+            return value != 0;
+        }
+        let Some(next) = rest.get(len..) else {
+            return false;
+        };
+        b = next;
+    }
+    false
 }
 
 fn cubin_object(elf: &Elf<'_>, origin: String) -> Result<CodeObject, InspectError> {
@@ -339,7 +375,7 @@ fn fatbin_entry(
         FATBIN_KIND_ELF | 0x10 => CodeKind::Sass,
         _ => return Ok(next), // not code: skip it
     };
-    let header_target = sm_target(sm, false, kind)?;
+    let header_target = sm_target(sm, flags & FATBIN_ARCH_SPECIFIC != 0, kind)?;
     if compressed {
         out.push(CodeObject {
             target: header_target,
