@@ -190,9 +190,7 @@ impl Builder {
                 continue;
             }
             let outcome = if build {
-                let meta = Self::meta(pkg, i, arch);
-                self.store
-                    .build(&key, &meta, |out| self.run_backend(pkg, i, arch, out))
+                self.build_keyed(pkg, i, arch, &key)
             } else {
                 match self.store.lookup(&key) {
                     Ok(Some(e)) => Ok(Outcome::Cached(e)),
@@ -227,6 +225,32 @@ impl Builder {
             res.error = Some(format!("no build of variant {v} for {arch} yet"));
         }
         res
+    }
+
+    /// Build (or find in the store) variant `i` of `pkg` for `arch`, with
+    /// no fallback to another variant: what `resolve` does for each variant
+    /// it tries, for a caller that wants every variant (the GPU check).
+    pub fn build_variant(
+        &self,
+        pkg: &Package,
+        i: usize,
+        arch: Target,
+    ) -> Result<Outcome, BuildError> {
+        pkg.admits(i, arch).map_err(BuildError::Rejected)?;
+        let key = self.key(pkg, i, arch).map_err(BuildError::Tool)?;
+        self.build_keyed(pkg, i, arch, &key)
+    }
+
+    fn build_keyed(
+        &self,
+        pkg: &Package,
+        i: usize,
+        arch: Target,
+        key: &str,
+    ) -> Result<Outcome, BuildError> {
+        let meta = Self::meta(pkg, i, arch);
+        self.store
+            .build(key, &meta, |out| self.run_backend(pkg, i, arch, out))
     }
 
     fn run_backend(

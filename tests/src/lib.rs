@@ -10,14 +10,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// The fixture topologies every NVML test runs on.
-pub const FIXTURES: [&str; 6] = [
+/// The fixture topologies every NVML test runs on. `h100-real` is what
+/// NVML said on a real H100 host (scripts/gpu-check, docs/gpu/).
+pub const FIXTURES: [&str; 7] = [
     "2080ti-3090",
     "t4",
     "a100-h100",
     "8xh100",
     "4090-5090",
     "a100-mig",
+    "h100-real",
 ];
 
 pub fn workspace_root() -> PathBuf {
@@ -64,6 +66,15 @@ pub fn cannot_run(root_for: &str, tools: &[&str]) -> Option<String> {
         .map(|t| format!("{t} is not installed"))
 }
 
+/// A test that cannot run here: under CI (`CI=true`) that is a failure
+/// naming what is missing, elsewhere a SKIPPED line.
+pub fn skip(why: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("cannot run under CI: {why}");
+    }
+    eprintln!("SKIPPED: {why}");
+}
+
 /// Paths of built artifacts.
 #[derive(Debug)]
 pub struct Artifacts {
@@ -72,6 +83,7 @@ pub struct Artifacts {
     pub gpuarchd: PathBuf,
     pub gpuarch_hook: PathBuf,
     pub gpuarch_runtime: PathBuf,
+    pub gpu_check: PathBuf,
 }
 
 /// Build (once per test process) and locate the fake NVML and the binaries.
@@ -102,6 +114,8 @@ pub fn artifacts() -> &'static Artifacts {
                 "gpuarch-daemon",
                 "-p",
                 "gpuarch-hook",
+                "-p",
+                "gpuarch-gpucheck",
             ])
             .status()
             .expect("run cargo build for test artifacts");
@@ -112,6 +126,7 @@ pub fn artifacts() -> &'static Artifacts {
             gpuarchd: profile_dir.join("gpuarchd"),
             gpuarch_hook: profile_dir.join("gpuarch-hook"),
             gpuarch_runtime: profile_dir.join("gpuarch-runtime"),
+            gpu_check: profile_dir.join("gpuarch-gpu-check"),
         }
     })
 }

@@ -1,0 +1,175 @@
+//! scripts/gpu-check and gpuarch-gpu-check where there is no GPU (CI, this
+//! build machine): every part fails at once saying why, the report is
+//! still written, and the driver code answers "no CUDA driver" instead of
+//! panicking. And the unit's sandbox wrapper, which needs no GPU: the
+//! seccomp programs generated from systemd's own lists refuse what
+//! gpuarchd.service refuses, and PR_SET_MDWE refuses a writable and
+//! executable mapping. The GPU runs themselves are in docs/gpu/.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use gpuarch_tests::{artifacts, skip, which, workspace_root};
+use serde_json::Value;
+
+fn has_gpu_driver() -> bool {
+    which("nvidia-smi").is_some()
+        || Path::new("/usr/lib/x86_64-linux-gnu/libcuda.so.1").exists()
+        || Path::new("/usr/local/nvidia/lib64/libcuda.so.1").exists()
+}
+
+#[test]
+fn without_a_driver_every_part_says_so_and_the_report_is_written() {
+    if has_gpu_driver() {
+        // On a GPU host the script is run by hand (docs/gpu/README.md).
+        eprintln!("SKIPPED: this host has an NVIDIA driver; run scripts/gpu-check run");
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let o = Command::new("python3")
+        .arg(workspace_root().join("scripts/gpu-check"))
+        .args(["run", "--bundle"])
+        .arg(out.path().join("no-bundle"))
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for p in 1..=6 {
+        let line =
+            format!("FAIL part{p} prerequisites: no NVIDIA driver here (nvidia-smi not found)\n");
+        assert!(stdout.contains(&line), "{stdout}");
+    }
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("gpu-check.json")).unwrap()).unwrap();
+    assert_eq!(report["passed"], 0);
+    assert_eq!(report["failed"], 6);
+    assert!(report["gpu"].is_null());
+}
+
+#[test]
+fn the_driver_checks_say_no_cuda_driver_and_exit_2() {
+    if has_gpu_driver() {
+        eprintln!("SKIPPED: this host has an NVIDIA driver");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("x.cubin");
+    std::fs::write(&file, b"\x7fELF").unwrap();
+    let gc = &artifacts().gpu_check;
+    let store = dir.path().join("store");
+    let runs: [Vec<&std::ffi::OsStr>; 2] = [
+        vec!["kernels".as_ref(), "--store".as_ref(), store.as_os_str()],
+        vec!["load".as_ref(), file.as_os_str()],
+    ];
+    for args in runs {
+        let o = Command::new(gc).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("no CUDA driver: libcuda.so.1 could not be loaded"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+/// The seccomp programs as `scripts/gpu-check bundle` makes them.
+fn bpf_dir() -> Option<tempfile::TempDir> {
+    let has_seccomp = Command::new("/usr/bin/python3")
+        .args(["-c", "import seccomp"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_seccomp || which("systemd-analyze").is_none() {
+        skip("needs python3-seccomp (/usr/bin/python3) and systemd-analyze");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new("/usr/bin/python3")
+        .arg(workspace_root().join("scripts/lib/seccomp-bpf.py"))
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    Some(dir)
+}
+
+/// A mount(2) of a tmpfs on a path that does not exist: ENOENT where the
+/// call is allowed, EPERM where a filter refuses it.
+const MOUNT: &str = "import ctypes, os; l = ctypes.CDLL(None, use_errno=True); \
+    l.mount(b'none', b'/nonexistent/gpuarch', b'tmpfs', 0, None); \
+    print(os.strerror(ctypes.get_errno()))";
+/// A writable and executable anonymous mapping.
+const WX_MAP: &str = "import mmap\ntry:\n    mmap.mmap(-1, 4096, prot=mmap.PROT_WRITE | mmap.PROT_EXEC)\n    print('mapped')\nexcept OSError as e:\n    print(e.strerror)";
+
+fn sandboxed(flags: &[&std::ffi::OsStr], code: &str) -> Output {
+    Command::new(&artifacts().gpu_check)
+        .arg("sandbox")
+        .args(flags)
+        .args(["--", "python3", "-c", code])
+        .output()
+        .unwrap()
+}
+
+fn bpf(p: &Path) -> [&std::ffi::OsStr; 2] {
+    ["--bpf".as_ref(), p.as_os_str()]
+}
+
+fn said(o: &Output) -> String {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).trim().to_owned()
+}
+
+#[test]
+fn the_units_seccomp_filters_refuse_what_the_unit_refuses() {
+    let Some(dir) = bpf_dir() else { return };
+    let service = dir.path().join("system-service.bpf");
+    let mdwe = dir.path().join("mdwe.bpf");
+    // Bare, the calls reach the kernel.
+    assert_eq!(said(&sandboxed(&[], MOUNT)), "No such file or directory");
+    assert_eq!(said(&sandboxed(&[], WX_MAP)), "mapped");
+    // @system-service has no mount(2); the process still runs.
+    assert_eq!(
+        said(&sandboxed(&bpf(&service), MOUNT)),
+        "Operation not permitted"
+    );
+    assert_eq!(said(&sandboxed(&bpf(&service), WX_MAP)), "mapped");
+    // MemoryDenyWriteExecute= as seccomp refuses the mapping, not mount.
+    assert_eq!(
+        said(&sandboxed(&bpf(&mdwe), WX_MAP)),
+        "Operation not permitted"
+    );
+    assert_eq!(
+        said(&sandboxed(&bpf(&mdwe), MOUNT)),
+        "No such file or directory"
+    );
+}
+
+#[test]
+fn pr_set_mdwe_refuses_a_writable_executable_mapping() {
+    let mdwe = ["--mdwe".as_ref()];
+    let o = sandboxed(&mdwe, WX_MAP);
+    let err = String::from_utf8_lossy(&o.stderr);
+    if err.contains("prctl(PR_SET_MDWE)") {
+        skip(&format!(
+            "this kernel has no PR_SET_MDWE (Linux 6.3): {err}"
+        ));
+        return;
+    }
+    assert_eq!(said(&o), "Permission denied");
+    // A bad program is refused before anything is applied.
+    let o = Command::new(&artifacts().gpu_check)
+        .args(["sandbox", "--bpf", "/dev/null", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not a BPF program (0 bytes)"));
+}
