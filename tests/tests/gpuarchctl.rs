@@ -5,7 +5,7 @@
 
 use std::process::{Command, Output};
 
-use gpuarch_tests::{artifacts, fixture};
+use gpuarch_tests::{artifacts, fixture, workspace_root};
 use serde_json::Value;
 
 /// gpuarchctl on a fixture through NVML, with a clean gpuarch environment.
@@ -103,6 +103,27 @@ fn plan_for_the_mixed_pair_and_for_the_3090_alone() {
     let text = ok(&ctl("2080ti-3090", &["plan", "--devices", "0,1"]));
     assert!(text.contains("  TORCH_CUDA_ARCH_LIST=7.5;8.6\n"), "{text}");
     assert!(text.contains("lacks it"), "{text}");
+}
+
+/// The fake NVML serving what the real H100 host's NVML gave yields the
+/// Plan gpuarchctl printed on that host (docs/gpu/h100-2026-11-23.json,
+/// written by scripts/gpu-check).
+#[test]
+fn plan_on_the_real_h100_reading_is_what_the_real_host_printed() {
+    let report: Value = serde_json::from_slice(
+        &std::fs::read(workspace_root().join("docs/gpu/h100-2026-11-23.json")).unwrap(),
+    )
+    .unwrap();
+    let on_host = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["part"] == "consumers" && c["name"] == "plan")
+        .expect("the report's consumers/plan check")["data"]["env"]
+        .clone();
+    assert_eq!(on_host["TORCH_CUDA_ARCH_LIST"], "9.0");
+    let here = json(&ctl("h100-real", &["plan", "--devices", "0", "--json"]));
+    assert_eq!(here["env"], on_host);
 }
 
 #[test]
