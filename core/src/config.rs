@@ -157,7 +157,7 @@ pub struct KernelsConfig {
     /// Wall-clock limit of one build, in seconds. Default 600; 1 to 86400.
     #[serde(deserialize_with = "build_timeout_s")]
     pub build_timeout_s: u64,
-    /// Directories searched first for NVRTC (`libnvrtc.so.12`), the CUDA
+    /// Directories searched first for NVRTC (`libnvrtc.so.13` or `.12`), the CUDA
     /// headers and build tools: a CUDA install (`/usr/local/cuda`) or the
     /// `nvidia/` directory of NVIDIA's Python wheels. After them come the
     /// system library path, `/usr/local/cuda` and the wheels in Python's
