@@ -156,27 +156,58 @@ impl Root {
     /// Replace file `rel` with `contents`: written to a temporary name in the
     /// same directory, then renamed over, so a reader sees the old file or
     /// the new one. A symlink at `rel` is replaced, never followed.
+    ///
+    /// The temporary file is created new (`O_EXCL`) under an unpredictable
+    /// name, so nothing the image placed there beforehand is ever opened: at
+    /// prestart the hook runs in the host's device cgroup, and a device node
+    /// at a guessable name would have been written through to the host
+    /// device. A name that exists is skipped for another.
     pub fn write_file(&self, rel: &Path, contents: &[u8], mode: u32) -> Result<(), RootfsError> {
+        self.write_file_named(rel, contents, mode, &mut |_| random_suffix())
+    }
+
+    /// [`Root::write_file`] with the temporary names' suffixes from `suffix`
+    /// (attempt number in), so a test can make names collide.
+    fn write_file_named(
+        &self,
+        rel: &Path,
+        contents: &[u8],
+        mode: u32,
+        suffix: &mut dyn FnMut(u32) -> String,
+    ) -> Result<(), RootfsError> {
         let bad = || RootfsError::BadPath {
             path: rel.to_owned(),
         };
         let name = rel.file_name().ok_or_else(bad)?;
         let parent = rel.parent().ok_or_else(bad)?;
         let dir = self.mkdir_all(parent, 0o755)?;
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(name);
-        tmp_name.push(format!(".gpuarch-{}", std::process::id()));
         let how = OpenHow::new()
             .flags(
                 OFlag::O_WRONLY
                     | OFlag::O_CREAT
-                    | OFlag::O_TRUNC
+                    | OFlag::O_EXCL
                     | OFlag::O_NOFOLLOW
                     | OFlag::O_CLOEXEC,
             )
             .mode(Mode::from_bits_truncate(mode))
             .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
-        let fd = openat2(dir.as_fd(), Path::new(&tmp_name), how).map_err(inside(rel, "create"))?;
+        let mut attempt = 0;
+        let (fd, tmp_name) = loop {
+            let mut tmp_name = std::ffi::OsString::from(".");
+            tmp_name.push(name);
+            tmp_name.push(format!(".gpuarch-{}", suffix(attempt)));
+            match openat2(dir.as_fd(), Path::new(&tmp_name), how) {
+                Ok(fd) => break (fd, tmp_name),
+                Err(Errno::EEXIST) if attempt < 16 => attempt += 1,
+                Err(e) => return Err(inside(rel, "create")(e)),
+            }
+        };
+        // O_EXCL made it; a regular file is all it can be. Checked anyway,
+        // before a byte is written.
+        let st = nix::sys::stat::fstat(fd.as_fd()).map_err(inside(rel, "stat"))?;
+        if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG {
+            return Err(inside(rel, "create (not a regular file)")(Errno::EEXIST));
+        }
         let written = fchmod(fd.as_fd(), Mode::from_bits_truncate(mode))
             .map_err(inside(rel, "chmod"))
             .and_then(|()| {
@@ -199,6 +230,24 @@ impl Root {
         }
         written
     }
+}
+
+/// 64 unpredictable bits, as hex: std's hasher keys come from the OS's
+/// random source once per process, and the clock and a counter make each
+/// call differ.
+fn random_suffix() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(N.fetch_add(1, Ordering::Relaxed));
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    format!("{:016x}", h.finish())
 }
 
 #[cfg(test)]
@@ -263,6 +312,62 @@ mod tests {
         let env = rootfs.join("run/gpuarch/env");
         assert!(!env.symlink_metadata().unwrap().file_type().is_symlink());
         assert_eq!(std::fs::read(&env).unwrap(), b"A=1\n");
+    }
+
+    /// Whatever the image put at a temporary name (a FIFO, a socket, a
+    /// device node) is skipped, never opened: the FIFO would block the
+    /// hook and a device node would be written through to the host.
+    #[test]
+    fn things_at_temporary_names_are_never_opened() {
+        use nix::sys::stat::{SFlag, mknod};
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run/gpuarch");
+        std::fs::create_dir_all(&dir).unwrap();
+        let at = |n: u32| dir.join(format!(".env.gpuarch-taken{n}"));
+        mknod(&at(0), SFlag::S_IFIFO, Mode::from_bits_truncate(0o666), 0).unwrap();
+        let _sock = std::os::unix::net::UnixListener::bind(at(1)).unwrap();
+        // A character device where root may make one (/dev/null's numbers:
+        // harmless if written), else a second FIFO.
+        let dev = mknod(
+            &at(2),
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(1, 3),
+        );
+        if dev.is_err() {
+            mknod(&at(2), SFlag::S_IFIFO, Mode::from_bits_truncate(0o666), 0).unwrap();
+        }
+        let root = Root::open(tmp.path()).unwrap();
+        let mut tried = Vec::new();
+        root.write_file_named(Path::new("run/gpuarch/env"), b"A=1\n", 0o644, &mut |n| {
+            tried.push(n);
+            format!("taken{n}")
+        })
+        .unwrap();
+        assert_eq!(
+            tried,
+            [0, 1, 2, 3],
+            "each taken name skipped, the fourth used"
+        );
+        assert_eq!(std::fs::read(dir.join("env")).unwrap(), b"A=1\n");
+        for n in 0..3 {
+            let t = std::fs::symlink_metadata(at(n)).unwrap().file_type();
+            assert!(!t.is_file(), "{n} replaced by a file");
+        }
+        // Every name taken: an error, nothing written.
+        let e = root
+            .write_file_named(Path::new("run/gpuarch/env"), b"B=2\n", 0o644, &mut |_| {
+                "taken0".into()
+            })
+            .unwrap_err();
+        assert!(e.to_string().contains("File exists"), "{e}");
+        assert_eq!(std::fs::read(dir.join("env")).unwrap(), b"A=1\n");
+    }
+
+    #[test]
+    fn temporary_names_differ() {
+        let a: std::collections::HashSet<String> = (0..1000).map(|_| random_suffix()).collect();
+        assert_eq!(a.len(), 1000);
     }
 
     #[test]

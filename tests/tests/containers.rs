@@ -451,6 +451,68 @@ fn the_in_container_stages_write_the_plan_for_shells() {
     }
 }
 
+/// The image ships FIFOs at the names the hook's temporary files had (the
+/// file's name, `.gpuarch-`, the hook's pid) for the next 4,000 pids. At
+/// prestart the hook runs in the host's device cgroup, and a device node
+/// there would have been written through to a host device; a FIFO makes
+/// the old open block until the budget runs out. Now the temporary names
+/// are unpredictable and created exclusively: the Plan is written and
+/// every FIFO is left as it was.
+#[test]
+fn things_the_image_put_at_temporary_names_are_never_opened() {
+    require!("runc", "crun", "unshare");
+    use nix::sys::stat::{Mode, SFlag, mknod};
+    let s = Scene::new();
+    let dirs = [("run/gpuarch", "env"), ("etc/profile.d", "gpuarch.sh")];
+    for (d, _) in dirs {
+        std::fs::create_dir_all(s.rootfs().join(d)).unwrap();
+    }
+    let next_pid: u32 = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let fifos: Vec<PathBuf> = (next_pid + 1..next_pid + 4000)
+        .flat_map(|pid| dirs.map(|(d, f)| s.rootfs().join(d).join(format!(".{f}.gpuarch-{pid}"))))
+        .collect();
+    for f in &fifos {
+        mknod(f, SFlag::S_IFIFO, Mode::from_bits_truncate(0o666), 0).unwrap();
+    }
+    for runtime in ["runc", "crun"] {
+        for (stage, key) in [
+            ("create-container", "createContainer"),
+            ("prestart", "prestart"),
+        ] {
+            let what = format!("{runtime} {stage}");
+            let profile = s.rootfs().join("etc/profile.d/gpuarch.sh");
+            let _ = std::fs::remove_file(s.rootfs().join("run/gpuarch/env"));
+            let _ = std::fs::remove_file(&profile);
+            let hooks = json!({ key: s.hook_entry(stage) });
+            let b = s.bundle_with(runtime, &["NVIDIA_VISIBLE_DEVICES=0,1"], Some(hooks));
+            let seen = s.run_bundle(runtime, &b, false);
+            seen.ok();
+            assert!(
+                seen.env_file.contains("GPUARCH_DTYPE=float16\n"),
+                "{what}: {}",
+                seen.env_file
+            );
+            let profile = std::fs::read_to_string(&profile).unwrap_or_default();
+            assert!(
+                profile.contains("export GPUARCH_DTYPE='float16'"),
+                "{what}: the profile was not written: {profile:?}"
+            );
+        }
+    }
+    for f in &fifos {
+        let t = std::fs::symlink_metadata(f).unwrap().file_type();
+        assert!(
+            std::os::unix::fs::FileTypeExt::is_fifo(&t),
+            "{} replaced",
+            f.display()
+        );
+    }
+}
+
 /// A scene whose kernel mount root (returned) holds two packages: `demo`
 /// (sm_75 and sm_86, one cubin) and `fa2` (a library for ldconfig).
 fn kernel_scene() -> (Scene, PathBuf) {
