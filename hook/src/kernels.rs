@@ -299,6 +299,18 @@ fn request(cfg: &KernelsConfig, package: &str, arch: Target, notes: &mut Vec<Str
     }
 }
 
+/// Whether `dir` is, once every symlink is resolved, an entry under the
+/// store's `objects/`.
+fn in_store(cfg: &KernelsConfig, dir: &Path) -> bool {
+    match (
+        dir.canonicalize(),
+        cfg.cache_dir.join("objects").canonicalize(),
+    ) {
+        (Ok(d), Ok(objects)) => d.starts_with(&objects) && d != objects,
+        _ => false,
+    }
+}
+
 /// The per-container view of a published package: which build serves each
 /// GPU. None (with a note) when no build serves any of them yet.
 fn view(
@@ -312,6 +324,18 @@ fn view(
 ) -> Result<Option<KernelMount>, String> {
     let mut gpus = Vec::new();
     let mut used: Vec<&Build> = Vec::new();
+    // Only the store's own entries are ever mounted: a manifest naming any
+    // other directory (a host path, a symlink out of the store) is refused.
+    let (builds, outside): (Vec<&Build>, Vec<&Build>) =
+        builds.iter().partition(|b| in_store(cfg, &b.dir));
+    for b in outside {
+        notes.push(format!(
+            "{name}: build {} not used: {} is not an entry of the store {}",
+            b.arch,
+            b.dir.display(),
+            cfg.cache_dir.join("objects").display()
+        ));
+    }
     for (i, g) in plan.gpus.iter().enumerate() {
         let cap = g.compute_capability;
         let own = Target::sass(cap);
@@ -320,6 +344,7 @@ fn view(
         }
         let best = builds
             .iter()
+            .copied()
             .filter(|b| b.arch.kind == CodeKind::Sass && b.arch.check(cap, cuda, None).runs)
             .filter(|b| b.dir.is_dir())
             .max_by_key(|b| b.arch);
@@ -416,4 +441,36 @@ fn make_view(root: &Path, dir: &Path, body: &[u8], used: &[&Build]) -> std::io::
     })();
     let _ = std::fs::remove_dir_all(&tmp);
     res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A manifest's build directory is used only when it is, symlinks
+    /// resolved, an entry of the store: never a host path or a link out.
+    #[test]
+    fn only_store_entries_are_mounted() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = KernelsConfig {
+            cache_dir: tmp.path().join("cache"),
+            ..KernelsConfig::default()
+        };
+        let entry = cfg.cache_dir.join("objects/ab/abcd");
+        std::fs::create_dir_all(&entry).unwrap();
+        let outside = tmp.path().join("elsewhere");
+        std::fs::create_dir_all(&outside).unwrap();
+        let link = cfg.cache_dir.join("objects/ab/link");
+        std::os::unix::fs::symlink(&outside, &link).unwrap();
+        assert!(in_store(&cfg, &entry));
+        assert!(!in_store(&cfg, &outside));
+        assert!(!in_store(&cfg, &link), "a symlink out of the store");
+        assert!(
+            !in_store(&cfg, &cfg.cache_dir.join("objects")),
+            "the store itself"
+        );
+        assert!(!in_store(&cfg, &cfg.cache_dir.join("objects/ab/../../..")));
+        assert!(!in_store(&cfg, Path::new("/etc")));
+        assert!(!in_store(&cfg, &cfg.cache_dir.join("objects/ab/missing")));
+    }
 }

@@ -521,7 +521,7 @@ mod tests {
     #[test]
     fn published_builds_are_mounted_per_gpu_and_a_miss_is_requested() {
         let tmp = tempfile::tempdir().unwrap();
-        let build75 = tmp.path().join("store/sm75");
+        let build75 = tmp.path().join("cache/objects/ab/sm75");
         std::fs::create_dir_all(&build75).unwrap();
         let root = tmp.path().join("mount");
         std::fs::create_dir_all(root.join("saxpy")).unwrap();
@@ -537,6 +537,7 @@ mod tests {
         cfg.kernels.mount_root = root;
         cfg.kernels.spool_dir = tmp.path().join("spool");
         cfg.kernels.view_dir = tmp.path().join("views");
+        cfg.kernels.cache_dir = tmp.path().join("cache");
         let cx = ctx(cfg);
 
         // GPU 1 (8.6): nothing runs there yet; asked for, not mounted.

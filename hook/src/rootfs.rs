@@ -118,39 +118,26 @@ impl Root {
 
     /// Bind-mount host directory `source` read-only (and nosuid, nodev,
     /// noexec) at directory `rel` inside the rootfs, creating `rel` as
-    /// [`Root::mkdir_all`] does. The mount goes onto the handle `rel`
-    /// resolved to (through `/proc/self/fd`), so a symlink swapped in after
-    /// the check cannot move it out of the rootfs. For the createContainer
-    /// stage, which runs in the container's own mount namespace.
-    pub fn bind_read_only(&self, source: &Path, rel: &Path) -> Result<(), RootfsError> {
-        use nix::mount::{MsFlags, mount};
-        use std::os::fd::AsRawFd;
+    /// [`Root::mkdir_all`] does. For the createContainer stage, which runs
+    /// in the container's own mount namespace.
+    ///
+    /// `rel` is resolved once, to a handle, and the mount is attached to
+    /// that handle with the new mount API: a detached copy of `source`
+    /// (`open_tree`) is made read-only (`mount_setattr`) before it is
+    /// attached (`move_mount`), so it is never visible writable, and
+    /// nothing is looked up a second time for a swapped path to redirect
+    /// (issue 17: a remount through a second lookup once failed on a decoy
+    /// and left the store mounted read-write). Returns the mount, for
+    /// [`Mounted::undo`].
+    pub fn bind_read_only(&self, source: &Path, rel: &Path) -> Result<Mounted, RootfsError> {
         let target = self.mkdir_all(rel, 0o755)?;
-        let at = |fd: &OwnedFd| PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
-        mount(
-            Some(source),
-            &at(&target),
-            None::<&str>,
-            MsFlags::MS_BIND | MsFlags::MS_REC,
-            None::<&str>,
-        )
-        .map_err(inside(rel, "bind mount"))?;
-        // The handle from before the mount is the directory under it; the
-        // flags go on the mount itself, reached by resolving `rel` again.
-        let top = self.open_dir(rel).map_err(inside(rel, "open the mount"))?;
-        mount(
-            None::<&str>,
-            &at(&top),
-            None::<&str>,
-            MsFlags::MS_REMOUNT
-                | MsFlags::MS_BIND
-                | MsFlags::MS_RDONLY
-                | MsFlags::MS_NOSUID
-                | MsFlags::MS_NODEV
-                | MsFlags::MS_NOEXEC,
-            None::<&str>,
-        )
-        .map_err(inside(rel, "make the mount read-only"))
+        let tree = mountapi::open_tree(source).map_err(inside(rel, "open_tree of the source"))?;
+        mountapi::set_read_only(&tree).map_err(inside(rel, "make the mount read-only"))?;
+        mountapi::move_mount(&tree, &target).map_err(inside(rel, "attach the mount"))?;
+        Ok(Mounted {
+            tree,
+            rel: rel.to_owned(),
+        })
     }
 
     /// Replace file `rel` with `contents`: written to a temporary name in the
@@ -229,6 +216,108 @@ impl Root {
             );
         }
         written
+    }
+}
+
+/// A mount [`Root::bind_read_only`] made: its detached-then-attached tree.
+#[derive(Debug)]
+pub struct Mounted {
+    tree: OwnedFd,
+    rel: PathBuf,
+}
+
+impl Mounted {
+    /// Take the mount down again (lazily, as `umount -l`), through its own
+    /// handle: for a stage that fails after some of its mounts were made.
+    pub fn undo(self) -> Result<(), RootfsError> {
+        use std::os::fd::AsRawFd;
+        let at = PathBuf::from(format!("/proc/self/fd/{}", self.tree.as_raw_fd()));
+        nix::mount::umount2(&at, nix::mount::MntFlags::MNT_DETACH)
+            .map_err(inside(&self.rel, "unmount"))
+    }
+}
+
+/// The new mount API (Linux 5.12), which nix does not wrap yet.
+mod mountapi {
+    use std::ffi::CString;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::path::Path;
+
+    use nix::errno::Errno;
+    use nix::libc;
+
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+    const MOUNT_ATTR_RDONLY: u64 = 0x1;
+    const MOUNT_ATTR_NOSUID: u64 = 0x2;
+    const MOUNT_ATTR_NODEV: u64 = 0x4;
+    const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+
+    /// `struct mount_attr` (linux/mount.h).
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+
+    /// A detached recursive copy of the mount tree at `source`.
+    pub fn open_tree(source: &Path) -> Result<OwnedFd, Errno> {
+        let path =
+            CString::new(source.as_os_str().as_encoded_bytes()).map_err(|_| Errno::EINVAL)?;
+        let flags =
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_RECURSIVE as libc::c_uint;
+        // SAFETY: a valid NUL-terminated path and plain flags; the result
+        // is a new fd or -1.
+        let fd =
+            unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), flags) };
+        if fd < 0 {
+            return Err(Errno::last());
+        }
+        // SAFETY: the kernel just returned this fd, owned by nobody else.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+    }
+
+    /// Read-only, nosuid, nodev and noexec, on every mount of the tree.
+    pub fn set_read_only(tree: &OwnedFd) -> Result<(), Errno> {
+        let attr = MountAttr {
+            attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: 0,
+        };
+        let flags = (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint;
+        // SAFETY: `tree` is a live fd, the empty path is NUL-terminated and
+        // `attr` is a mount_attr of the size given.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                tree.as_raw_fd(),
+                c"".as_ptr(),
+                flags,
+                &attr as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            )
+        };
+        if r < 0 { Err(Errno::last()) } else { Ok(()) }
+    }
+
+    /// Attach the detached `tree` onto the directory handle `target`.
+    pub fn move_mount(tree: &OwnedFd, target: &OwnedFd) -> Result<(), Errno> {
+        // SAFETY: two live fds and NUL-terminated empty paths.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_move_mount,
+                tree.as_raw_fd(),
+                c"".as_ptr(),
+                target.as_raw_fd(),
+                c"".as_ptr(),
+                MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+            )
+        };
+        if r < 0 { Err(Errno::last()) } else { Ok(()) }
     }
 }
 

@@ -286,16 +286,32 @@ fn mount_kernels(
         ));
         return Ok(Vec::new());
     }
-    for m in &mounts {
+    // Every mount is read-only from the moment it is visible; one that fails
+    // takes the ones made before it down again, so a failed stage leaves
+    // the container as it found it.
+    let mut made = Vec::new();
+    let mut bind = |src: &Path, dest: &Path| -> Result<(), StageError> {
+        made.push(root.bind_read_only(src, dest)?);
+        Ok(())
+    };
+    let result = mounts.iter().try_for_each(|m| {
         let dest = m.destination();
-        root.bind_read_only(&m.source, Path::new(&dest))?;
+        bind(&m.source, Path::new(&dest))?;
         for (sub, src) in &m.builds {
-            root.bind_read_only(src, &Path::new(&dest).join(sub))?;
+            bind(src, &Path::new(&dest).join(sub))?;
         }
         notes.push(format!(
             "mounted kernel package {} read-only at {dest}",
             m.package
         ));
+        Ok(())
+    });
+    if let Err(e) = result {
+        // Innermost first: a build's mount sits on its package's view.
+        for m in made.into_iter().rev() {
+            let _ = m.undo();
+        }
+        return Err(e);
     }
     Ok(mounts)
 }

@@ -530,6 +530,102 @@ fn kernel_scene() -> (Scene, PathBuf) {
     (s, root)
 }
 
+/// Another container sharing the volume at /opt swaps /opt/gpuarch with a
+/// decoy in a `renameat2(RENAME_EXCHANGE)` loop while GPU containers start
+/// with the createContainer hook (issue 17, break 1). The hook once bound
+/// the store, then looked the path up again to make the mount read-only;
+/// the second lookup could land on the decoy, fail, and leave the store
+/// mounted writable. Now each mount is read-only before it is attached to
+/// the one handle resolved: whichever directory it lands on, nothing the
+/// container sees of the store is writable and the source is unchanged.
+#[test]
+fn a_path_swapped_during_the_mounts_never_leaves_the_store_writable() {
+    require!("runc", "crun", "gcc", "unshare");
+    let (s, root) = kernel_scene();
+    let hooks = json!({ "createContainer": s.hook_entry("create-container") });
+    // One start lays out the mount points; the decoy is a copy of them.
+    let b = s.bundle_with("runc", &["NVIDIA_VISIBLE_DEVICES=1"], Some(hooks.clone()));
+    s.run_bundle("runc", &b, false).ok();
+    let (real, decoy) = (s.rootfs().join("opt/gpuarch"), s.rootfs().join("opt/decoy"));
+    let cp = Command::new("cp")
+        .arg("-a")
+        .arg(&real)
+        .arg(&decoy)
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    let before = tree(&root);
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swapper = {
+        let stop = stop.clone();
+        let (a, b) = (
+            std::ffi::CString::new(real.as_os_str().as_encoded_bytes()).unwrap(),
+            std::ffi::CString::new(decoy.as_os_str().as_encoded_bytes()).unwrap(),
+        );
+        std::thread::spawn(move || {
+            let mut swaps = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // SAFETY: two valid NUL-terminated paths.
+                let r = unsafe {
+                    libc::renameat2(
+                        libc::AT_FDCWD,
+                        a.as_ptr(),
+                        libc::AT_FDCWD,
+                        b.as_ptr(),
+                        libc::RENAME_EXCHANGE,
+                    )
+                };
+                swaps += u64::from(r == 0);
+            }
+            swaps
+        })
+    };
+    let mut seen_kernels = 0;
+    for i in 0..60 {
+        let runtime = if i % 2 == 0 { "runc" } else { "crun" };
+        let b = s.bundle_with(runtime, &["NVIDIA_VISIBLE_DEVICES=1"], Some(hooks.clone()));
+        let seen = s.run_bundle(runtime, &b, false);
+        seen.ok();
+        // The probe touches a file in every kernel directory it sees: a
+        // writable mount of the store would have put it in the source.
+        // (The decoy, swapped in at /opt/gpuarch, is the container's own
+        // and may well be writable.)
+        assert_eq!(
+            tree(&root),
+            before,
+            "start {i} ({runtime}) wrote into the store: {}",
+            seen.kernels
+        );
+        seen_kernels += usize::from(seen.kernels.contains("demo.cubin"));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    assert!(swaps > 1000, "the swapper ran only {swaps} times");
+    eprintln!(
+        "60 starts under {swaps} swaps: {seen_kernels} saw the kernels, none wrote into the store"
+    );
+}
+
+/// Every file under `dir` and its contents, to compare before and after.
+fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_owned()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                let data = std::fs::read(&p).unwrap_or_default();
+                out.push((p, data));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
 /// The createContainer hook alone, as an engine that can change neither its
 /// runtime nor run precreate would wire it (CRI-O's hooks_dir, or a config
 /// written by hand): the hook itself bind-mounts the kernel packages
