@@ -139,6 +139,11 @@ pub fn checks(cli: &Cli, root: &Path) -> Vec<Check> {
             checks.push(ok("config", detail));
             c
         }
+        Err(gpuarch_inventory::ConfigFileError::Untrusted(u)) => {
+            let fix = u.fix.clone();
+            checks.push(fail("config", format!("config: {u}"), fix));
+            gpuarch_core::config::Config::default()
+        }
         Err(e) => {
             checks.push(fail(
                 "config",
@@ -151,6 +156,7 @@ pub fn checks(cli: &Cli, root: &Path) -> Vec<Check> {
             gpuarch_core::config::Config::default()
         }
     };
+    checks.push(trust(&config, root));
     checks.push(daemon());
     checks.push(nvml(cli));
     checks.push(snapshot(cli, root, config.daemon.refresh_interval_s));
@@ -160,6 +166,58 @@ pub fn checks(cli: &Cli, root: &Path) -> Vec<Check> {
     checks.push(containerd(root));
     checks.extend(crio(root));
     checks
+}
+
+/// What gpuarch runs or loads as root besides its config: kernel packages
+/// (a `command` build runs as root), the OCI runtime the shim execs, the
+/// CUDA directories NVRTC and build tools come from. Each must be root's
+/// and written by nobody else ([`gpuarch_inventory::trust`]).
+fn trust(config: &gpuarch_core::config::Config, root: &Path) -> Check {
+    use gpuarch_inventory::trust;
+    let mut problems: Vec<(String, String)> = Vec::new();
+    let mut judge = |what: &str, p: &Path| {
+        if let Err(u) = trust::check(p) {
+            problems.push((format!("{what}: {u}"), u.fix));
+        }
+    };
+    let package_dirs: Vec<PathBuf> = config
+        .kernels
+        .package_dirs
+        .iter()
+        .map(|d| under(root, d))
+        .filter(|d| d.exists())
+        .collect();
+    for d in &package_dirs {
+        judge("kernels.package_dirs", d);
+    }
+    if let Some(r) = &config.runtime.path {
+        judge("runtime.path", &under(root, r));
+    }
+    for d in &config.kernels.cuda_dirs {
+        let d = under(root, d);
+        if d.exists() {
+            judge("kernels.cuda_dirs", &d);
+        }
+    }
+    let (_, errors) = gpuarch_kernels::spec::discover(&package_dirs);
+    for e in errors
+        .iter()
+        .filter(|e| e.reason.contains("is not trusted"))
+    {
+        let fix = e
+            .reason
+            .rsplit_once("(fix: ")
+            .map_or_else(String::new, |(_, f)| f.trim_end_matches(')').to_owned());
+        problems.push((format!("kernel package: {e}"), fix));
+    }
+    if problems.is_empty() {
+        return ok(
+            "trust",
+            "the kernel packages, runtime and CUDA directories in use are root's and writable by no one else",
+        );
+    }
+    let (details, fixes): (Vec<String>, Vec<String>) = problems.into_iter().unzip();
+    fail("trust", details.join("; "), fixes.join("; "))
 }
 
 fn daemon() -> Check {

@@ -28,6 +28,13 @@ pub enum ShimError {
     BadRuntime(PathBuf),
     #[error("runtime.path {0} is gpuarch-runtime itself")]
     IsSelf(PathBuf),
+    /// The runtime runs as root: another user's, or a writable one, is
+    /// never started.
+    #[error("OCI runtime {runtime}: {source}")]
+    Untrusted {
+        runtime: PathBuf,
+        source: gpuarch_inventory::trust::Untrusted,
+    },
     #[error("{path}: {source}")]
     Config {
         path: PathBuf,
@@ -150,7 +157,7 @@ pub fn find_runtime(
         if !executable(p) {
             return Err(ShimError::BadRuntime(p.to_owned()));
         }
-        return Ok(p.to_owned());
+        return trusted(p.to_owned());
     }
     let dirs: Vec<PathBuf> = path_env
         .map(|p| std::env::split_paths(p).collect())
@@ -159,11 +166,18 @@ pub fn find_runtime(
         for d in &dirs {
             let p = d.join(name);
             if executable(&p) && !same_file(&p, myself) {
-                return Ok(p);
+                return trusted(p);
             }
         }
     }
     Err(ShimError::NoRuntime)
+}
+
+fn trusted(runtime: PathBuf) -> Result<PathBuf, ShimError> {
+    match gpuarch_inventory::trust::check(&runtime) {
+        Ok(()) => Ok(runtime),
+        Err(source) => Err(ShimError::Untrusted { runtime, source }),
+    }
 }
 
 /// Apply the Plan to `<bundle>/config.json`. A no-op Plan leaves the file

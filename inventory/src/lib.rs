@@ -4,6 +4,8 @@
 //! The hook and the CLI pick an implementation explicitly; tests use the real
 //! [`NvmlInventory`] against the fake `libnvidia-ml.so` of tests/fake-nvml.
 
+pub mod trust;
+
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -331,6 +333,10 @@ pub enum ConfigFileError {
         path: PathBuf,
         source: gpuarch_core::config::ConfigError,
     },
+    /// The config decides what runs as root: another user's, or a writable
+    /// one, is refused.
+    #[error("config: {0}")]
+    Untrusted(#[from] trust::Untrusted),
 }
 
 /// The config file to read: `GPUARCH_CONFIG` if set (it must then exist),
@@ -355,6 +361,9 @@ pub fn read_config_at(
     path: &Path,
     must_exist: bool,
 ) -> Result<gpuarch_core::config::Config, ConfigFileError> {
+    if path.exists() {
+        trust::check(path)?;
+    }
     let text = match fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == io::ErrorKind::NotFound && !must_exist => {

@@ -74,24 +74,29 @@ pub enum RunError {
 }
 
 /// Resolve `argv[0]`: a path with a `/` as given (relative to the sources),
-/// a bare name on `path`.
+/// a bare name on `path`. The program runs as gpuarchd's user, root: one
+/// that another user owns or could write is refused
+/// ([`gpuarch_inventory::trust`]).
 fn resolve(prog: &str, src: &Path, path: &[PathBuf]) -> Result<PathBuf, RunError> {
-    if prog.contains('/') {
-        let p = src.join(prog);
-        return Ok(p);
-    }
-    path.iter()
-        .map(|d| d.join(prog))
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            RunError::Tool(format!(
-                "{prog} not found on the build PATH ({})",
-                path.iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(":")
-            ))
-        })
+    let found = if prog.contains('/') {
+        src.join(prog)
+    } else {
+        path.iter()
+            .map(|d| d.join(prog))
+            .find(|p| p.is_file())
+            .ok_or_else(|| {
+                RunError::Tool(format!(
+                    "{prog} not found on the build PATH ({})",
+                    path.iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(":")
+                ))
+            })?
+    };
+    gpuarch_inventory::trust::check(&found)
+        .map_err(|e| RunError::Tool(format!("build program {prog}: {e}")))?;
+    Ok(found)
 }
 
 /// The build's PATH: the CUDA tool directories, then the system's.

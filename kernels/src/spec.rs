@@ -162,14 +162,21 @@ fn read_limited(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
 
 impl Package {
     /// Read `dir/kernel.yaml` and the sources it names.
+    /// A package whose files another user owns or could write is refused
+    /// (its `command` build would run as root): see
+    /// [`gpuarch_inventory::trust`].
     pub fn load(dir: &Path) -> Result<Self, SpecError> {
         let file = dir.join(SPEC_FILE);
-        let text = read_limited(&file, MAX_SPEC_BYTES).map_err(|e| SpecError {
+        let trusted_read = |f: &Path, max: u64| {
+            gpuarch_inventory::trust::check(f).map_err(std::io::Error::other)?;
+            read_limited(f, max)
+        };
+        let text = trusted_read(&file, MAX_SPEC_BYTES).map_err(|e| SpecError {
             file,
             line: None,
             reason: e.to_string(),
         })?;
-        Self::parse(dir, text, |s| read_limited(&dir.join(s), MAX_SOURCE_BYTES))
+        Self::parse(dir, text, |s| trusted_read(&dir.join(s), MAX_SOURCE_BYTES))
     }
 
     /// A package from the bytes of its `kernel.yaml` (at most

@@ -219,6 +219,14 @@ impl Nvrtc {
             if c.is_absolute() && !c.is_file() {
                 continue;
             }
+            // NVRTC runs inside gpuarchd, as root: another user's copy is
+            // passed over (the system library path is ld.so's to trust).
+            if c.is_absolute()
+                && let Err(e) = gpuarch_inventory::trust::check(&c)
+            {
+                tried.push(e.to_string());
+                continue;
+            }
             // SAFETY: loading NVRTC runs its initialisers, which have no
             // preconditions; the library stays loaded for the process.
             match unsafe { libloading::Library::new(&c) } {

@@ -1,0 +1,179 @@
+//! Whether a file gpuarch acts on as root could have been put there, or
+//! changed, by another user: the config, kernel packages (whose `command`
+//! builds run as root), the OCI runtime the shim execs, and the NVRTC and
+//! build tools it loads or runs. sudo, sshd and systemd refuse such files;
+//! so does gpuarch.
+//!
+//! A path is trusted when it and every directory above it (symlinks
+//! resolved, and the path as given) are owned by root or by the user
+//! running gpuarch, and none is writable by group or others. A directory
+//! above it may be world-writable with the sticky bit (`/tmp`): others can
+//! add entries there, but not replace ours. `/dev/null` is trusted as an
+//! empty file.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// A path gpuarch will not act on, and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{} is not trusted: {why} (fix: {fix})", path.display())]
+pub struct Untrusted {
+    /// The file or directory at fault (the path or one above it).
+    pub path: PathBuf,
+    pub why: String,
+    pub fix: String,
+}
+
+/// Check `path` as described in the module docs.
+pub fn check(path: &Path) -> Result<(), Untrusted> {
+    if path == Path::new("/dev/null") {
+        return Ok(());
+    }
+    let abs = if path.is_absolute() {
+        path.to_owned()
+    } else {
+        std::env::current_dir()
+            .map(|d| d.join(path))
+            .unwrap_or_else(|_| path.to_owned())
+    };
+    // The path as given (a symlink on the way is itself a place another
+    // user could redirect it), then where it really leads.
+    check_chain(&abs, false)?;
+    if let Ok(real) = abs.canonicalize()
+        && real != abs
+    {
+        check_chain(&real, true)?;
+    }
+    Ok(())
+}
+
+fn check_chain(path: &Path, follow: bool) -> Result<(), Untrusted> {
+    let me = nix::unistd::geteuid().as_raw();
+    for (depth, p) in path.ancestors().enumerate() {
+        let meta = if follow {
+            std::fs::metadata(p)
+        } else {
+            std::fs::symlink_metadata(p)
+        };
+        let Ok(meta) = meta else {
+            // Missing: nothing there to trust or not (the caller's read
+            // says what is absent).
+            continue;
+        };
+        if meta.file_type().is_symlink() {
+            // A link's own mode means nothing; its directory is checked
+            // as the next ancestor, and its target by the resolved pass.
+            continue;
+        }
+        let fail = |why: String, fix: String| Untrusted {
+            path: p.to_owned(),
+            why,
+            fix,
+        };
+        if meta.uid() != 0 && meta.uid() != me {
+            return Err(fail(
+                format!("owned by uid {}, not root", meta.uid()),
+                format!("chown root {}", p.display()),
+            ));
+        }
+        let mode = meta.permissions().mode();
+        let sticky_above = depth > 0 && meta.is_dir() && mode & 0o1000 != 0;
+        if mode & 0o022 != 0 && !sticky_above {
+            let who = if mode & 0o002 != 0 {
+                "everyone"
+            } else {
+                "its group"
+            };
+            return Err(fail(
+                format!("writable by {who} (mode {:o})", mode & 0o7777),
+                format!("chmod go-w {}", p.display()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn chmod(p: &Path, mode: u32) {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn own_files_pass_and_writable_ones_are_named_with_their_fix() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path().join("conf");
+        std::fs::create_dir(&d).unwrap();
+        chmod(&d, 0o755);
+        let f = d.join("config.yaml");
+        std::fs::write(&f, "x").unwrap();
+        chmod(&f, 0o644);
+        check(&f).unwrap();
+        check(Path::new("/dev/null")).unwrap();
+
+        chmod(&f, 0o666);
+        let e = check(&f).unwrap_err();
+        assert_eq!(e.path, f);
+        assert_eq!(e.why, "writable by everyone (mode 666)");
+        assert!(
+            e.to_string()
+                .ends_with(&format!("(fix: chmod go-w {})", f.display()))
+        );
+        chmod(&f, 0o664);
+        assert_eq!(
+            check(&f).unwrap_err().why,
+            "writable by its group (mode 664)"
+        );
+        chmod(&f, 0o644);
+
+        // A group-writable directory above it: the directory is named.
+        chmod(&d, 0o775);
+        assert_eq!(check(&f).unwrap_err().path, d);
+        // World-writable with the sticky bit, above the path: fine (/tmp).
+        chmod(&d, 0o1777);
+        check(&f).unwrap();
+        // But not as the path itself: anyone could add a package to it.
+        assert_eq!(check(&d).unwrap_err().path, d);
+        chmod(&d, 0o755);
+    }
+
+    #[test]
+    fn a_symlink_is_judged_by_where_it_leads_and_where_it_sits() {
+        let tmp = tempfile::tempdir().unwrap();
+        let open = tmp.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        chmod(&open, 0o777);
+        let target = open.join("config.yaml");
+        std::fs::write(&target, "x").unwrap();
+        chmod(&target, 0o644);
+        let safe = tmp.path().join("safe");
+        std::fs::create_dir(&safe).unwrap();
+        chmod(&safe, 0o755);
+        let link = safe.join("config.yaml");
+        symlink(&target, &link).unwrap();
+        // The link sits in a safe place but leads into a world-writable one.
+        assert_eq!(check(&link).unwrap_err().path, open);
+    }
+
+    #[test]
+    fn another_users_file_is_refused() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: needs root to give a file away");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let f = tmp.path().join("kernel.yaml");
+        std::fs::write(&f, "x").unwrap();
+        chmod(&f, 0o644);
+        std::os::unix::fs::chown(&f, Some(65534), None).unwrap();
+        let e = check(&f).unwrap_err();
+        assert_eq!(e.why, "owned by uid 65534, not root");
+        assert!(
+            e.to_string()
+                .contains(&format!("chown root {}", f.display()))
+        );
+    }
+}
