@@ -7,7 +7,7 @@
 //! `<mount_root>/<package>/manifest.json`.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -55,7 +55,12 @@ pub struct Cache {
     next_job: AtomicU64,
     jobs: Mutex<Jobs>,
     shared: Arc<Shared>,
+    /// The last scan of the mounts: when, and the keys in use.
+    in_use_seen: Mutex<Option<(std::time::Instant, HashSet<String>)>>,
 }
+
+/// How old a scan of the mounts ListKernels may report.
+pub const IN_USE_TTL: Duration = Duration::from_secs(5);
 
 /// The job objects on the bus: kept here so that a new bus connection
 /// (after a dbus-daemon restart) serves them again.
@@ -94,6 +99,7 @@ impl Cache {
             packages: RwLock::new(BTreeMap::new()),
             package_errors: RwLock::new(Vec::new()),
             workers: Arc::new(Semaphore::new(workers)),
+            in_use_seen: Mutex::new(None),
             archs: Mutex::new(BTreeSet::new()),
             next_job: AtomicU64::new(1),
             jobs: Mutex::new(Jobs::default()),
@@ -349,7 +355,28 @@ impl Cache {
 
     /// Keys of store entries bind-mounted in any mount namespace now.
     pub fn in_use(&self) -> HashSet<String> {
-        mounted_keys()
+        let objects = self.builder.store.root().join("objects");
+        let keys = match StoreFs::locate(&objects) {
+            Some(fs) => mounted_keys(&fs),
+            None => HashSet::new(),
+        };
+        if let Ok(mut c) = self.in_use_seen.lock() {
+            *c = Some((std::time::Instant::now(), keys.clone()));
+        }
+        keys
+    }
+
+    /// [`Cache::in_use`] as of a scan at most [`IN_USE_TTL`] old, for the
+    /// listing anyone may ask for: a flood of ListKernels costs one scan
+    /// of `/proc` per interval, not one per call.
+    pub fn in_use_recent(&self) -> HashSet<String> {
+        if let Ok(c) = self.in_use_seen.lock()
+            && let Some((at, keys)) = c.as_ref()
+            && at.elapsed() < IN_USE_TTL
+        {
+            return keys.clone();
+        }
+        self.in_use()
     }
 
     /// Evict above the limit (never pinned or mounted entries); republish.
@@ -403,7 +430,7 @@ impl Cache {
     /// One record per stored entry, and one per variant refused for an arch.
     pub fn list(&self) -> Vec<BTreeMap<String, Variant<'static>>> {
         let store = &self.builder.store;
-        let in_use = self.in_use();
+        let in_use = self.in_use_recent();
         let mut out = Vec::new();
         for e in store.scan().unwrap_or_default() {
             let m = &e.manifest;
@@ -505,14 +532,90 @@ fn first_line(s: &str) -> &str {
     s.lines().find(|l| !l.trim().is_empty()).unwrap_or(s)
 }
 
+/// Mount tables longer than this (about 2,000 mounts) are not a
+/// container's: such a namespace is skipped, not read to its end. An
+/// unprivileged user with tens of thousands of mounts in a user namespace
+/// once made every scan take 100 s.
+pub const MOUNTINFO_MAX_BYTES: u64 = 256 * 1024;
+
+/// Where the store's `objects/` is, as mountinfo names it: the filesystem's
+/// device (`major:minor`) and the directory's path within that filesystem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreFs {
+    pub dev: String,
+    pub root: String,
+}
+
+impl StoreFs {
+    /// Locate `objects` (a store's directory) from this process's own
+    /// mount table: the mount holding it, and the path below that mount.
+    pub fn locate(objects: &Path) -> Option<Self> {
+        let real = objects.canonicalize().ok()?;
+        let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        let mut best: Option<(usize, Self)> = None;
+        for line in text.lines() {
+            let f: Vec<&str> = line.split(' ').collect();
+            let (Some(dev), Some(root), Some(point)) = (f.get(2), f.get(3), f.get(4)) else {
+                continue;
+            };
+            let point = unescape(point);
+            let Ok(rest) = real.strip_prefix(&point) else {
+                continue;
+            };
+            // The innermost (longest) mount point holding it, the last one
+            // mounted there winning a tie.
+            if best.as_ref().is_none_or(|(n, _)| point.len() >= *n) {
+                let root = Path::new(&unescape(root)).join(rest);
+                best = Some((
+                    point.len(),
+                    Self {
+                        dev: (*dev).to_owned(),
+                        root: root.display().to_string(),
+                    },
+                ));
+            }
+        }
+        best.map(|(_, fs)| fs)
+    }
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && let Some(v) = std::str::from_utf8(&b[i + 1..i + 4])
+                .ok()
+                .and_then(|o| u8::from_str_radix(o, 8).ok())
+        {
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Store keys that are the root of a mount in any mount namespace: read
-/// from `/proc/<pid>/mountinfo`, one process per namespace.
-pub fn mounted_keys() -> HashSet<String> {
+/// from `/proc/<pid>/mountinfo`, one process per namespace. A mount counts
+/// only when it is of the store's own filesystem and its root is exactly
+/// an entry of the store's `objects/` (not any path that ends the same:
+/// another user's namespace cannot pin an entry with a look-alike). A
+/// namespace with a mount table over [`MOUNTINFO_MAX_BYTES`] is skipped.
+pub fn mounted_keys(store: &StoreFs) -> HashSet<String> {
+    use std::io::Read;
     let mut keys = HashSet::new();
     let mut seen_ns = HashSet::new();
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return keys;
     };
+    let prefix = format!("{}/", store.root.trim_end_matches('/'));
+    let mut text = String::new();
     for p in procs.flatten() {
         let name = p.file_name();
         if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
@@ -527,20 +630,31 @@ pub fn mounted_keys() -> HashSet<String> {
         {
             continue;
         }
-        let Ok(text) = std::fs::read_to_string(p.path().join("mountinfo")) else {
+        let Ok(f) = std::fs::File::open(p.path().join("mountinfo")) else {
             continue;
         };
+        text.clear();
+        if f.take(MOUNTINFO_MAX_BYTES + 1)
+            .read_to_string(&mut text)
+            .is_err()
+            || text.len() as u64 > MOUNTINFO_MAX_BYTES
+        {
+            continue;
+        }
         for line in text.lines() {
-            // Field 4 is the root of the mount within its filesystem.
-            let Some(root) = line.split(' ').nth(3) else {
+            let mut f = line.split(' ').skip(2);
+            let (Some(dev), Some(root)) = (f.next(), f.next()) else {
                 continue;
             };
-            let mut parts = root.rsplit('/');
-            if let (Some(k), Some(shard), Some("objects")) =
-                (parts.next(), parts.next(), parts.next())
-                && store::valid_key(k)
-                && k.starts_with(shard)
-            {
+            if dev != store.dev {
+                continue;
+            }
+            let root = unescape(root);
+            let Some((shard, k)) = root.strip_prefix(&prefix).and_then(|r| r.split_once('/'))
+            else {
+                continue;
+            };
+            if store::valid_key(k) && k.starts_with(shard) {
                 keys.insert(k.to_owned());
             }
         }
@@ -680,8 +794,33 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    /// Run `script` in a new mount namespace, wait until it touched
+    /// `ready`, and return the process (kill it to end the namespace).
+    fn in_namespace(script: &str, ready: &Path) -> std::process::Child {
+        let child = std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(format!(
+                "{script} && touch {} && exec sleep 60",
+                ready.display()
+            ))
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        while !ready.exists() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the namespace never got ready"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child
+    }
+
     /// A store entry bind-mounted in another mount namespace (as a
-    /// container's would be) counts as in use; unmounted, it does not.
+    /// container's would be) counts as in use; unmounted, it does not. A
+    /// look-alike (a directory whose path merely ends the same, on another
+    /// filesystem or elsewhere on the same one) never counts, and a
+    /// namespace with an enormous mount table is skipped, not read.
     #[test]
     fn an_entry_mounted_in_another_namespace_is_in_use() {
         if !nix::unistd::Uid::effective().is_root() {
@@ -690,32 +829,64 @@ mod tests {
         }
         let tmp = tempfile::tempdir().unwrap();
         let key = "ab".repeat(32);
-        let entry = tmp.path().join("objects/ab").join(&key);
+        let objects = tmp.path().join("store/objects");
+        let entry = objects.join("ab").join(&key);
         let target = tmp.path().join("target");
         std::fs::create_dir_all(&entry).unwrap();
         std::fs::create_dir_all(&target).unwrap();
-        let ready = tmp.path().join("ready");
-        let mut child = std::process::Command::new("unshare")
-            .args(["--mount", "--propagation", "private", "sh", "-c"])
-            .arg(format!(
-                "mount --bind {} {} && touch {} && exec sleep 30",
-                entry.display(),
-                target.display(),
-                ready.display()
-            ))
-            .spawn()
-            .unwrap();
-        let t0 = std::time::Instant::now();
-        while !ready.exists() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "the mount never happened"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert!(mounted_keys().contains(&key));
+        let fs = StoreFs::locate(&objects).unwrap();
+        assert!(fs.root.ends_with("/store/objects"), "{fs:?}");
+
+        let mut child = in_namespace(
+            &format!("mount --bind {} {}", entry.display(), target.display()),
+            &tmp.path().join("ready"),
+        );
+        assert!(mounted_keys(&fs).contains(&key));
         child.kill().unwrap();
         child.wait().unwrap();
-        assert!(!mounted_keys().contains(&key));
+        assert!(!mounted_keys(&fs).contains(&key));
+
+        // Look-alikes: the same path tail on a tmpfs, and elsewhere on the
+        // store's own filesystem.
+        let fake = tmp.path().join("fake/objects/ab").join(&key);
+        std::fs::create_dir_all(&fake).unwrap();
+        let (t1, t2) = (tmp.path().join("t1"), tmp.path().join("t2"));
+        std::fs::create_dir_all(&t1).unwrap();
+        std::fs::create_dir_all(&t2).unwrap();
+        let script = format!(
+            "mount -t tmpfs none {t} && mkdir -p {t}/objects/ab/{key} && mount --bind {t}/objects/ab/{key} {t2} \
+             && mount --bind {f} {t1}",
+            t = tmp.path().join("fake").display(),
+            t2 = t2.display(),
+            f = fake.display(),
+            t1 = t1.display(),
+        );
+        let mut child = in_namespace(&script, &tmp.path().join("ready2"));
+        assert!(
+            !mounted_keys(&fs).contains(&key),
+            "a look-alike pinned the entry"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+
+        // The real entry, beside 5,000 other mounts: the table is too big
+        // to be a container's, so the namespace is not read.
+        let many = tmp.path().join("many");
+        std::fs::create_dir_all(&many).unwrap();
+        let script = format!(
+            "mount --bind {e} {t} && mount -t tmpfs none {m} && i=0 && while [ $i -lt 5000 ]; do \
+             mkdir {m}/$i && mount -t tmpfs none {m}/$i || exit 1; i=$((i+1)); done",
+            e = entry.display(),
+            t = target.display(),
+            m = many.display(),
+        );
+        let mut child = in_namespace(&script, &tmp.path().join("ready3"));
+        let t0 = std::time::Instant::now();
+        let keys = mounted_keys(&fs);
+        let took = t0.elapsed();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!keys.contains(&key), "a 5,000-mount namespace was read");
+        assert!(took < Duration::from_secs(2), "the scan took {took:?}");
     }
 }

@@ -353,13 +353,66 @@ pub struct KernelCache {
     pub cache: Arc<crate::cache::Cache>,
 }
 
-/// Calls that read the cache from disk run on blocking threads, two at a
-/// time: a client flooding ListKernels queues behind itself instead of
-/// taking the runtime's 512 blocking threads.
-static DISK_WORK: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+/// Calls that read the cache from disk run on blocking threads, in two
+/// pools of two: one for the unprivileged reads (ListKernels, UsedBytes),
+/// one for root's operations (GarbageCollect, Verify), so root is never
+/// queued behind anyone else's calls.
+static READ_WORK: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+static ROOT_WORK: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> fdo::Result<T> {
-    let _turn = DISK_WORK
+/// How many unprivileged disk reads may wait or run at once, from one
+/// sender and from all: past that a call is answered `LimitsExceeded` at
+/// once, so a flood is pushed back onto its senders instead of queueing
+/// (as tasks, growing memory) inside gpuarchd.
+pub const READS_PER_SENDER: usize = 4;
+pub const READS_IN_ALL: usize = 32;
+
+/// Unprivileged disk reads admitted now, by sender.
+static ADMITTED: std::sync::Mutex<BTreeMap<String, usize>> = std::sync::Mutex::new(BTreeMap::new());
+
+/// A place among the admitted reads, given back when dropped.
+struct Admission(String);
+
+impl Admission {
+    fn take(hdr: Option<&Header<'_>>, method: &str) -> fdo::Result<Self> {
+        let sender = hdr
+            .and_then(|h| h.sender())
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        let mut a = ADMITTED
+            .lock()
+            .map_err(|e| fdo::Error::Failed(e.to_string()))?;
+        let all: usize = a.values().sum();
+        let mine = a.get(&sender).copied().unwrap_or(0);
+        if mine >= READS_PER_SENDER || all >= READS_IN_ALL {
+            return Err(fdo::Error::LimitsExceeded(format!(
+                "{method}: {mine} of this caller's and {all} in all are already in progress \
+                 (at most {READS_PER_SENDER} and {READS_IN_ALL}); call again later"
+            )));
+        }
+        *a.entry(sender.clone()).or_default() += 1;
+        Ok(Self(sender))
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if let Ok(mut a) = ADMITTED.lock()
+            && let Some(n) = a.get_mut(&self.0)
+        {
+            *n -= 1;
+            if *n == 0 {
+                a.remove(&self.0);
+            }
+        }
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    pool: &'static tokio::sync::Semaphore,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> fdo::Result<T> {
+    let _turn = pool
         .acquire()
         .await
         .map_err(|e| fdo::Error::Failed(e.to_string()))?;
@@ -373,10 +426,16 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 impl KernelCache {
     /// Every stored build: key, package, version, variant, dtype, arch,
     /// toolkit, bytes, files, pinned, in_use, last_used, built_at, path.
+    /// in_use is as of a scan of the mounts at most 5 s old. A caller with 4
+    /// such reads in progress, or 32 in all, is answered LimitsExceeded.
     #[zbus(out_args("kernels"))]
-    async fn list_kernels(&self) -> fdo::Result<Vec<BTreeMap<String, Variant<'static>>>> {
+    async fn list_kernels(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+    ) -> fdo::Result<Vec<BTreeMap<String, Variant<'static>>>> {
+        let _admitted = Admission::take(Some(&hdr), "ListKernels")?;
         let c = self.cache.clone();
-        blocking(move || c.list()).await
+        blocking(&READ_WORK, move || c.list()).await
     }
 
     /// Build `packages` (empty: all) for `archs` (`sm_86` or `8.6`; empty:
@@ -420,7 +479,7 @@ impl KernelCache {
     ) -> fdo::Result<u64> {
         authorize(conn, &hdr, "GarbageCollect").await?;
         let c = self.cache.clone();
-        let r = blocking(move || c.gc())
+        let r = blocking(&ROOT_WORK, move || c.gc())
             .await?
             .map_err(|e| fdo::Error::Failed(e.to_string()))?;
         Ok(r.freed_bytes)
@@ -437,7 +496,7 @@ impl KernelCache {
     ) -> fdo::Result<Vec<BTreeMap<String, Variant<'static>>>> {
         authorize(conn, &hdr, "Verify").await?;
         let c = self.cache.clone();
-        let (records, rebuild) = blocking(move || c.verify()).await?;
+        let (records, rebuild) = blocking(&ROOT_WORK, move || c.verify()).await?;
         if !rebuild.is_empty() {
             crate::cache::start_job(self.cache.clone(), rebuild, false)
                 .await
@@ -446,11 +505,12 @@ impl KernelCache {
         Ok(records)
     }
 
-    /// Bytes the stored builds take.
+    /// Bytes the stored builds take (LimitsExceeded as for ListKernels).
     #[zbus(property(emits_changed_signal = "false"))]
-    async fn used_bytes(&self) -> u64 {
+    async fn used_bytes(&self, #[zbus(header)] hdr: Option<Header<'_>>) -> fdo::Result<u64> {
+        let _admitted = Admission::take(hdr.as_ref(), "UsedBytes")?;
         let c = self.cache.clone();
-        blocking(move || c.used_bytes()).await.unwrap_or(0)
+        blocking(&READ_WORK, move || c.used_bytes()).await
     }
 
     /// The size above which builds are evicted (kernels.max_bytes).

@@ -4,6 +4,7 @@
 //! `calls=N ok=N max_ms=N err:<name>=N ...`.
 //!
 //! Modes: `reads` (Plan, Match, ListDevices, ListKernels, properties),
+//! `disk-reads` (ListKernels and UsedBytes, the reads that touch the disk),
 //! `privileged` (Reload, Prewarm, GarbageCollect, Verify), `huge-plan:N`
 //! (Plan with N entries), `huge-match:N` (Match with an N-byte requirement),
 //! `huge-prewarm:N` (Prewarm with N packages).
@@ -48,6 +49,14 @@ fn call_of(mode: &str, i: u64) -> (&'static str, &'static str, Body) {
                 Body::Prop(kc, "UsedBytes"),
             ),
             _ => (inv, "Plan", Body::Strings(vec!["all".into()])),
+        },
+        "disk-reads" => match i % 2 {
+            0 => (kc, "ListKernels", Body::None),
+            _ => (
+                "org.freedesktop.DBus.Properties",
+                "Get",
+                Body::Prop(kc, "UsedBytes"),
+            ),
         },
         "privileged" => match i % 4 {
             0 => ("io.gpuarch1.Daemon", "Reload", Body::None),
