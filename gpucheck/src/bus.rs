@@ -16,7 +16,8 @@ pub struct Rate {
     pub env: HashMap<String, String>,
 }
 
-async fn plan(conn: &Connection, devices: &[&str]) -> Result<HashMap<String, String>> {
+/// gpuarchd's `Plan` for `devices`: the env it returns.
+pub async fn plan(conn: &Connection, devices: &[&str]) -> Result<HashMap<String, String>> {
     let reply = conn
         .call_method(
             Some("io.gpuarch1"),
@@ -31,7 +32,8 @@ async fn plan(conn: &Connection, devices: &[&str]) -> Result<HashMap<String, Str
     Ok(env)
 }
 
-async fn ping(conn: &Connection) -> Result<()> {
+/// `org.freedesktop.DBus.Peer.Ping` to gpuarchd: the cheapest round trip.
+pub async fn ping(conn: &Connection) -> Result<()> {
     conn.call_method(
         Some("io.gpuarch1"),
         "/io/gpuarch1",

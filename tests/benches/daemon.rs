@@ -15,6 +15,7 @@
 
 use std::time::{Duration, Instant};
 
+use gpuarch_gpucheck::bus;
 use gpuarch_tests::artifacts;
 use gpuarch_tests::daemon::{Node, Policy, block_on};
 
@@ -29,30 +30,9 @@ enum Call {
 
 async fn one(conn: &zbus::Connection, call: Call) {
     match call {
-        Call::Ping => {
-            conn.call_method(
-                Some("io.gpuarch1"),
-                "/io/gpuarch1",
-                Some("org.freedesktop.DBus.Peer"),
-                "Ping",
-                &(),
-            )
-            .await
-            .unwrap();
-        }
+        Call::Ping => bus::ping(conn).await.unwrap(),
         Call::Plan => {
-            let reply = conn
-                .call_method(
-                    Some("io.gpuarch1"),
-                    "/io/gpuarch1",
-                    Some("io.gpuarch1.Inventory"),
-                    "Plan",
-                    &(vec!["0", "1"],),
-                )
-                .await
-                .unwrap();
-            let (env, _notes): (std::collections::HashMap<String, String>, Vec<String>) =
-                reply.body().deserialize().unwrap();
+            let env = bus::plan(conn, &["0", "1"]).await.unwrap();
             assert_eq!(env["TORCH_CUDA_ARCH_LIST"], "7.5;8.6");
         }
     }

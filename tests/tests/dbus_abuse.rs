@@ -57,29 +57,49 @@ fn result(c: Child) -> BTreeMap<String, u64> {
         .collect()
 }
 
-/// Latencies of ListDevices from a well-behaved client, one call every
-/// 20 ms for `span`.
-fn observe(node: &Node, span: Duration) -> Vec<Duration> {
+/// Latencies of `interface.member` (no arguments) from a well-behaved
+/// client on a connection of its own, a pause of `pause` after each call,
+/// while `more(calls so far, start)` says so.
+fn timed_calls(
+    node: &Node,
+    interface: &str,
+    member: &str,
+    pause: Duration,
+    more: impl Fn(usize, Instant) -> bool,
+) -> Vec<Duration> {
     block_on(async {
         let conn = node.conn().await;
-        let end = Instant::now() + span;
+        let start = Instant::now();
         let mut seen = Vec::new();
-        while Instant::now() < end {
+        while more(seen.len(), start) {
             let t0 = Instant::now();
             conn.call_method(
                 Some("io.gpuarch1"),
                 "/io/gpuarch1",
-                Some("io.gpuarch1.Inventory"),
-                "ListDevices",
+                Some(interface),
+                member,
                 &(),
             )
             .await
             .unwrap();
             seen.push(t0.elapsed());
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(pause).await;
         }
         seen
     })
+}
+
+/// Latencies of ListDevices from a well-behaved client, one call every
+/// 20 ms for `span`.
+fn observe(node: &Node, span: Duration) -> Vec<Duration> {
+    let pause = Duration::from_millis(20);
+    timed_calls(
+        node,
+        "io.gpuarch1.Inventory",
+        "ListDevices",
+        pause,
+        |_, t0| t0.elapsed() < span,
+    )
 }
 
 fn percentile(v: &mut [Duration], p: f64) -> Duration {
@@ -243,27 +263,16 @@ fn huge_arguments_are_refused_cheaply() {
     }
 }
 
-/// Root's GarbageCollect, timed: (seconds per call) over `calls` calls.
+/// Root's GarbageCollect, timed, `calls` times, 50 ms apart.
 fn root_gc(node: &Node, calls: usize) -> Vec<Duration> {
-    block_on(async {
-        let conn = node.conn().await;
-        let mut seen = Vec::new();
-        for _ in 0..calls {
-            let t0 = Instant::now();
-            conn.call_method(
-                Some("io.gpuarch1"),
-                "/io/gpuarch1",
-                Some("io.gpuarch1.KernelCache"),
-                "GarbageCollect",
-                &(),
-            )
-            .await
-            .unwrap();
-            seen.push(t0.elapsed());
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        seen
-    })
+    let pause = Duration::from_millis(50);
+    timed_calls(
+        node,
+        "io.gpuarch1.KernelCache",
+        "GarbageCollect",
+        pause,
+        |n, _| n < calls,
+    )
 }
 
 /// nobody builds a mount table of over 20,000 entries in a user namespace
