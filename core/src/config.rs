@@ -26,6 +26,7 @@
 //! daemon:
 //!   refresh_interval_s: 60   # default: seconds between NVML reads (1 to 86400)
 //!   nvml_timeout_ms: 10000   # default: budget of one NVML read (1 to 600000)
+//!   snapshot: /run/gpuarch/inventory.json  # default: the inventory file
 //! ```
 
 use std::collections::BTreeSet;
@@ -63,13 +64,24 @@ pub struct DaemonConfig {
     /// 600000.
     #[serde(deserialize_with = "nvml_timeout_ms")]
     pub nvml_timeout_ms: u64,
+    /// The inventory snapshot: where gpuarchd writes it (unless started
+    /// with `--snapshot`, read at start) and where the hook, the shim and
+    /// `gpuarchctl --offline` read it (unless `GPUARCH_INVENTORY` names
+    /// another). A config key, because the shim runs in the environment of
+    /// whatever started it (the system containerd under Docker), not one
+    /// the admin set. Default [`DEFAULT_SNAPSHOT`].
+    pub snapshot: PathBuf,
 }
+
+/// Where the inventory snapshot is by default.
+pub const DEFAULT_SNAPSHOT: &str = "/run/gpuarch/inventory.json";
 
 impl Default for DaemonConfig {
     fn default() -> Self {
         Self {
             refresh_interval_s: 60,
             nvml_timeout_ms: 10_000,
+            snapshot: PathBuf::from(DEFAULT_SNAPSHOT),
         }
     }
 }

@@ -272,9 +272,15 @@ pub(crate) fn short_duration(d: std::time::Duration) -> String {
 }
 
 pub(crate) fn load_inventory(cli: &Cli) -> Result<(Snapshot, String)> {
+    // The config names the snapshot; a config that cannot be read leaves
+    // the default (its own error is for the commands that use it).
+    let configured = gpuarch_inventory::read_config()
+        .map(|c| c.daemon.snapshot)
+        .unwrap_or_else(|_| PathBuf::from(gpuarch_inventory::DEFAULT_SNAPSHOT));
     Ok(gpuarch_inventory::read_inventory(
         cli.nvml_lib.as_deref(),
         cli.inventory.as_deref(),
+        &configured,
     )?)
 }
 

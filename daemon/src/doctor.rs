@@ -159,7 +159,7 @@ pub fn checks(cli: &Cli, root: &Path) -> Vec<Check> {
     checks.push(trust(&config, root));
     checks.push(daemon());
     checks.push(nvml(cli));
-    checks.push(snapshot(cli, root, config.daemon.refresh_interval_s));
+    checks.push(snapshot(cli, root, &config.daemon));
     checks.push(cache(&under(root, &config.kernels.cache_dir)));
     checks.push(podman(root));
     checks.push(docker(root));
@@ -307,13 +307,14 @@ fn nvml(cli: &Cli) -> Check {
     }
 }
 
-fn snapshot(cli: &Cli, root: &Path, interval_s: u64) -> Check {
+fn snapshot(cli: &Cli, root: &Path, daemon: &gpuarch_core::config::DaemonConfig) -> Check {
     const NAME: &str = "snapshot";
+    let interval_s = daemon.refresh_interval_s;
     let path = cli
         .inventory
         .clone()
         .or_else(|| std::env::var_os("GPUARCH_INVENTORY").map(PathBuf::from))
-        .unwrap_or_else(|| under(root, Path::new(gpuarch_inventory::DEFAULT_SNAPSHOT)));
+        .unwrap_or_else(|| under(root, &daemon.snapshot));
     let fix = "systemctl restart gpuarchd (it rewrites the snapshot on every refresh)";
     let snap = match gpuarch_inventory::read_snapshot(&path) {
         Ok(s) => s,

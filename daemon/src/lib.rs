@@ -52,9 +52,10 @@ pub struct Args {
     /// The config file (it must exist).
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
-    /// Where to write the inventory snapshot.
-    #[arg(long, value_name = "PATH", default_value = gpuarch_inventory::DEFAULT_SNAPSHOT)]
-    pub snapshot: PathBuf,
+    /// Where to write the inventory snapshot [default: the config's
+    /// daemon.snapshot, /run/gpuarch/inventory.json unless set].
+    #[arg(long, value_name = "PATH")]
+    pub snapshot: Option<PathBuf>,
     /// The NVML library to load.
     #[arg(long, value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
@@ -126,12 +127,11 @@ pub fn run(args: Args) -> Result<()> {
         .nvml_lib
         .clone()
         .or_else(|| std::env::var_os("GPUARCH_NVML_LIB").map(PathBuf::from));
-    let shared = Arc::new(Shared::new(
-        config,
-        args.snapshot.clone(),
-        config_path,
-        must_exist,
-    ));
+    let snapshot = args
+        .snapshot
+        .clone()
+        .unwrap_or_else(|| config.daemon.snapshot.clone());
+    let shared = Arc::new(Shared::new(config, snapshot, config_path, must_exist));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

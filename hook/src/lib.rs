@@ -109,8 +109,8 @@ pub fn load_config() -> (Config, Option<String>) {
 /// Build the context: the inventory from the daemon's snapshot (or
 /// `GPUARCH_INVENTORY`), else NVML. No D-Bus.
 pub fn load_context(config: Config, hook_path: Option<PathBuf>) -> Result<Context, String> {
-    let (inventory, _) =
-        gpuarch_inventory::read_inventory(None, None).map_err(|e| e.to_string())?;
+    let (inventory, _) = gpuarch_inventory::read_inventory(None, None, &config.daemon.snapshot)
+        .map_err(|e| e.to_string())?;
     Ok(Context::new(inventory, config, hook_path))
 }
 
@@ -122,7 +122,7 @@ pub fn load_context(config: Config, hook_path: Option<PathBuf>) -> Result<Contex
 /// it), so only what can hang gets one.
 pub fn load_context_within(config: Config, hook_path: Option<PathBuf>) -> Result<Context, String> {
     use gpuarch_inventory::GpuInventory;
-    let inventory = match gpuarch_inventory::snapshot_source(None) {
+    let inventory = match gpuarch_inventory::snapshot_source(None, &config.daemon.snapshot) {
         Some(path) => gpuarch_inventory::SnapshotFile::new(path)
             .snapshot()
             .map_err(|e| e.to_string())?,

@@ -20,7 +20,7 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 
 /// Where the daemon writes the snapshot and the hook reads it.
-pub const DEFAULT_SNAPSHOT: &str = "/run/gpuarch/inventory.json";
+pub const DEFAULT_SNAPSHOT: &str = gpuarch_core::config::DEFAULT_SNAPSHOT;
 /// The NVML library loaded when none is named (what the driver installs).
 pub const DEFAULT_NVML_LIB: &str = "libnvidia-ml.so.1";
 
@@ -383,34 +383,34 @@ pub fn read_config_at(
 }
 
 /// Read the inventory from the usual source: NVML from `nvml_lib` if given;
-/// else the snapshot `snapshot` or `GPUARCH_INVENTORY` names; else
-/// [`DEFAULT_SNAPSHOT`] if it exists; else NVML (`GPUARCH_NVML_LIB` or
-/// [`DEFAULT_NVML_LIB`]). Returns the snapshot and a line naming the source.
+/// else the snapshot [`snapshot_source`] finds (`snapshot`, then
+/// `GPUARCH_INVENTORY`, then `configured`, the config's `daemon.snapshot`,
+/// if it exists); else NVML (`GPUARCH_NVML_LIB` or [`DEFAULT_NVML_LIB`]).
+/// Returns the snapshot and a line naming the source.
 pub fn read_inventory(
     nvml_lib: Option<&Path>,
     snapshot: Option<&Path>,
+    configured: &Path,
 ) -> Result<(Snapshot, String), InventoryError> {
     let from = |inv: &dyn GpuInventory| Ok((inv.snapshot()?, inv.describe()));
     if let Some(lib) = nvml_lib {
         return from(&NvmlInventory::open(Some(lib))?);
     }
-    if let Some(path) = snapshot_source(snapshot) {
+    if let Some(path) = snapshot_source(snapshot, configured) {
         return from(&SnapshotFile::new(path));
     }
     read_nvml()
 }
 
 /// The snapshot [`read_inventory`] reads when not told to use NVML:
-/// `snapshot`, else `GPUARCH_INVENTORY`, else [`DEFAULT_SNAPSHOT`] if it
-/// exists; `None` leaves NVML.
-pub fn snapshot_source(snapshot: Option<&Path>) -> Option<PathBuf> {
+/// `snapshot`, else `GPUARCH_INVENTORY`, else `configured` (the config's
+/// `daemon.snapshot`, [`DEFAULT_SNAPSHOT`] unless set) if it exists; `None`
+/// leaves NVML.
+pub fn snapshot_source(snapshot: Option<&Path>, configured: &Path) -> Option<PathBuf> {
     snapshot
         .map(Path::to_path_buf)
         .or_else(|| std::env::var_os("GPUARCH_INVENTORY").map(PathBuf::from))
-        .or_else(|| {
-            let default = Path::new(DEFAULT_SNAPSHOT);
-            default.exists().then(|| default.to_path_buf())
-        })
+        .or_else(|| configured.exists().then(|| configured.to_path_buf()))
 }
 
 /// The inventory from NVML (`GPUARCH_NVML_LIB` or [`DEFAULT_NVML_LIB`]),

@@ -1219,3 +1219,36 @@ fn a_full_cache_disk_fails_the_build_clearly_and_stores_nothing_corrupt() {
     assert_eq!(o.status.code(), Some(0), "{}", all_text(&o));
     node.stop();
 }
+
+/// Started without `--snapshot`, gpuarchd writes the snapshot where the
+/// config's `daemon.snapshot` says, the place the hook and shim read.
+#[test]
+fn the_config_names_where_the_snapshot_is_written() {
+    require!();
+    let node = Node::new("2080ti-3090", Policy::Shipped);
+    let snap = node.path("elsewhere/inventory.json");
+    std::fs::create_dir_all(snap.parent().unwrap()).unwrap();
+    let mut yaml = std::fs::read_to_string(node.path("config.yaml")).unwrap();
+    yaml.push_str(&format!("daemon:\n  snapshot: {}\n", snap.display()));
+    std::fs::write(node.path("config.yaml"), yaml).unwrap();
+    let mut daemon = Command::new(&artifacts().gpuarchd)
+        .arg("--nvml-lib")
+        .arg(&artifacts().fake_nvml)
+        .arg("--config")
+        .arg(node.path("config.yaml"))
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &node.address)
+        .env("FAKE_NVML_TOPOLOGY", node.path("topology.json"))
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("GPUARCH_CONFIG")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !snap.exists() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let s = Snapshot::from_json(&std::fs::read(&snap).unwrap()).unwrap();
+    assert_eq!(s.devices.len(), 2);
+}

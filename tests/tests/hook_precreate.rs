@@ -393,3 +393,44 @@ fn hostile_device_names_are_notes_in_a_bounded_log() {
         assert!(took < std::time::Duration::from_secs(2), "{name}: {took:?}");
     }
 }
+
+/// The snapshot comes from the config's `daemon.snapshot` when the
+/// environment names none: the shim runs in whatever environment the
+/// engine's containerd has, so the admin sets it there (issue 18). The
+/// environment still wins, for tests and demos.
+#[test]
+fn the_config_names_the_snapshot() {
+    let h100 = fixture("a100-h100");
+    let yaml = format!("daemon:\n  snapshot: {}\n", h100.display());
+    let o = hook_env(
+        config(&["NVIDIA_VISIBLE_DEVICES=1"]).to_string().as_bytes(),
+        &yaml,
+        &[],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let env = serde_json::from_slice::<Value>(&o.stdout).unwrap()["process"]["env"].to_string();
+    assert!(env.contains("TORCH_CUDA_ARCH_LIST=9.0"), "{env}");
+
+    let mixed = fixture("2080ti-3090");
+    let o = hook_env(
+        config(&["NVIDIA_VISIBLE_DEVICES=1"]).to_string().as_bytes(),
+        &yaml,
+        &[("GPUARCH_INVENTORY", mixed.as_os_str())],
+    );
+    let env = serde_json::from_slice::<Value>(&o.stdout).unwrap()["process"]["env"].to_string();
+    assert!(env.contains("TORCH_CUDA_ARCH_LIST=8.6"), "{env}");
+
+    // gpuarchctl --offline reads the same key.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(&cfg, &yaml).unwrap();
+    let o = Command::new(&artifacts().gpuarchctl)
+        .args(["--offline", "plan", "--devices", "1", "--json"])
+        .env_remove("GPUARCH_INVENTORY")
+        .env("GPUARCH_CONFIG", &cfg)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let plan: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(plan["env"]["TORCH_CUDA_ARCH_LIST"], "9.0");
+}

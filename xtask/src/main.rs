@@ -178,7 +178,8 @@ const CTL_EXTRA: &str = r#".SH FILES
 The config shared with gpuarchd and gpuarch-hook (plan, kernels).
 .TP
 \fI/run/gpuarch/inventory.json\fR
-The inventory snapshot gpuarchd writes; read with \fB\-\-offline\fR.
+The inventory snapshot gpuarchd writes (the config's \fBdaemon.snapshot\fR
+names another); read with \fB\-\-offline\fR.
 .SH ENVIRONMENT
 .TP
 \fBDBUS_SYSTEM_BUS_ADDRESS\fR
@@ -200,7 +201,8 @@ const DAEMON_EXTRA: &str = r#".SH FILES
 The config; watched, and re-read on SIGHUP.
 .TP
 \fI/run/gpuarch/inventory.json\fR
-The inventory snapshot the hook reads.
+The inventory snapshot the hook reads (the config's \fBdaemon.snapshot\fR
+names another).
 .TP
 \fI/var/cache/gpuarch\fR
 The content-addressed store of kernel builds.
