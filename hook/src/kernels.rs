@@ -299,14 +299,16 @@ fn request(cfg: &KernelsConfig, package: &str, arch: Target, notes: &mut Vec<Str
     }
 }
 
-/// Whether `dir` is, once every symlink is resolved, an entry under the
-/// store's `objects/`.
-fn in_store(cfg: &KernelsConfig, dir: &Path) -> bool {
-    match (
-        dir.canonicalize(),
-        cfg.cache_dir.join("objects").canonicalize(),
-    ) {
-        (Ok(d), Ok(objects)) => d.starts_with(&objects) && d != objects,
+/// The store's `objects/`, every symlink resolved; None when it is absent.
+fn store_objects(cfg: &KernelsConfig) -> Option<PathBuf> {
+    cfg.cache_dir.join("objects").canonicalize().ok()
+}
+
+/// Whether `dir` is, once every symlink is resolved, an entry under
+/// `objects` (from [`store_objects`]).
+fn in_store(objects: Option<&Path>, dir: &Path) -> bool {
+    match (dir.canonicalize(), objects) {
+        (Ok(d), Some(objects)) => d.starts_with(objects) && d != objects,
         _ => false,
     }
 }
@@ -326,8 +328,10 @@ fn view(
     let mut used: Vec<&Build> = Vec::new();
     // Only the store's own entries are ever mounted: a manifest naming any
     // other directory (a host path, a symlink out of the store) is refused.
-    let (builds, outside): (Vec<&Build>, Vec<&Build>) =
-        builds.iter().partition(|b| in_store(cfg, &b.dir));
+    let (builds, outside): (Vec<&Build>, Vec<&Build>) = builds.iter().partition({
+        let objects = store_objects(cfg);
+        move |b| in_store(objects.as_deref(), &b.dir)
+    });
     for b in outside {
         notes.push(format!(
             "{name}: build {} not used: {} is not an entry of the store {}",
@@ -462,15 +466,17 @@ mod tests {
         std::fs::create_dir_all(&outside).unwrap();
         let link = cfg.cache_dir.join("objects/ab/link");
         std::os::unix::fs::symlink(&outside, &link).unwrap();
-        assert!(in_store(&cfg, &entry));
-        assert!(!in_store(&cfg, &outside));
-        assert!(!in_store(&cfg, &link), "a symlink out of the store");
+        let objects = store_objects(&cfg);
+        let in_store = |d: &Path| in_store(objects.as_deref(), d);
+        assert!(in_store(&entry));
+        assert!(!in_store(&outside));
+        assert!(!in_store(&link), "a symlink out of the store");
         assert!(
-            !in_store(&cfg, &cfg.cache_dir.join("objects")),
+            !in_store(&cfg.cache_dir.join("objects")),
             "the store itself"
         );
-        assert!(!in_store(&cfg, &cfg.cache_dir.join("objects/ab/../../..")));
-        assert!(!in_store(&cfg, Path::new("/etc")));
-        assert!(!in_store(&cfg, &cfg.cache_dir.join("objects/ab/missing")));
+        assert!(!in_store(&cfg.cache_dir.join("objects/ab/../../..")));
+        assert!(!in_store(Path::new("/etc")));
+        assert!(!in_store(&cfg.cache_dir.join("objects/ab/missing")));
     }
 }

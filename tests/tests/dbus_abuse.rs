@@ -57,32 +57,36 @@ fn result(c: Child) -> BTreeMap<String, u64> {
         .collect()
 }
 
-/// Latencies of `interface.member` (no arguments) from a well-behaved
-/// client on a connection of its own, a pause of `pause` after each call,
-/// while `more(calls so far, start)` says so.
+/// Latencies of each of `members` (interface, member; no arguments),
+/// called in turn from a well-behaved client on a connection of its own,
+/// a pause of `pause` after each round, while `more(rounds so far, start)`
+/// says so. One list of latencies per member.
 fn timed_calls(
     node: &Node,
-    interface: &str,
-    member: &str,
+    members: &[(&str, &str)],
     pause: Duration,
     more: impl Fn(usize, Instant) -> bool,
-) -> Vec<Duration> {
+) -> Vec<Vec<Duration>> {
     block_on(async {
         let conn = node.conn().await;
         let start = Instant::now();
-        let mut seen = Vec::new();
-        while more(seen.len(), start) {
-            let t0 = Instant::now();
-            conn.call_method(
-                Some("io.gpuarch1"),
-                "/io/gpuarch1",
-                Some(interface),
-                member,
-                &(),
-            )
-            .await
-            .unwrap();
-            seen.push(t0.elapsed());
+        let mut seen = vec![Vec::new(); members.len()];
+        let mut rounds = 0;
+        while more(rounds, start) {
+            for ((interface, member), out) in members.iter().zip(&mut seen) {
+                let t0 = Instant::now();
+                conn.call_method(
+                    Some("io.gpuarch1"),
+                    "/io/gpuarch1",
+                    Some(*interface),
+                    *member,
+                    &(),
+                )
+                .await
+                .unwrap();
+                out.push(t0.elapsed());
+            }
+            rounds += 1;
             tokio::time::sleep(pause).await;
         }
         seen
@@ -93,13 +97,9 @@ fn timed_calls(
 /// 20 ms for `span`.
 fn observe(node: &Node, span: Duration) -> Vec<Duration> {
     let pause = Duration::from_millis(20);
-    timed_calls(
-        node,
-        "io.gpuarch1.Inventory",
-        "ListDevices",
-        pause,
-        |_, t0| t0.elapsed() < span,
-    )
+    let members = [("io.gpuarch1.Inventory", "ListDevices")];
+    let mut seen = timed_calls(node, &members, pause, |_, t0| t0.elapsed() < span);
+    seen.remove(0)
 }
 
 fn percentile(v: &mut [Duration], p: f64) -> Duration {
@@ -267,30 +267,14 @@ fn huge_arguments_are_refused_cheaply() {
 /// `calls` times each, 50 ms apart: the Ping is the bus's own round trip in
 /// the same moment, the baseline the GC's latency is judged against.
 fn root_gc(node: &Node, calls: usize) -> (Vec<Duration>, Vec<Duration>) {
-    block_on(async {
-        let conn = node.conn().await;
-        let (mut gc, mut ping) = (Vec::new(), Vec::new());
-        for _ in 0..calls {
-            for (iface, member, out) in [
-                ("io.gpuarch1.KernelCache", "GarbageCollect", &mut gc),
-                ("org.freedesktop.DBus.Peer", "Ping", &mut ping),
-            ] {
-                let t0 = Instant::now();
-                conn.call_method(
-                    Some("io.gpuarch1"),
-                    "/io/gpuarch1",
-                    Some(iface),
-                    member,
-                    &(),
-                )
-                .await
-                .unwrap();
-                out.push(t0.elapsed());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        (gc, ping)
-    })
+    let members = [
+        ("io.gpuarch1.KernelCache", "GarbageCollect"),
+        ("org.freedesktop.DBus.Peer", "Ping"),
+    ];
+    let pause = Duration::from_millis(50);
+    let mut seen = timed_calls(node, &members, pause, |n, _| n < calls);
+    let ping = seen.pop().unwrap();
+    (seen.pop().unwrap(), ping)
 }
 
 /// nobody builds a mount table of over 20,000 entries in a user namespace
