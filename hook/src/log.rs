@@ -1,55 +1,360 @@
-//! Where the hook's reasons go: the journal when this host has one, else
-//! stderr. Nothing here can fail a container's start.
+//! Where the hook's and the shim's lines go. Run by an engine, their stderr
+//! is often the container's own (the shim's on `create` is the container's
+//! stdio under containerd and Docker), so a line there would land in the
+//! workload's output and `docker logs`. By default (`log.to: auto`) they go
+//! to stderr only when it is a terminal, else to the journal, else to
+//! syslog's `/dev/log`, else to `log.file`, capped at `log.max_bytes` with
+//! one rotation. `GPUARCH_LOG` (`stderr`, `debug`, `file,debug`, ...)
+//! overrides the config. Nothing here can fail a container's start.
+//!
+//! A refusal ([`fatal`]) must reach the user through the engine's error: it
+//! goes to the runtime log an engine names with `--log` (runc's format, which
+//! containerd, Docker and podman read back into their error), else to
+//! stderr, which runc and podman capture from a failing hook.
 
-use std::path::Path;
-use std::sync::OnceLock;
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions};
+use std::io::{IsTerminal, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
+use gpuarch_core::config::{LogConfig, LogLevel, LogTarget};
 use tracing_subscriber::layer::SubscriberExt;
 
-static PROGRAM: OnceLock<(&'static str, bool)> = OnceLock::new();
+/// Overrides `log.to` and `log.level`: a comma-separated target and level.
+pub const LOG_ENV: &str = "GPUARCH_LOG";
 
 const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";
+const SYSLOG_SOCKET: &str = "/dev/log";
 
-/// Pick the destination once per process. `program` names the lines on
-/// stderr and is the journal's SYSLOG_IDENTIFIER.
-pub fn init(program: &'static str) {
-    let mut journal = false;
-    if Path::new(JOURNAL_SOCKET).exists()
-        && let Ok(layer) = tracing_journald::layer()
-    {
-        let sub =
-            tracing_subscriber::registry().with(layer.with_syslog_identifier(program.to_owned()));
-        journal = tracing::subscriber::set_global_default(sub).is_ok();
-    }
-    let _ = PROGRAM.set((program, journal));
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sink {
+    Stderr,
+    Journal,
+    Syslog,
+    File,
 }
 
-fn program() -> (&'static str, bool) {
-    PROGRAM.get().copied().unwrap_or(("gpuarch-hook", false))
+#[derive(Debug)]
+struct State {
+    program: &'static str,
+    sink: Sink,
+    level: LogLevel,
+    file: PathBuf,
+    max_bytes: u64,
+    /// The engine's runtime log (`--log`) and whether it is JSON.
+    runtime_log: Option<(PathBuf, bool)>,
+    journal_installed: bool,
+}
+
+fn state() -> MutexGuard<'static, State> {
+    static STATE: OnceLock<Mutex<State>> = OnceLock::new();
+    STATE
+        .get_or_init(|| {
+            Mutex::new(State {
+                program: "gpuarch-hook",
+                sink: Sink::File,
+                level: LogLevel::Info,
+                file: PathBuf::from(gpuarch_core::config::DEFAULT_LOG_FILE),
+                max_bytes: 1 << 20,
+                runtime_log: None,
+                journal_installed: false,
+            })
+        })
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// `GPUARCH_LOG`, split into a target and a level; unknown words are
+/// ignored (a typo must not turn logging into a failure).
+fn env_override(v: Option<OsString>) -> (Option<LogTarget>, Option<LogLevel>) {
+    let (mut to, mut level) = (None, None);
+    if let Some(v) = v {
+        for w in v.to_string_lossy().split(',').map(str::trim) {
+            if let Ok(t) = w.parse() {
+                to = Some(t);
+            } else if let Ok(l) = w.parse() {
+                level = Some(l);
+            }
+        }
+    }
+    (to, level)
+}
+
+/// Name the program (the journal's SYSLOG_IDENTIFIER, the prefix of every
+/// other line) and take the default config; [`configure`] once the config
+/// is read.
+pub fn init(program: &'static str) {
+    state().program = program;
+    configure(&LogConfig::default());
+}
+
+/// Apply the config's `log:` section, under `GPUARCH_LOG`.
+pub fn configure(cfg: &LogConfig) {
+    let (to, level) = env_override(std::env::var_os(LOG_ENV));
+    let to = to.unwrap_or(cfg.to);
+    let sink = match to {
+        LogTarget::Stderr => Sink::Stderr,
+        LogTarget::Journal => Sink::Journal,
+        LogTarget::Syslog => Sink::Syslog,
+        LogTarget::File => Sink::File,
+        LogTarget::Auto if std::io::stderr().is_terminal() => Sink::Stderr,
+        LogTarget::Auto if Path::new(JOURNAL_SOCKET).exists() => Sink::Journal,
+        LogTarget::Auto if Path::new(SYSLOG_SOCKET).exists() => Sink::Syslog,
+        LogTarget::Auto => Sink::File,
+    };
+    let mut s = state();
+    s.sink = sink;
+    s.level = level.unwrap_or(cfg.level);
+    s.file = cfg.file.clone();
+    s.max_bytes = cfg.max_bytes;
+    if sink == Sink::Journal && !s.journal_installed {
+        let program = s.program;
+        s.journal_installed = tracing_journald::layer().is_ok_and(|layer| {
+            let sub = tracing_subscriber::registry()
+                .with(layer.with_syslog_identifier(program.to_owned()));
+            tracing::subscriber::set_global_default(sub).is_ok()
+        });
+    }
+}
+
+/// The runtime log an engine passed to the shim (`--log PATH`, with
+/// `--log-format json` or text): where a refusal is written for the
+/// engine to read back.
+pub fn set_runtime_log(path: PathBuf, json: bool) {
+    state().runtime_log = Some((path, json));
+}
+
+/// The Plan's notes: at `info`, or at `debug` when the container asked
+/// for no GPU (most containers on most hosts: not worth a line each).
+pub fn plan(plan: &gpuarch_core::plan::Plan) {
+    let level = if plan.source.is_some() {
+        LogLevel::Info
+    } else {
+        LogLevel::Debug
+    };
+    plan.notes.iter().for_each(|n| emit(level, n));
+}
+
+/// Detail: only with `level: debug` ("no GPU requested" and the like).
+pub fn debug(msg: &str) {
+    emit(LogLevel::Debug, msg);
 }
 
 /// A decision or a reason worth keeping (the Plan's notes).
 pub fn info(msg: &str) {
-    match program() {
-        (_, true) => tracing::info!("{msg}"),
-        (p, false) => eprintln!("{p}: {msg}"),
-    }
+    emit(LogLevel::Info, msg);
 }
 
 /// Something went wrong and the container starts unchanged.
 pub fn warn(msg: &str) {
-    match program() {
-        (_, true) => tracing::warn!("{msg}"),
-        (p, false) => eprintln!("{p}: {msg}"),
+    emit(LogLevel::Warn, msg);
+}
+
+/// The start fails: the reason goes to the log and to the engine (its
+/// runtime log, else stderr).
+pub fn fatal(msg: &str) {
+    emit(LogLevel::Error, msg);
+    let s = state();
+    let program = s.program;
+    let to_engine = match &s.runtime_log {
+        Some((path, json)) => append_runtime_log(path, *json, program, msg).is_ok(),
+        None => false,
+    };
+    if !to_engine && s.sink != Sink::Stderr {
+        eprintln!("{program}: {msg}");
     }
 }
 
-/// The start fails: the reason goes to stderr, where the engine shows it,
-/// and to the journal when there is one.
-pub fn fatal(msg: &str) {
-    let (p, journal) = program();
-    if journal {
-        tracing::error!("{msg}");
+fn emit(level: LogLevel, msg: &str) {
+    let s = state();
+    if level > s.level {
+        return;
     }
-    eprintln!("{p}: {msg}");
+    let program = s.program;
+    match s.sink {
+        Sink::Stderr => eprintln!("{program}: {msg}"),
+        Sink::Journal if s.journal_installed => match level {
+            LogLevel::Error => tracing::error!("{msg}"),
+            LogLevel::Warn => tracing::warn!("{msg}"),
+            LogLevel::Info => tracing::info!("{msg}"),
+            LogLevel::Debug => tracing::debug!("{msg}"),
+        },
+        Sink::Journal | Sink::Syslog => {
+            if syslog(level, program, msg).is_err() {
+                let _ = to_file(&s.file, s.max_bytes, level, program, msg);
+            }
+        }
+        Sink::File => {
+            let _ = to_file(&s.file, s.max_bytes, level, program, msg);
+        }
+    }
+}
+
+fn syslog(level: LogLevel, program: &str, msg: &str) -> std::io::Result<()> {
+    // Facility daemon (3); severities err, warning, info, debug.
+    let severity = match level {
+        LogLevel::Error => 3,
+        LogLevel::Warn => 4,
+        LogLevel::Info => 6,
+        LogLevel::Debug => 7,
+    };
+    let line = format!(
+        "<{}>{program}[{}]: {msg}",
+        3 * 8 + severity,
+        std::process::id()
+    );
+    let sock = UnixDatagram::unbound()?;
+    sock.send_to(line.as_bytes(), SYSLOG_SOCKET).map(|_| ())
+}
+
+fn level_word(level: LogLevel) -> &'static str {
+    match level {
+        LogLevel::Error => "error",
+        LogLevel::Warn => "warn",
+        LogLevel::Info => "info",
+        LogLevel::Debug => "debug",
+    }
+}
+
+fn open_append(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o640)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// One line, in one `write`, to `path`; past `max_bytes` the file is first
+/// renamed to `<path>.1`. Hooks of many containers append at once: the
+/// rename happens under an exclusive lock and only while `path` is still
+/// the file that was found too big.
+fn to_file(
+    path: &Path,
+    max_bytes: u64,
+    level: LogLevel,
+    program: &str,
+    msg: &str,
+) -> std::io::Result<()> {
+    let mut f = open_append(path)?;
+    if f.metadata()?.len() >= max_bytes {
+        let held = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| std::io::Error::from(e))?;
+        let meta = held.metadata()?;
+        let current = std::fs::symlink_metadata(path)?;
+        if current.ino() == meta.ino() && current.dev() == meta.dev() && meta.len() >= max_bytes {
+            let mut old = path.as_os_str().to_owned();
+            old.push(".1");
+            std::fs::rename(path, old)?;
+        }
+        drop(held);
+        f = open_append(path)?;
+    }
+    let line = format!(
+        "{} {program}[{}] {}: {msg}\n",
+        humantime::format_rfc3339_seconds(std::time::SystemTime::now()),
+        std::process::id(),
+        level_word(level)
+    );
+    f.write_all(line.as_bytes())
+}
+
+/// A line in runc's own log format, which containerd's shim and podman
+/// read back (the last `error`) into the error they report.
+fn append_runtime_log(path: &Path, json: bool, program: &str, msg: &str) -> std::io::Result<()> {
+    let time = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let text = format!("{program}: {msg}");
+    let line = if json {
+        serde_json::json!({"level": "error", "msg": text, "time": time}).to_string() + "\n"
+    } else {
+        format!(
+            "time=\"{time}\" level=error msg={}\n",
+            serde_json::json!(text)
+        )
+    };
+    let mut f = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)?;
+    f.write_all(line.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_env_names_a_target_a_level_or_both() {
+        let o = |s: &str| env_override(Some(s.into()));
+        assert_eq!(o("stderr"), (Some(LogTarget::Stderr), None));
+        assert_eq!(o("debug"), (None, Some(LogLevel::Debug)));
+        assert_eq!(
+            o("file, warn"),
+            (Some(LogTarget::File), Some(LogLevel::Warn))
+        );
+        assert_eq!(o("loud"), (None, None));
+        assert_eq!(env_override(None), (None, None));
+    }
+
+    #[test]
+    fn the_file_is_capped_with_one_rotation() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("g.log");
+        for i in 0..200 {
+            to_file(
+                &f,
+                4096,
+                LogLevel::Info,
+                "t",
+                &format!("line {i} {}", "x".repeat(40)),
+            )
+            .unwrap();
+        }
+        let cur = std::fs::metadata(&f).unwrap().len();
+        let old = std::fs::metadata(d.path().join("g.log.1")).unwrap().len();
+        assert!(
+            cur < 4096 + 200 && old >= 4096 && old < 4096 + 200,
+            "{cur} {old}"
+        );
+        let last = std::fs::read_to_string(&f).unwrap();
+        assert!(
+            last.trim_end()
+                .ends_with(&format!("line 199 {}", "x".repeat(40)))
+        );
+        assert!(last.contains(" t["), "{last}");
+    }
+
+    #[test]
+    fn a_symlink_at_the_log_path_is_not_followed() {
+        let d = tempfile::tempdir().unwrap();
+        let target = d.path().join("elsewhere");
+        std::fs::write(&target, "").unwrap();
+        std::os::unix::fs::symlink(&target, d.path().join("g.log")).unwrap();
+        assert!(to_file(&d.path().join("g.log"), 4096, LogLevel::Info, "t", "m").is_err());
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "");
+    }
+
+    #[test]
+    fn runtime_log_lines_are_runcs_format() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("log.json");
+        append_runtime_log(&f, true, "gpuarch-runtime", "no \"GPU\"").unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(std::fs::read_to_string(&f).unwrap().trim()).unwrap();
+        assert_eq!(v["level"], "error");
+        assert_eq!(v["msg"], "gpuarch-runtime: no \"GPU\"");
+        assert!(v["time"].as_str().unwrap().ends_with('Z'));
+        let t = d.path().join("log.txt");
+        append_runtime_log(&t, false, "p", "m").unwrap();
+        assert!(
+            std::fs::read_to_string(&t)
+                .unwrap()
+                .contains("level=error msg=\"p: m\"")
+        );
+    }
 }

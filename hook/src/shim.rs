@@ -68,12 +68,19 @@ pub struct Invocation {
     /// The bundle of a `create` or `run`: `--bundle`/`-b`, else the current
     /// directory (`None` here).
     pub bundle: Option<PathBuf>,
+    /// The global `--log` an engine passes (containerd's shim, podman's
+    /// conmon), where the runtime's error is read back from.
+    pub log: Option<PathBuf>,
+    /// `--log-format json`.
+    pub log_json: bool,
 }
 
 impl Invocation {
     pub fn parse(args: &[OsString]) -> Self {
         let mut i = 0;
         let mut command = None;
+        let mut log = None;
+        let mut log_json = false;
         while i < args.len() {
             let a = args[i].to_string_lossy();
             if a == "--" {
@@ -88,7 +95,18 @@ impl Invocation {
                 } else {
                     format!("-{name}")
                 };
-                if GLOBAL_WITH_VALUE.contains(&long.as_str()) && !a.contains('=') {
+                let takes_value = GLOBAL_WITH_VALUE.contains(&long.as_str());
+                let value = match a.split_once('=') {
+                    Some((_, v)) => Some(OsString::from(v)),
+                    None if takes_value => args.get(i + 1).cloned(),
+                    None => None,
+                };
+                match (long.as_str(), value) {
+                    ("--log", Some(v)) => log = Some(PathBuf::from(v)),
+                    ("--log-format", Some(v)) => log_json = v == "json",
+                    _ => {}
+                }
+                if takes_value && !a.contains('=') {
                     i += 1;
                 }
                 i += 1;
@@ -124,7 +142,12 @@ impl Invocation {
                 j += 1;
             }
         }
-        Self { command, bundle }
+        Self {
+            command,
+            bundle,
+            log,
+            log_json,
+        }
     }
 
     pub fn creates(&self) -> bool {
@@ -254,6 +277,13 @@ mod tests {
         ]);
         assert_eq!(i.command.as_deref(), Some("create"));
         assert_eq!(i.bundle.as_deref(), Some(Path::new("/b")));
+        assert_eq!(i.log.as_deref(), Some(Path::new("/x/log.json")));
+        assert!(i.log_json);
+        // As conmon calls it for podman.
+        let p = inv(&["--log-format=json", "--log=/c/oci-log", "create", "id"]);
+        assert_eq!(p.log.as_deref(), Some(Path::new("/c/oci-log")));
+        assert!(p.log_json);
+        assert!(!inv(&["--log", "/l", "run", "id"]).log_json);
         assert_eq!(
             inv(&["run", "-b", "/c", "id"]).bundle.as_deref(),
             Some(Path::new("/c"))

@@ -198,6 +198,18 @@ impl Scene {
         self.dir.path()
     }
 
+    /// Where the scene's hook and shim log (`log.file`).
+    pub fn log_file(&self) -> PathBuf {
+        self.path().join("gpuarch.log")
+    }
+
+    /// What the hook and the shim have logged so far, and forget it.
+    pub fn take_log(&self) -> String {
+        let text = std::fs::read_to_string(self.log_file()).unwrap_or_default();
+        let _ = std::fs::remove_file(self.log_file());
+        text
+    }
+
     pub fn rootfs(&self) -> PathBuf {
         self.path().join("rootfs")
     }
@@ -205,6 +217,13 @@ impl Scene {
     pub fn config_file(&self, runtime: Option<&Path>) -> PathBuf {
         let p = self.path().join("config.yaml");
         let mut yaml = self.config_yaml.clone();
+        if !yaml.starts_with("log:") && !yaml.contains("\nlog:") {
+            // The hook's and the shim's lines: never the host's /run/gpuarch.
+            yaml.push_str(&format!(
+                "\nlog:\n  to: file\n  file: {}\n",
+                self.log_file().display()
+            ));
+        }
         if let Some(r) = runtime {
             yaml.push_str(&format!("\nruntime:\n  path: {}\n", r.display()));
         }

@@ -32,6 +32,7 @@ fn hook_env(stdin: &[u8], config_yaml: &str, env: &[(&str, &std::ffi::OsStr)]) -
         .env_remove("GPUARCH_INVENTORY")
         .envs(env.iter().copied())
         .env("GPUARCH_CONFIG", &cfg)
+        .env("GPUARCH_LOG", "stderr")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -141,6 +142,7 @@ fn hook_measured(
         .arg("precreate")
         .env("GPUARCH_INVENTORY", fixture("2080ti-3090"))
         .env("GPUARCH_CONFIG", &cfg)
+        .env("GPUARCH_LOG", "stderr")
         .stdin(std::fs::File::open(input).unwrap())
         .output()
         .unwrap();

@@ -49,6 +49,7 @@ fn precreate() -> ExitCode {
         return too_large(&bytes, stdin);
     }
     let (cfg, cfg_err) = gpuarch_hook::load_config();
+    log::configure(&cfg.log);
     let strict = cfg.strict;
     let result = match cfg_err {
         // A config that cannot be read leaves strict off: fail open.
@@ -63,7 +64,7 @@ fn precreate() -> ExitCode {
     };
     let out: &[u8] = match &result {
         Ok((out, plan)) => {
-            plan.notes.iter().for_each(|n| log::info(n));
+            log::plan(plan);
             out
         }
         Err(e) if strict => {
@@ -94,6 +95,7 @@ fn too_large(head: &[u8], mut rest: impl Read) -> ExitCode {
         gpuarch_core::oci::MAX_CONFIG_BYTES >> 20
     );
     let (cfg, _) = gpuarch_hook::load_config();
+    log::configure(&cfg.log);
     if cfg.strict {
         log::fatal(&format!(
             "{reason} (strict: refusing to start the container)"
@@ -117,6 +119,7 @@ fn too_large(head: &[u8], mut rest: impl Read) -> ExitCode {
 
 fn in_container(which: Stage) -> ExitCode {
     let (cfg, cfg_err) = gpuarch_hook::load_config();
+    log::configure(&cfg.log);
     let strict = cfg.strict;
     let result = match cfg_err {
         Some(e) => Err(e),
@@ -136,7 +139,7 @@ fn in_container(which: Stage) -> ExitCode {
     };
     match result {
         Ok(out) => {
-            out.plan.notes.iter().for_each(|n| log::info(n));
+            log::plan(&out.plan);
             ExitCode::SUCCESS
         }
         Err(e) if strict => {

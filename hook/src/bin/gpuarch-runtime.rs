@@ -27,7 +27,11 @@ fn main() -> ExitCode {
     }
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let inv = Invocation::parse(&args);
+    if let Some(path) = &inv.log {
+        log::set_runtime_log(path.clone(), inv.log_json);
+    }
     let (cfg, cfg_err) = gpuarch_hook::load_config();
+    log::configure(&cfg.log);
     let myself = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
     let runtime = match shim::find_runtime(
         cfg.runtime.path.as_deref(),
@@ -59,7 +63,7 @@ fn main() -> ExitCode {
             }
         };
         match result {
-            Ok(plan) => plan.notes.iter().for_each(|n| log::info(n)),
+            Ok(plan) => log::plan(&plan),
             Err(e) if strict => {
                 log::fatal(&format!("{e} (strict: refusing to create the container)"));
                 return ExitCode::FAILURE;
