@@ -318,7 +318,7 @@ mod tests {
         let cur = std::fs::metadata(&f).unwrap().len();
         let old = std::fs::metadata(d.path().join("g.log.1")).unwrap().len();
         assert!(
-            cur < 4096 + 200 && old >= 4096 && old < 4096 + 200,
+            cur < 4096 + 200 && (4096..4096 + 200).contains(&old),
             "{cur} {old}"
         );
         let last = std::fs::read_to_string(&f).unwrap();
