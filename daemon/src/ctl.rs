@@ -86,6 +86,40 @@ pub enum Cmd {
     /// containerd, CRI-O) wired to gpuarch; each problem with the line that
     /// fixes it. Exit status 1 when something is wrong.
     Doctor(crate::doctor::DoctorArgs),
+    /// Wire gpuarch into a container engine's own config.
+    #[command(subcommand)]
+    Engine(EngineCmd),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EngineCmd {
+    /// The containerd drop-in that adds the CRI runtime handler (Kubernetes
+    /// RuntimeClass handler) beside runc, from containerd's config as it is:
+    /// printed, or written with --write. containerd 1.x replaces a plugin's
+    /// whole section with an import's, so for it the drop-in carries the
+    /// CRI section of config.toml; run this again after changing that
+    /// section (doctor says when).
+    Containerd(ContainerdArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ContainerdArgs {
+    /// containerd's config.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/etc/containerd/config.toml"
+    )]
+    pub config: PathBuf,
+    /// The shim the handler runs.
+    #[arg(long, value_name = "PATH", default_value = "/usr/bin/gpuarch-runtime")]
+    pub runtime: PathBuf,
+    /// The runtime handler's name.
+    #[arg(long, value_name = "NAME", default_value = crate::engines::HANDLER)]
+    pub handler: String,
+    /// Write the drop-in here (atomically) instead of printing it.
+    #[arg(long, value_name = "PATH", num_args = 0..=1, default_missing_value = crate::engines::DROPIN)]
+    pub write: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -190,6 +224,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
         }
         Cmd::Status if offline => offline_status(cli, &mut out)?,
         Cmd::Inspect(args) => inspect_cmd(cli, args, &mut out)?,
+        Cmd::Engine(EngineCmd::Containerd(args)) => containerd_cmd(args, &mut out)?,
         Cmd::Reload if offline => {
             return Err(anyhow!(
                 "reload asks gpuarchd to re-read NVML and its config; there is nothing to reload --offline"
@@ -199,6 +234,43 @@ pub fn run(cli: &Cli) -> Result<u8> {
     };
     print!("{out}");
     Ok(code)
+}
+
+fn containerd_cmd(args: &ContainerdArgs, out: &mut String) -> Result<u8> {
+    let target = args
+        .write
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(crate::engines::DROPIN));
+    let drop =
+        crate::engines::containerd_dropin(&args.config, &args.runtime, &args.handler, &target)?;
+    for n in &drop.notes {
+        eprintln!("gpuarchctl: {n}");
+    }
+    match &args.write {
+        None => out.push_str(&drop.text),
+        Some(path) => {
+            let dir = path.parent().unwrap_or(Path::new("/"));
+            std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
+            let tmp = dir.join(format!(
+                ".{}.{}",
+                path.file_name().unwrap_or_default().to_string_lossy(),
+                std::process::id()
+            ));
+            std::fs::write(&tmp, &drop.text)
+                .and_then(|()| std::fs::rename(&tmp, path))
+                .with_context(|| path.display().to_string())
+                .inspect_err(|_| {
+                    let _ = std::fs::remove_file(&tmp);
+                })?;
+            let _ = writeln!(
+                out,
+                "wrote {}; restart containerd, then give pods runtimeClassName: {}",
+                path.display(),
+                args.handler
+            );
+        }
+    }
+    Ok(0)
 }
 
 /// `match` output: UUIDs one per line, or JSON. 1 when none matched.

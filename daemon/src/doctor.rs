@@ -567,33 +567,56 @@ fn read_toml(file: &Path) -> Result<Option<toml::Value>, String> {
 }
 
 fn containerd(root: &Path) -> Check {
+    use crate::engines;
     const NAME: &str = "containerd";
     if installed(root, "containerd").is_none() {
         return skip(NAME, "not installed");
     }
     let file = under(root, Path::new("/etc/containerd/config.toml"));
     let fix = format!(
-        "merge {EXAMPLES}/containerd/gpuarch.toml (containerd 1.x) or gpuarch-v2.toml (2.x) into /etc/containerd/config.toml, systemctl restart containerd, and give pods runtimeClassName: gpuarch ({EXAMPLES}/containerd/runtimeclass.yaml)"
+        "gpuarchctl engine containerd --write (a drop-in at {}), systemctl restart containerd, and give pods runtimeClassName: gpuarch ({EXAMPLES}/containerd/runtimeclass.yaml)",
+        engines::DROPIN
     );
-    match read_toml(&file) {
-        Err(e) => fail(NAME, e, "correct the file"),
-        Ok(None) => fail(NAME, format!("{} does not exist", file.display()), fix),
-        Ok(Some(doc)) => {
-            let mut found = Vec::new();
-            toml_find(&doc, "BinaryName", "gpuarch-runtime", "", &mut found);
-            match found.first() {
-                Some(t) => ok(NAME, format!("wired: [{t}] runs gpuarch-runtime")),
-                None => fail(
-                    NAME,
-                    format!(
-                        "{}: no runtime has BinaryName gpuarch-runtime",
-                        file.display()
-                    ),
-                    fix,
-                ),
-            }
-        }
+    if !file.exists() {
+        return fail(NAME, format!("{} does not exist", file.display()), fix);
     }
+    let eff = match engines::effective(root, &file, None) {
+        Ok(e) => e,
+        Err(e) => return fail(NAME, format!("{e:#}"), "correct the file"),
+    };
+    if let Some(problem) = eff.cri_problem() {
+        return fail(NAME, problem, fix);
+    }
+    let handlers = eff.gpuarch_handlers();
+    if handlers.is_empty() {
+        return fail(
+            NAME,
+            format!(
+                "{}: no CRI runtime handler runs gpuarch-runtime",
+                file.display()
+            ),
+            fix,
+        );
+    }
+    let dropin = under(root, Path::new(engines::DROPIN));
+    if dropin.exists() && engines::stale(root, &file, &dropin).unwrap_or(false) {
+        return fail(
+            NAME,
+            format!(
+                "{} holds an older copy of {}'s CRI section, and containerd 1.x reads only the copy",
+                dropin.display(),
+                file.display()
+            ),
+            fix,
+        );
+    }
+    ok(
+        NAME,
+        format!(
+            "CRI loads; runtime handler {} runs gpuarch-runtime",
+            handlers.join(", ")
+        ),
+    )
 }
 
 /// CRI-O: a runtime handler, and a hooks_dir it can read. Its hooks library

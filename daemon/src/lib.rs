@@ -15,6 +15,7 @@ pub mod cache;
 pub mod client;
 pub mod ctl;
 pub mod doctor;
+pub mod engines;
 pub mod logging;
 pub mod refresh;
 mod remote;

@@ -106,7 +106,7 @@ pub fn run(cli: &Cli, out: &mut String) -> Result<u8> {
                 Ok(0)
             }
             Cmd::Status => status(cli, &conn, &inv, out).await,
-            Cmd::Arch(_) | Cmd::Inspect(_) | Cmd::Doctor(_) => {
+            Cmd::Arch(_) | Cmd::Inspect(_) | Cmd::Doctor(_) | Cmd::Engine(_) => {
                 Err(anyhow!("this command does not ask the daemon"))
             }
             Cmd::Prewarm(args) => return prewarm(cli, &conn, args, out).await,

@@ -917,10 +917,21 @@ fn doctor_root(dir: &Path) {
         "etc/docker/daemon.json",
         &shipped("packaging/docker/daemon.json"),
     );
+    // Debian's containerd config, importing conf.d, and the drop-in
+    // gpuarchctl writes from it.
+    let debian = shipped("tests/fixtures/containerd/debian-1.6.toml");
     w(
         "etc/containerd/config.toml",
-        &shipped("packaging/containerd/gpuarch.toml"),
+        &[&b"imports = [\"conf.d/*.toml\"]\n"[..], &debian].concat(),
     );
+    let o = Command::new(&artifacts().gpuarchctl)
+        .args(["engine", "containerd", "--config"])
+        .arg(dir.join("etc/containerd/config.toml"))
+        .arg("--write")
+        .arg(dir.join("etc/containerd/conf.d/gpuarch.toml"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
     w(
         "etc/crio/crio.conf.d/50-gpuarch.conf",
         &shipped("packaging/crio/50-gpuarch.conf"),
@@ -973,7 +984,7 @@ fn doctor_checks_the_daemon_nvml_snapshot_cache_and_each_engine() {
         "ok    kernel cache",
         "ok    podman       wired: precreate hook",
         "ok    docker       wired: runtime \"gpuarch\"",
-        "ok    containerd   wired: [plugins.io.containerd.grpc.v1.cri.containerd.runtimes.gpuarch.options]",
+        "ok    containerd   CRI loads; runtime handler gpuarch runs gpuarch-runtime",
         "ok    cri-o        wired: [crio.runtime.runtimes.gpuarch]",
         "ok    cri-o hooks",
         "no problems found",
@@ -1048,6 +1059,75 @@ fn doctor_checks_the_daemon_nvml_snapshot_cache_and_each_engine() {
             "cri-o",
             "cri-o hooks"
         ]
+    );
+}
+
+/// containerd 1.x replaces the admin's whole CRI section with an import's:
+/// doctor names a drop-in that leaves CRI without runc (the old shipped
+/// snippet), passes the one `gpuarchctl engine containerd` writes, and names
+/// that one once config.toml's CRI section has changed under it.
+#[test]
+fn doctor_names_a_containerd_config_where_cri_would_not_load() {
+    require!();
+    let node = Node::new("2080ti-3090", Policy::Shipped);
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let etc = root.join("etc/containerd");
+    std::fs::create_dir_all(etc.join("conf.d")).unwrap();
+    std::fs::create_dir_all(root.join("usr/bin")).unwrap();
+    std::fs::write(root.join("usr/bin/containerd"), b"").unwrap();
+    let debian =
+        std::fs::read_to_string(workspace_root().join("tests/fixtures/containerd/debian-1.6.toml"))
+            .unwrap();
+    let main = etc.join("config.toml");
+    std::fs::write(&main, format!("imports = [\"conf.d/*.toml\"]\n{debian}")).unwrap();
+    let containerd_line = |out: &str| {
+        out.lines()
+            .skip_while(|l| !l.contains(" containerd "))
+            .take(2)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    std::fs::write(
+        etc.join("conf.d/gpuarch.toml"),
+        "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpuarch]\n  runtime_type = \"io.containerd.runc.v2\"\n  [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpuarch.options]\n    BinaryName = \"/usr/bin/gpuarch-runtime\"\n",
+    )
+    .unwrap();
+    let (_, out) = doctor(&node, root, &[]);
+    let line = containerd_line(&out);
+    assert!(
+        line.contains("FAIL  containerd   CRI will not load: default_runtime_name = \"runc\"")
+            && line.contains("fix: gpuarchctl engine containerd --write"),
+        "{out}"
+    );
+
+    let o = Command::new(&artifacts().gpuarchctl)
+        .args(["engine", "containerd", "--config"])
+        .arg(&main)
+        .arg("--write")
+        .arg(etc.join("conf.d/gpuarch.toml"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let (_, out) = doctor(&node, root, &[]);
+    assert!(
+        containerd_line(&out)
+            .contains("ok    containerd   CRI loads; runtime handler gpuarch runs gpuarch-runtime"),
+        "{out}"
+    );
+
+    std::fs::write(
+        &main,
+        format!(
+            "imports = [\"conf.d/*.toml\"]\n{}",
+            debian.replace("/usr/lib/cni", "/opt/cni/bin")
+        ),
+    )
+    .unwrap();
+    let (_, out) = doctor(&node, root, &[]);
+    assert!(
+        containerd_line(&out).contains("holds an older copy of"),
+        "{out}"
     );
 }
 

@@ -44,20 +44,6 @@ fn the_engine_snippets_name_the_installed_programs() {
     let toml = |p: &str| -> toml::Value {
         toml::from_str(&read(p)).unwrap_or_else(|e| panic!("{p}: {e}"))
     };
-    let v1 = toml("packaging/containerd/gpuarch.toml");
-    assert_eq!(
-        v1["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["gpuarch"]["options"]
-            ["BinaryName"]
-            .as_str(),
-        Some("/usr/bin/gpuarch-runtime")
-    );
-    let v2 = toml("packaging/containerd/gpuarch-v2.toml");
-    assert_eq!(
-        v2["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["gpuarch"]
-            ["options"]["BinaryName"]
-            .as_str(),
-        Some("/usr/bin/gpuarch-runtime")
-    );
     let crio = toml("packaging/crio/50-gpuarch.conf");
     let rt = &crio["crio"]["runtime"];
     assert_eq!(

@@ -1,0 +1,496 @@
+//! containerd's config as containerd itself merges it, for the drop-in that
+//! wires gpuarch as a CRI runtime handler and for `doctor`.
+//!
+//! containerd reads `config.toml`, then each file its `imports` name (globs
+//! allowed), in order. containerd 1.x (config version 2) merges imports one
+//! plugin section at a time: a drop-in that declares anything under the CRI
+//! plugin replaces the admin's whole CRI section, and once the section has a
+//! `runtimes` table the built-in `runc` entry is gone, so CRI refuses to load
+//! (`no corresponding runtime configured in containerd.runtimes for
+//! containerd default_runtime_name = "runc"`). containerd 2.x (version 3)
+//! merges keys deeply. The drop-in written here therefore carries, for 1.x,
+//! the admin's whole CRI section with `runc` kept and gpuarch added (so it
+//! must be written again when that section changes; `doctor` says when),
+//! and, for 2.x, only the two runtimes.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, bail};
+use toml::{Table, Value};
+
+/// The runtime handler pods name in their RuntimeClass.
+pub const HANDLER: &str = "gpuarch";
+/// Where the drop-in goes; containerd 2.x's default config imports it.
+pub const DROPIN: &str = "/etc/containerd/conf.d/gpuarch.toml";
+const RUNC_V2: &str = "io.containerd.runc.v2";
+
+/// The CRI plugin's id in a config of `version`.
+fn cri_id(version: i64) -> Result<&'static str> {
+    match version {
+        2 => Ok("io.containerd.grpc.v1.cri"),
+        3 => Ok("io.containerd.cri.v1.runtime"),
+        1 => bail!(
+            "config version 1 (no `version =` line): convert it with `containerd config migrate` first"
+        ),
+        v => bail!("config version {v} is not one containerd 1.6 to 2.x reads"),
+    }
+}
+
+fn read(path: &Path) -> Result<Table> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+    text.parse::<Table>()
+        .map_err(|e| anyhow!("{}: not TOML: {}", path.display(), e.message()))
+}
+
+/// `pattern`'s matches, sorted: a `*` or `?` only in the last component,
+/// as containerd's imports are written.
+fn glob(pattern: &Path) -> Vec<PathBuf> {
+    let (Some(dir), Some(name)) = (pattern.parent(), pattern.file_name()) else {
+        return Vec::new();
+    };
+    let name = name.to_string_lossy();
+    if !name.contains(['*', '?']) {
+        return if pattern.exists() {
+            vec![pattern.to_owned()]
+        } else {
+            Vec::new()
+        };
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| wildcard(&name, &e.file_name().to_string_lossy()))
+        .map(|e| e.path())
+        .collect();
+    found.sort();
+    found
+}
+
+fn wildcard(p: &str, s: &str) -> bool {
+    match (p.chars().next(), s.chars().next()) {
+        (None, None) => true,
+        (Some('*'), _) => {
+            wildcard(&p[1..], s)
+                || (!s.is_empty() && wildcard(p, &s[s.chars().next().map_or(1, char::len_utf8)..]))
+        }
+        (Some('?'), Some(c)) => wildcard(&p[1..], &s[c.len_utf8()..]),
+        (Some(a), Some(b)) if a == b => wildcard(&p[a.len_utf8()..], &s[b.len_utf8()..]),
+        _ => false,
+    }
+}
+
+fn same(a: &Path, b: &Path) -> bool {
+    a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+}
+
+/// `p` as containerd resolves it from `main`, on a host at `root`.
+fn resolve(root: &Path, main: &Path, p: &str) -> PathBuf {
+    match Path::new(p).strip_prefix("/") {
+        Ok(rel) => root.join(rel),
+        Err(_) => main.parent().unwrap_or(root).join(p),
+    }
+}
+
+/// The files containerd reads for `main`, in order, less `skip`.
+fn imports(root: &Path, main: &Path, doc: &Table, skip: Option<&Path>) -> Vec<PathBuf> {
+    doc.get("imports")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .flat_map(|p| glob(&resolve(root, main, p)))
+        .filter(|p| !same(p, main) && !skip.is_some_and(|s| same(p, s)))
+        .collect()
+}
+
+/// Does one of `main`'s imports read `file`?
+fn imported(root: &Path, main: &Path, doc: &Table, file: &Path) -> bool {
+    doc.get("imports")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .any(|p| {
+            let pat = resolve(root, main, p);
+            pat == file
+                || (pat.parent() == file.parent()
+                    && wildcard(
+                        &pat.file_name().unwrap_or_default().to_string_lossy(),
+                        &file.file_name().unwrap_or_default().to_string_lossy(),
+                    ))
+        })
+}
+
+fn deep_merge(to: &mut Table, from: &Table) {
+    for (k, v) in from {
+        match (to.get_mut(k), v) {
+            (Some(Value::Table(t)), Value::Table(f)) => deep_merge(t, f),
+            _ => {
+                to.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+/// containerd's view of its config: the version, and the CRI plugin's
+/// section after every import (`skip` left out), as that version merges.
+#[derive(Debug)]
+pub struct Effective {
+    pub version: i64,
+    pub cri: Table,
+    main: Table,
+}
+
+/// [`Effective`] for the containerd reading `main` on a host whose `/` is
+/// `root`, without the file `skip` (the drop-in being written).
+pub fn effective(root: &Path, main: &Path, skip: Option<&Path>) -> Result<Effective> {
+    let doc = read(main)?;
+    let version = doc.get("version").and_then(Value::as_integer).unwrap_or(1);
+    let id = cri_id(version)?;
+    let section = |d: &Table| {
+        d.get("plugins")
+            .and_then(|p| p.get(id))
+            .and_then(Value::as_table)
+            .cloned()
+    };
+    let mut cri = section(&doc).unwrap_or_default();
+    for f in imports(root, main, &doc, skip) {
+        let d = read(&f)?;
+        if let Some(s) = section(&d) {
+            if version == 2 {
+                cri = s; // 1.x: the import's section replaces the whole
+            } else {
+                deep_merge(&mut cri, &s);
+            }
+        }
+    }
+    Ok(Effective {
+        version,
+        cri,
+        main: doc,
+    })
+}
+
+impl Effective {
+    fn runtimes(&self) -> Option<&Table> {
+        self.cri
+            .get("containerd")
+            .and_then(|c| c.get("runtimes"))
+            .and_then(Value::as_table)
+    }
+
+    pub fn default_runtime(&self) -> String {
+        self.cri
+            .get("containerd")
+            .and_then(|c| c.get("default_runtime_name"))
+            .and_then(Value::as_str)
+            .unwrap_or("runc")
+            .to_owned()
+    }
+
+    /// Why CRI would not load, if it would not: its default runtime must be
+    /// declared (runc is built in only while no `runtimes` table exists,
+    /// in 1.x).
+    pub fn cri_problem(&self) -> Option<String> {
+        let name = self.default_runtime();
+        match self.runtimes() {
+            None if name == "runc" => None,
+            Some(r) if r.contains_key(&name) => None,
+            Some(_) if name == "runc" && self.version == 3 => None,
+            _ => Some(format!(
+                "CRI will not load: default_runtime_name = \"{name}\" has no containerd.runtimes.{name} entry (declaring any runtimes table drops the built-in runc)"
+            )),
+        }
+    }
+
+    /// The handlers whose BinaryName is a gpuarch-runtime.
+    pub fn gpuarch_handlers(&self) -> Vec<String> {
+        self.runtimes()
+            .into_iter()
+            .flatten()
+            .filter(|(_, r)| {
+                r.get("options")
+                    .and_then(|o| o.get("BinaryName"))
+                    .and_then(Value::as_str)
+                    .is_some_and(|b| b.ends_with("gpuarch-runtime"))
+            })
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+}
+
+/// The drop-in for `main`'s containerd, and what the admin must still do.
+#[derive(Debug)]
+pub struct DropIn {
+    pub text: String,
+    pub notes: Vec<String>,
+}
+
+/// The drop-in that adds `handler`, running `runtime`, beside runc, for
+/// the containerd reading `main`, to be written at `output`.
+pub fn containerd_dropin(
+    main: &Path,
+    runtime: &Path,
+    handler: &str,
+    output: &Path,
+) -> Result<DropIn> {
+    let root = Path::new("/");
+    let eff = effective(root, main, Some(output))?;
+    let id = cri_id(eff.version)?;
+    let mut notes = Vec::new();
+    let runtimes = eff.runtimes().cloned().unwrap_or_default();
+    let runc = runtimes.get("runc").and_then(Value::as_table).cloned();
+    let runc_declared = runc.is_some();
+    let runc = runc.unwrap_or_else(|| {
+        let mut t = Table::new();
+        t.insert("runtime_type".into(), Value::from(RUNC_V2));
+        t
+    });
+    // gpuarch runs as runc does (its cgroup driver above all: kubelet's
+    // systemd driver needs SystemdCgroup = true here too), through the shim.
+    let mut ours = runc.clone();
+    if ours.get("runtime_type").and_then(Value::as_str) != Some(RUNC_V2) {
+        notes.push(format!(
+            "runc's runtime_type is not {RUNC_V2}: {handler} uses {RUNC_V2}, which BinaryName needs"
+        ));
+        ours.insert("runtime_type".into(), Value::from(RUNC_V2));
+    }
+    let mut options = ours
+        .get("options")
+        .and_then(Value::as_table)
+        .cloned()
+        .unwrap_or_default();
+    if let Some(bin) = options.get("BinaryName").and_then(Value::as_str) {
+        notes.push(format!(
+            "runc runs {bin}: set `runtime: {{path: {bin}}}` in /etc/gpuarch/config.yaml so gpuarch-runtime runs it too"
+        ));
+    }
+    options.insert(
+        "BinaryName".into(),
+        Value::from(runtime.display().to_string()),
+    );
+    ours.insert("options".into(), Value::Table(options));
+
+    let cri = if eff.version == 2 {
+        let mut cri = eff.cri.clone();
+        let ctd = cri
+            .entry("containerd")
+            .or_insert_with(|| Value::Table(Table::new()));
+        let Value::Table(ctd) = ctd else {
+            bail!(
+                "{}: plugins.\"{id}\".containerd is not a table",
+                main.display()
+            );
+        };
+        let rt = ctd
+            .entry("runtimes")
+            .or_insert_with(|| Value::Table(Table::new()));
+        let Value::Table(rt) = rt else {
+            bail!("{}: containerd.runtimes is not a table", main.display());
+        };
+        rt.insert("runc".into(), Value::Table(runc));
+        rt.insert(handler.into(), Value::Table(ours));
+        cri
+    } else {
+        let mut rt = Table::new();
+        if !runc_declared {
+            rt.insert("runc".into(), Value::Table(runc));
+        }
+        rt.insert(handler.into(), Value::Table(ours));
+        let mut ctd = Table::new();
+        ctd.insert("runtimes".into(), Value::Table(rt));
+        let mut cri = Table::new();
+        cri.insert("containerd".into(), Value::Table(ctd));
+        cri
+    };
+    let mut plugins = Table::new();
+    plugins.insert(id.into(), Value::Table(cri));
+    let mut doc = Table::new();
+    doc.insert("version".into(), Value::from(eff.version));
+    doc.insert("plugins".into(), Value::Table(plugins));
+
+    if !imported(root, main, &eff.main, output) {
+        notes.push(format!(
+            "{} does not import {}: add `imports = [\"{}/*.toml\"]` at its top (before any [table])",
+            main.display(),
+            output.display(),
+            output.parent().unwrap_or(Path::new("/")).display()
+        ));
+    }
+    let how = if eff.version == 2 {
+        format!(
+            "# containerd 1.x replaces a plugin's whole section with an import's, so this\n\
+             # is {}'s CRI section, with runc kept and {handler} added.\n\
+             # Written again by the same command after that section changes\n\
+             # (`gpuarchctl doctor` says when).\n",
+            main.display()
+        )
+    } else {
+        "# containerd 2.x merges imports key by key: only the runtimes are here.\n".to_owned()
+    };
+    let text = format!(
+        "# The gpuarch runtime handler \"{handler}\" for containerd's CRI (Kubernetes\n\
+         # RuntimeClass handler: {handler}). Written by:\n\
+         #   gpuarchctl engine containerd --config {} --write {}\n{how}{}",
+        main.display(),
+        output.display(),
+        toml::to_string(&doc)?
+    );
+    Ok(DropIn { text, notes })
+}
+
+/// For a 1.x drop-in at `dropin`: has the CRI section it copied changed
+/// since it was written (so the drop-in now hides the change)?
+pub fn stale(root: &Path, main: &Path, dropin: &Path) -> Result<bool> {
+    let now = effective(root, main, Some(dropin))?;
+    if now.version != 2 {
+        return Ok(false);
+    }
+    let written = effective(root, dropin, None)?;
+    let strip = |cri: &Table| {
+        let mut c = cri.clone();
+        if let Some(Value::Table(ctd)) = c.get_mut("containerd")
+            && let Some(Value::Table(rt)) = ctd.get_mut("runtimes")
+        {
+            rt.retain(|_, r| {
+                r.get("options")
+                    .and_then(|o| o.get("BinaryName"))
+                    .and_then(Value::as_str)
+                    .is_none_or(|b| !b.ends_with("gpuarch-runtime"))
+            });
+            rt.remove("runc");
+            if rt.is_empty() {
+                ctd.remove("runtimes");
+            }
+        }
+        if c.get("containerd")
+            .and_then(Value::as_table)
+            .is_some_and(Table::is_empty)
+        {
+            c.remove("containerd");
+        }
+        c
+    };
+    Ok(strip(&now.cri) != strip(&written.cri))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcards_as_containerd_imports_use_them() {
+        assert!(wildcard("*.toml", "gpuarch.toml"));
+        assert!(!wildcard("*.toml", "gpuarch.toml.bak"));
+        assert!(wildcard("g?uarch*", "gpuarch.toml"));
+        assert!(!wildcard("a*", "b"));
+    }
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn a_v2_import_replaces_the_cri_section_and_a_runtimes_table_drops_runc() {
+        let d = tempfile::tempdir().unwrap();
+        let main = write(
+            d.path(),
+            "config.toml",
+            "version = 2\nimports = [\"conf.d/*.toml\"]\n[plugins.\"io.containerd.grpc.v1.cri\".cni]\nbin_dir = \"/usr/lib/cni\"\n",
+        );
+        let root = Path::new("/");
+        assert!(
+            effective(root, &main, None)
+                .unwrap()
+                .cri_problem()
+                .is_none()
+        );
+        let bad = write(
+            d.path(),
+            "conf.d/old.toml",
+            "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpuarch]\nruntime_type = \"io.containerd.runc.v2\"\n",
+        );
+        let eff = effective(root, &main, None).unwrap();
+        assert!(eff.cri.get("cni").is_none(), "1.x replaces the section");
+        assert!(
+            eff.cri_problem()
+                .unwrap()
+                .contains("default_runtime_name = \"runc\"")
+        );
+        std::fs::remove_file(bad).unwrap();
+
+        let out = d.path().join("conf.d/gpuarch.toml");
+        let drop =
+            containerd_dropin(&main, Path::new("/usr/bin/gpuarch-runtime"), HANDLER, &out).unwrap();
+        assert!(drop.notes.is_empty(), "{:?}", drop.notes);
+        std::fs::write(&out, &drop.text).unwrap();
+        let eff = effective(root, &main, None).unwrap();
+        assert_eq!(eff.cri_problem(), None);
+        assert_eq!(eff.gpuarch_handlers(), vec!["gpuarch".to_owned()]);
+        assert_eq!(eff.cri["cni"]["bin_dir"].as_str(), Some("/usr/lib/cni"));
+        // Written again from the same files, it is the same text.
+        let again =
+            containerd_dropin(&main, Path::new("/usr/bin/gpuarch-runtime"), HANDLER, &out).unwrap();
+        assert_eq!(again.text, drop.text);
+        assert!(!stale(root, &main, &out).unwrap());
+        // The admin changes config.toml's CRI section: the copy is stale.
+        std::fs::write(
+            &main,
+            std::fs::read_to_string(&main)
+                .unwrap()
+                .replace("/usr/lib/cni", "/opt/cni/bin"),
+        )
+        .unwrap();
+        assert!(stale(root, &main, &out).unwrap());
+    }
+
+    #[test]
+    fn runcs_options_carry_over_and_a_missing_import_is_said() {
+        let d = tempfile::tempdir().unwrap();
+        let main = write(
+            d.path(),
+            "config.toml",
+            "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\nruntime_type = \"io.containerd.runc.v2\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\nSystemdCgroup = true\n",
+        );
+        let out = d.path().join("conf.d/gpuarch.toml");
+        let drop = containerd_dropin(&main, Path::new("/x/gpuarch-runtime"), "gpu", &out).unwrap();
+        let doc: Table = drop.text.parse().unwrap();
+        let rt = &doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"];
+        assert_eq!(rt["gpu"]["options"]["SystemdCgroup"].as_bool(), Some(true));
+        assert_eq!(
+            rt["gpu"]["options"]["BinaryName"].as_str(),
+            Some("/x/gpuarch-runtime")
+        );
+        assert!(rt["runc"]["options"].get("BinaryName").is_none());
+        assert!(drop.notes[0].contains("imports = [\""), "{:?}", drop.notes);
+    }
+
+    #[test]
+    fn v3_gets_only_the_runtimes_and_v1_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let main = write(
+            d.path(),
+            "config.toml",
+            "version = 3\nimports = [\"/nowhere/*.toml\"]\n",
+        );
+        let out = d.path().join("gpuarch.toml");
+        let drop =
+            containerd_dropin(&main, Path::new("/usr/bin/gpuarch-runtime"), HANDLER, &out).unwrap();
+        let doc: Table = drop.text.parse().unwrap();
+        let cri = doc["plugins"]["io.containerd.cri.v1.runtime"]
+            .as_table()
+            .unwrap();
+        assert_eq!(cri.len(), 1);
+        assert!(cri["containerd"]["runtimes"].get("runc").is_some());
+        let v1 = write(d.path(), "v1.toml", "root = \"/var/lib/containerd\"\n");
+        let err = containerd_dropin(&v1, Path::new("/b"), HANDLER, &out).unwrap_err();
+        assert!(
+            err.to_string().contains("containerd config migrate"),
+            "{err}"
+        );
+    }
+}
