@@ -73,17 +73,9 @@ fn the_engine_snippets_name_the_installed_programs() {
     assert_eq!(rc["kind"].as_str(), Some("RuntimeClass"));
     assert_eq!(rc["handler"].as_str(), Some("gpuarch"));
     assert_eq!(
-        rc["handler"],
-        serde_yaml::Value::String(
-            v1["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
-                .as_table()
-                .unwrap()
-                .keys()
-                .next()
-                .unwrap()
-                .clone()
-        ),
-        "the RuntimeClass handler is the runtime's name in containerd"
+        rc["handler"].as_str(),
+        Some(gpuarch_daemon::engines::HANDLER),
+        "the RuntimeClass handler is the runtime's name in the containerd drop-in"
     );
 }
 
