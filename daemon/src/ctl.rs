@@ -104,6 +104,9 @@ pub enum EngineCmd {
 
 #[derive(Debug, clap::Args)]
 pub struct ContainerdArgs {
+    /// Absolute imports are read below this directory (an image, a chroot).
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub root: PathBuf,
     /// containerd's config.
     #[arg(
         long,
@@ -241,8 +244,13 @@ fn containerd_cmd(args: &ContainerdArgs, out: &mut String) -> Result<u8> {
         .write
         .clone()
         .unwrap_or_else(|| PathBuf::from(crate::engines::DROPIN));
-    let drop =
-        crate::engines::containerd_dropin(&args.config, &args.runtime, &args.handler, &target)?;
+    let drop = crate::engines::containerd_dropin(
+        &args.root,
+        &args.config,
+        &args.runtime,
+        &args.handler,
+        &target,
+    )?;
     for n in &drop.notes {
         eprintln!("gpuarchctl: {n}");
     }

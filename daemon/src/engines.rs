@@ -85,11 +85,18 @@ fn same(a: &Path, b: &Path) -> bool {
 }
 
 /// `p` as containerd resolves it from `main`, on a host at `root`.
-fn resolve(root: &Path, main: &Path, p: &str) -> PathBuf {
+/// containerd 1.x resolves a relative glob from its working directory
+/// (`/` under systemd), not from the config's directory as 2.x does.
+fn resolve(root: &Path, main: &Path, doc: &Table, p: &str) -> PathBuf {
     match Path::new(p).strip_prefix("/") {
         Ok(rel) => root.join(rel),
+        Err(_) if version(doc) == 2 && p.contains(['*', '?']) => root.join(p),
         Err(_) => main.parent().unwrap_or(root).join(p),
     }
+}
+
+fn version(doc: &Table) -> i64 {
+    doc.get("version").and_then(Value::as_integer).unwrap_or(1)
 }
 
 /// The files containerd reads for `main`, in order, less `skip`.
@@ -99,7 +106,7 @@ fn imports(root: &Path, main: &Path, doc: &Table, skip: Option<&Path>) -> Vec<Pa
         .into_iter()
         .flatten()
         .filter_map(Value::as_str)
-        .flat_map(|p| glob(&resolve(root, main, p)))
+        .flat_map(|p| glob(&resolve(root, main, doc, p)))
         .filter(|p| !same(p, main) && !skip.is_some_and(|s| same(p, s)))
         .collect()
 }
@@ -112,7 +119,7 @@ fn imported(root: &Path, main: &Path, doc: &Table, file: &Path) -> bool {
         .flatten()
         .filter_map(Value::as_str)
         .any(|p| {
-            let pat = resolve(root, main, p);
+            let pat = resolve(root, main, doc, p);
             pat == file
                 || (pat.parent() == file.parent()
                     && wildcard(
@@ -146,7 +153,7 @@ pub struct Effective {
 /// `root`, without the file `skip` (the drop-in being written).
 pub fn effective(root: &Path, main: &Path, skip: Option<&Path>) -> Result<Effective> {
     let doc = read(main)?;
-    let version = doc.get("version").and_then(Value::as_integer).unwrap_or(1);
+    let version = version(&doc);
     let id = cri_id(version)?;
     let section = |d: &Table| {
         d.get("plugins")
@@ -228,14 +235,15 @@ pub struct DropIn {
 }
 
 /// The drop-in that adds `handler`, running `runtime`, beside runc, for
-/// the containerd reading `main`, to be written at `output`.
+/// the containerd reading `main` on a host whose `/` is `root`, to be
+/// written at `output`.
 pub fn containerd_dropin(
+    root: &Path,
     main: &Path,
     runtime: &Path,
     handler: &str,
     output: &Path,
 ) -> Result<DropIn> {
-    let root = Path::new("/");
     let eff = effective(root, main, Some(output))?;
     let id = cri_id(eff.version)?;
     let mut notes = Vec::new();
@@ -310,6 +318,20 @@ pub fn containerd_dropin(
     doc.insert("version".into(), Value::from(eff.version));
     doc.insert("plugins".into(), Value::Table(plugins));
 
+    if eff.version == 2
+        && let Some(rel) = eff
+            .main
+            .get("imports")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .find(|p| !p.starts_with('/') && p.contains(['*', '?']))
+    {
+        notes.push(format!(
+            "import \"{rel}\": containerd 1.x finds a relative glob from its working directory, not from the config's: write it absolute"
+        ));
+    }
     if !imported(root, main, &eff.main, output) {
         notes.push(format!(
             "{} does not import {}: add `imports = [\"{}/*.toml\"]` at its top (before any [table])",
@@ -400,7 +422,10 @@ mod tests {
         let main = write(
             d.path(),
             "config.toml",
-            "version = 2\nimports = [\"conf.d/*.toml\"]\n[plugins.\"io.containerd.grpc.v1.cri\".cni]\nbin_dir = \"/usr/lib/cni\"\n",
+            &format!(
+                "version = 2\nimports = [\"{}/conf.d/*.toml\"]\n[plugins.\"io.containerd.grpc.v1.cri\".cni]\nbin_dir = \"/usr/lib/cni\"\n",
+                d.path().display()
+            ),
         );
         let root = Path::new("/");
         assert!(
@@ -424,8 +449,14 @@ mod tests {
         std::fs::remove_file(bad).unwrap();
 
         let out = d.path().join("conf.d/gpuarch.toml");
-        let drop =
-            containerd_dropin(&main, Path::new("/usr/bin/gpuarch-runtime"), HANDLER, &out).unwrap();
+        let drop = containerd_dropin(
+            Path::new("/"),
+            &main,
+            Path::new("/usr/bin/gpuarch-runtime"),
+            HANDLER,
+            &out,
+        )
+        .unwrap();
         assert!(drop.notes.is_empty(), "{:?}", drop.notes);
         std::fs::write(&out, &drop.text).unwrap();
         let eff = effective(root, &main, None).unwrap();
@@ -433,8 +464,14 @@ mod tests {
         assert_eq!(eff.gpuarch_handlers(), vec!["gpuarch".to_owned()]);
         assert_eq!(eff.cri["cni"]["bin_dir"].as_str(), Some("/usr/lib/cni"));
         // Written again from the same files, it is the same text.
-        let again =
-            containerd_dropin(&main, Path::new("/usr/bin/gpuarch-runtime"), HANDLER, &out).unwrap();
+        let again = containerd_dropin(
+            Path::new("/"),
+            &main,
+            Path::new("/usr/bin/gpuarch-runtime"),
+            HANDLER,
+            &out,
+        )
+        .unwrap();
         assert_eq!(again.text, drop.text);
         assert!(!stale(root, &main, &out).unwrap());
         // The admin changes config.toml's CRI section: the copy is stale.
@@ -457,7 +494,14 @@ mod tests {
             "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\nruntime_type = \"io.containerd.runc.v2\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\nSystemdCgroup = true\n",
         );
         let out = d.path().join("conf.d/gpuarch.toml");
-        let drop = containerd_dropin(&main, Path::new("/x/gpuarch-runtime"), "gpu", &out).unwrap();
+        let drop = containerd_dropin(
+            Path::new("/"),
+            &main,
+            Path::new("/x/gpuarch-runtime"),
+            "gpu",
+            &out,
+        )
+        .unwrap();
         let doc: Table = drop.text.parse().unwrap();
         let rt = &doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"];
         assert_eq!(rt["gpu"]["options"]["SystemdCgroup"].as_bool(), Some(true));
@@ -478,8 +522,14 @@ mod tests {
             "version = 3\nimports = [\"/nowhere/*.toml\"]\n",
         );
         let out = d.path().join("gpuarch.toml");
-        let drop =
-            containerd_dropin(&main, Path::new("/usr/bin/gpuarch-runtime"), HANDLER, &out).unwrap();
+        let drop = containerd_dropin(
+            Path::new("/"),
+            &main,
+            Path::new("/usr/bin/gpuarch-runtime"),
+            HANDLER,
+            &out,
+        )
+        .unwrap();
         let doc: Table = drop.text.parse().unwrap();
         let cri = doc["plugins"]["io.containerd.cri.v1.runtime"]
             .as_table()
@@ -487,7 +537,8 @@ mod tests {
         assert_eq!(cri.len(), 1);
         assert!(cri["containerd"]["runtimes"].get("runc").is_some());
         let v1 = write(d.path(), "v1.toml", "root = \"/var/lib/containerd\"\n");
-        let err = containerd_dropin(&v1, Path::new("/b"), HANDLER, &out).unwrap_err();
+        let err =
+            containerd_dropin(Path::new("/"), &v1, Path::new("/b"), HANDLER, &out).unwrap_err();
         assert!(
             err.to_string().contains("containerd config migrate"),
             "{err}"

@@ -5,6 +5,7 @@
 
 pub mod containers;
 pub mod daemon;
+pub mod engines;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

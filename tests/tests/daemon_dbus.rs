@@ -922,10 +922,16 @@ fn doctor_root(dir: &Path) {
     let debian = shipped("tests/fixtures/containerd/debian-1.6.toml");
     w(
         "etc/containerd/config.toml",
-        &[&b"imports = [\"conf.d/*.toml\"]\n"[..], &debian].concat(),
+        &[
+            &b"imports = [\"/etc/containerd/conf.d/*.toml\"]\n"[..],
+            &debian,
+        ]
+        .concat(),
     );
     let o = Command::new(&artifacts().gpuarchctl)
-        .args(["engine", "containerd", "--config"])
+        .args(["engine", "containerd", "--root"])
+        .arg(dir)
+        .arg("--config")
         .arg(dir.join("etc/containerd/config.toml"))
         .arg("--write")
         .arg(dir.join("etc/containerd/conf.d/gpuarch.toml"))
@@ -1080,7 +1086,11 @@ fn doctor_names_a_containerd_config_where_cri_would_not_load() {
         std::fs::read_to_string(workspace_root().join("tests/fixtures/containerd/debian-1.6.toml"))
             .unwrap();
     let main = etc.join("config.toml");
-    std::fs::write(&main, format!("imports = [\"conf.d/*.toml\"]\n{debian}")).unwrap();
+    std::fs::write(
+        &main,
+        format!("imports = [\"/etc/containerd/conf.d/*.toml\"]\n{debian}"),
+    )
+    .unwrap();
     let containerd_line = |out: &str| {
         out.lines()
             .skip_while(|l| !l.contains(" containerd "))
@@ -1102,7 +1112,9 @@ fn doctor_names_a_containerd_config_where_cri_would_not_load() {
     );
 
     let o = Command::new(&artifacts().gpuarchctl)
-        .args(["engine", "containerd", "--config"])
+        .args(["engine", "containerd", "--root"])
+        .arg(root)
+        .arg("--config")
         .arg(&main)
         .arg("--write")
         .arg(etc.join("conf.d/gpuarch.toml"))
@@ -1119,7 +1131,7 @@ fn doctor_names_a_containerd_config_where_cri_would_not_load() {
     std::fs::write(
         &main,
         format!(
-            "imports = [\"conf.d/*.toml\"]\n{}",
+            "imports = [\"/etc/containerd/conf.d/*.toml\"]\n{}",
             debian.replace("/usr/lib/cni", "/opt/cni/bin")
         ),
     )

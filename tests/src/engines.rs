@@ -1,0 +1,439 @@
+//! The real engines most GPU nodes run, started once per test binary on
+//! private sockets: containerd 1.6 (its CRI plugin too) with gpuarch's
+//! containerd drop-in, and dockerd 20.10 on that containerd with gpuarch in
+//! `daemon.json`. Nothing of the host's is used: their roots, sockets, the
+//! gpuarch config (`GPUARCH_CONFIG`, set on containerd alone, as
+//! `/etc/gpuarch/config.yaml` would be found), its snapshot (the config's
+//! `daemon.snapshot`, no env) and its log are in one directory that goes
+//! when the test binary exits.
+
+#![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::containers::make_rootfs;
+use crate::{artifacts, cannot_run, fixture, which, workspace_root};
+
+/// The image every container runs: a busybox-static rootfs, `docker import`ed.
+pub const IMAGE: &str = "gpuarch.test/busybox:1";
+/// The CRI sandbox image: the same rootfs, sleeping.
+pub const PAUSE: &str = "gpuarch.test/pause:1";
+/// What the tools are called where the test needs them.
+pub const TOOLS: [&str; 5] = [
+    "containerd",
+    "ctr",
+    "dockerd",
+    "containerd-shim-runc-v2",
+    "runc",
+];
+
+/// Why the engines cannot run here, if they cannot.
+pub fn missing() -> Option<String> {
+    cannot_run("to run containerd and dockerd", &TOOLS).or_else(|| {
+        (!Path::new("/bin/busybox").is_file())
+            .then(|| "no /bin/busybox (apt install busybox-static)".to_owned())
+    })
+}
+
+/// The running engines and their files.
+#[derive(Debug)]
+pub struct Engines {
+    pub dir: PathBuf,
+    pub containerd_sock: PathBuf,
+    pub docker_host: String,
+    /// containerd's config.toml (imports conf.d/*.toml).
+    pub containerd_config: PathBuf,
+    /// The gpuarch config the shim reads.
+    pub gpuarch_config: PathBuf,
+    /// Where the shim and hook log.
+    pub log: PathBuf,
+    /// Stand-in `/dev/nvidiaN` nodes (char 195:N).
+    pub dev: PathBuf,
+    lock: Mutex<()>,
+}
+
+struct Running {
+    dir: PathBuf,
+    children: Vec<Child>,
+}
+
+static RUNNING: Mutex<Option<Running>> = Mutex::new(None);
+
+extern "C" fn stop_at_exit() {
+    let Some(mut r) = RUNNING.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+        return;
+    };
+    // dockerd first (it stops its containers through containerd).
+    for c in r.children.iter_mut().rev() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(c.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(15) {
+            if let Ok(Some(_)) = c.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    if std::env::var_os("GPUARCH_KEEP_ENGINES").is_some() {
+        eprintln!("engines: kept {} (GPUARCH_KEEP_ENGINES)", r.dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&r.dir);
+    }
+}
+
+/// The engines, started on first use; `None` (with the reason) where they
+/// cannot run.
+pub fn engines() -> Result<&'static Engines, String> {
+    static E: OnceLock<Result<Engines, String>> = OnceLock::new();
+    E.get_or_init(|| {
+        if let Some(why) = missing() {
+            return Err(why);
+        }
+        Ok(Engines::start())
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
+fn docker_cli() -> PathBuf {
+    // Debian's client, the same release as its dockerd.
+    let debian = Path::new("/usr/bin/docker");
+    if debian.is_file() {
+        debian.to_owned()
+    } else {
+        which("docker").unwrap_or_else(|| debian.to_owned())
+    }
+}
+
+fn wait_for(what: &str, log: &Path, mut ready: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !ready() {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{what} did not come up in 60 s:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn check(o: Output, what: &str) -> Output {
+    assert!(
+        o.status.success(),
+        "{what}: {:?}\n{}\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+impl Engines {
+    fn start() -> Self {
+        let dir = std::env::temp_dir().join(crate::containers::unique("engines"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        *RUNNING.lock().unwrap() = Some(Running {
+            dir: dir.clone(),
+            children: Vec::new(),
+        });
+        // SAFETY: registers a plain function with no arguments.
+        unsafe { libc::atexit(stop_at_exit) };
+
+        // Stand-in GPUs: the 2080 Ti + 3090 fixture as gpuarchd's snapshot,
+        // and their device nodes.
+        let dev = dir.join("dev");
+        std::fs::create_dir_all(&dev).unwrap();
+        for n in 0..2u64 {
+            nix::sys::stat::mknod(
+                &dev.join(format!("nvidia{n}")),
+                nix::sys::stat::SFlag::S_IFCHR,
+                nix::sys::stat::Mode::from_bits_truncate(0o666),
+                nix::sys::stat::makedev(195, n),
+            )
+            .unwrap();
+        }
+        std::fs::copy(fixture("2080ti-3090"), dir.join("inventory.json")).unwrap();
+        let e = Self {
+            containerd_sock: dir.join("containerd.sock"),
+            docker_host: format!("unix://{}", dir.join("docker.sock").display()),
+            containerd_config: dir.join("containerd/config.toml"),
+            gpuarch_config: dir.join("gpuarch.yaml"),
+            log: dir.join("gpuarch.log"),
+            dev,
+            dir,
+            lock: Mutex::new(()),
+        };
+        e.set_gpuarch_config("");
+        e.start_containerd();
+        e.start_dockerd();
+        e.import_images();
+        e
+    }
+
+    /// Hold while a test changes the gpuarch config or counts on it.
+    pub fn lock(&self) -> MutexGuard<'_, ()> {
+        self.lock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.join(rel)
+    }
+
+    /// Write the gpuarch config: `extra` YAML after the engines' own keys
+    /// (the snapshot, the log, kernel paths of their own).
+    pub fn set_gpuarch_config(&self, extra: &str) {
+        self.set_gpuarch_config_with("info", &self.path("inventory.json"), extra);
+    }
+
+    /// [`Engines::set_gpuarch_config`] with the log level and snapshot given.
+    pub fn set_gpuarch_config_with(&self, level: &str, snapshot: &Path, extra: &str) {
+        let d = self.dir.display();
+        let yaml = format!(
+            "daemon:\n  snapshot: {}\nlog:\n  to: file\n  level: {level}\n  file: {}\n\
+             kernels:\n  mount_root: {d}/kernels\n  cache_dir: {d}/cache\n  spool_dir: {d}/spool\n  view_dir: {d}/views\n{extra}",
+            snapshot.display(),
+            self.log.display()
+        );
+        std::fs::write(&self.gpuarch_config, yaml).unwrap();
+    }
+
+    /// What the shim and hook have logged since the last call.
+    pub fn take_log(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let _ = std::fs::remove_file(&self.log);
+        text
+    }
+
+    fn spawn(&self, name: &str, cmd: &mut Command) {
+        let log = std::fs::File::create(self.path(&format!("{name}.log"))).unwrap();
+        let child = cmd
+            .env_remove("GPUARCH_INVENTORY")
+            .env_remove("GPUARCH_LOG")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        RUNNING
+            .lock()
+            .unwrap()
+            .as_mut()
+            .unwrap()
+            .children
+            .push(child);
+    }
+
+    fn start_containerd(&self) {
+        let d = self.dir.display();
+        let conf = self.containerd_config.parent().unwrap();
+        std::fs::create_dir_all(conf.join("conf.d")).unwrap();
+        // The admin's own CRI settings (a local pause image, the native
+        // snapshotter, Debian's CNI paths): the drop-in must keep them, or
+        // no pod starts.
+        std::fs::write(
+            &self.containerd_config,
+            format!(
+                r#"version = 2
+imports = ["{d}/containerd/conf.d/*.toml"]
+root = "{d}/containerd/root"
+state = "{d}/containerd/state"
+[grpc]
+  address = "{d}/containerd.sock"
+[ttrpc]
+  address = "{d}/containerd.sock.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d}/containerd/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE}"
+  # This machine refuses a negative oom_score_adj even to root (the write
+  # fails with EIO), and CRI gives sandboxes -998: runc's init then dies.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{d}/cni"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "native"
+"#
+            ),
+        )
+        .unwrap();
+        check(
+            Command::new(&artifacts().gpuarchctl)
+                .args(["engine", "containerd", "--config"])
+                .arg(&self.containerd_config)
+                .arg("--runtime")
+                .arg(&artifacts().gpuarch_runtime)
+                .arg("--write")
+                .arg(conf.join("conf.d/gpuarch.toml"))
+                .output()
+                .unwrap(),
+            "gpuarchctl engine containerd",
+        );
+        self.spawn(
+            "containerd",
+            Command::new("containerd")
+                .arg("--config")
+                .arg(&self.containerd_config)
+                .env("GPUARCH_CONFIG", &self.gpuarch_config),
+        );
+        let log = self.path("containerd.log");
+        wait_for("containerd", &log, || {
+            self.ctr(&["version"]).status.success()
+        });
+    }
+
+    fn start_dockerd(&self) {
+        let mut daemon: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(workspace_root().join("packaging/docker/daemon.json")).unwrap(),
+        )
+        .unwrap();
+        daemon["runtimes"]["gpuarch"]["path"] =
+            artifacts().gpuarch_runtime.display().to_string().into();
+        daemon["default-runtime"] = "gpuarch".into();
+        let chain = self.chain_scripts();
+        daemon["runtimes"]["nvidia-standin"] = serde_json::json!({"path": chain});
+        let file = self.path("daemon.json");
+        std::fs::write(&file, daemon.to_string()).unwrap();
+        self.spawn(
+            "dockerd",
+            Command::new("dockerd")
+                .arg("--containerd")
+                .arg(&self.containerd_sock)
+                .arg("--data-root")
+                .arg(self.path("docker"))
+                .arg("--exec-root")
+                .arg(self.path("docker-exec"))
+                .arg("--pidfile")
+                .arg(self.path("docker.pid"))
+                .arg("--host")
+                .arg(&self.docker_host)
+                .arg("--config-file")
+                .arg(&file)
+                .args([
+                    "--storage-driver",
+                    "vfs",
+                    "--bridge",
+                    "none",
+                    "--iptables=false",
+                    "--ip-masq=false",
+                    "--userland-proxy=false",
+                ]),
+        );
+        let log = self.path("dockerd.log");
+        wait_for("dockerd", &log, || {
+            self.docker(&["version"]).status.success()
+        });
+    }
+
+    /// NVIDIA's runtime in the chain, by stand-ins (its packages are not
+    /// installable here): `nvidia-standin`, Docker's runtime, records its
+    /// arguments and execs gpuarch-runtime; `nvidia-inner`, which tests set
+    /// as gpuarch's `runtime.path`, records its arguments and the bundle's
+    /// config.json on create, then execs runc. Returns the first.
+    fn chain_scripts(&self) -> PathBuf {
+        let rec = self.path("chain");
+        std::fs::create_dir_all(&rec).unwrap();
+        let outer = self.path("nvidia-standin");
+        let inner = self.path("nvidia-inner");
+        let script = |path: &Path, name: &str, next: &Path| {
+            std::fs::write(
+                path,
+                format!(
+                    "#!/bin/sh\n\
+                     printf '%s\\n' \"$*\" >> {rec}/{name}.args\n\
+                     prev=\nfor a in \"$@\"; do\n\
+                       if [ \"$prev\" = --bundle ]; then cp \"$a/config.json\" {rec}/{name}.config.json; fi\n\
+                       prev=$a\ndone\n\
+                     exec {next} \"$@\"\n",
+                    rec = rec.display(),
+                    next = next.display()
+                ),
+            )
+            .unwrap();
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        script(&outer, "outer", &artifacts().gpuarch_runtime);
+        script(&inner, "inner", &which("runc").unwrap());
+        outer
+    }
+
+    fn import_images(&self) {
+        let rootfs = self.path("rootfs");
+        make_rootfs(&rootfs);
+        for applet in ["sleep", "grep", "sort"] {
+            std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
+        }
+        let tar = self.path("rootfs.tar");
+        check(
+            Command::new("tar")
+                .arg("-C")
+                .arg(&rootfs)
+                .arg("-cf")
+                .arg(&tar)
+                .arg(".")
+                .output()
+                .unwrap(),
+            "tar",
+        );
+        for (image, cmd) in [
+            (IMAGE, r#"CMD ["/bin/sh"]"#),
+            (PAUSE, r#"CMD ["/bin/sleep", "2147483647"]"#),
+        ] {
+            check(
+                self.docker(&["import", "--change", cmd, tar.to_str().unwrap(), image]),
+                "docker import",
+            );
+        }
+        let saved = self.path("images.tar");
+        check(
+            self.docker(&["save", "-o", saved.to_str().unwrap(), IMAGE, PAUSE]),
+            "docker save",
+        );
+        for ns in ["default", "k8s.io"] {
+            check(
+                self.ctr(&[
+                    "-n",
+                    ns,
+                    "images",
+                    "import",
+                    "--snapshotter",
+                    "native",
+                    saved.to_str().unwrap(),
+                ]),
+                "ctr images import",
+            );
+        }
+    }
+
+    /// The Docker CLI against this dockerd.
+    pub fn docker_cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(docker_cli());
+        c.arg("--host").arg(&self.docker_host).args(args);
+        c.env("DOCKER_CONFIG", self.path("docker-cli"));
+        c
+    }
+
+    pub fn docker(&self, args: &[&str]) -> Output {
+        self.docker_cmd(args).output().unwrap()
+    }
+
+    /// ctr against this containerd.
+    pub fn ctr(&self, args: &[&str]) -> Output {
+        Command::new("ctr")
+            .arg("--address")
+            .arg(&self.containerd_sock)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}

@@ -1,0 +1,536 @@
+//! gpuarch under the engines most GPU nodes run: Docker 20.10 (gpuarch as
+//! `--runtime`, as `default-runtime`, opted out with `--runtime runc`, and
+//! with a stand-in for NVIDIA's runtime on either side of it), containerd
+//! 1.6 through `ctr`, and Kubernetes' path: the CRI calls kubelet makes, with
+//! `runtime_handler: gpuarch` from the drop-in `gpuarchctl engine
+//! containerd` wrote. The engines start once for this binary
+//! (gpuarch_tests::engines); the tests take turns, since some change the
+//! gpuarch config.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use gpuarch_tests::engines::{Engines, IMAGE, engines};
+
+const GPU1_UUID: &str = "GPU-0ce1cf70-9353-208e-0e37-0746dc707745";
+
+fn get() -> Option<&'static Engines> {
+    match engines() {
+        Ok(e) => Some(e),
+        Err(why) => {
+            gpuarch_tests::skip(&why);
+            None
+        }
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn env_of(o: &Output) -> BTreeMap<String, String> {
+    text(&o.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// `docker run --rm ARGS IMAGE env`, which must succeed with nothing on
+/// stderr; the container's env.
+fn docker_env(e: &Engines, args: &[&str]) -> BTreeMap<String, String> {
+    let o = e.docker(&[&["run", "--rm", "--network", "none"], args, &[IMAGE, "env"]].concat());
+    assert!(o.status.success(), "docker run {args:?}: {o:?}");
+    assert_eq!(text(&o.stderr), "", "docker run {args:?}: stderr");
+    env_of(&o)
+}
+
+/// `TORCH_CUDA_ARCH_LIST` and `GPUARCH_DTYPE`.
+type Hints<'a> = (Option<&'a str>, Option<&'a str>);
+
+fn hints(env: &BTreeMap<String, String>) -> Hints<'_> {
+    (
+        env.get("TORCH_CUDA_ARCH_LIST").map(String::as_str),
+        env.get("GPUARCH_DTYPE").map(String::as_str),
+    )
+}
+
+fn untouched(env: &BTreeMap<String, String>, case: &str) {
+    let ours: Vec<_> = env
+        .keys()
+        .filter(|k| k.starts_with("GPUARCH_") && *k != "GPUARCH_DISABLE")
+        .collect();
+    assert!(ours.is_empty(), "{case}: {ours:?}");
+    assert!(
+        !env.contains_key("TORCH_CUDA_ARCH_LIST") || case.contains("own"),
+        "{case}: {env:?}"
+    );
+}
+
+/// The hook issue's cases through Docker: gpuarch as the default runtime
+/// and by name, each way of asking for GPUs, the container's own value and
+/// opt-outs; `--runtime runc` is left alone.
+#[test]
+fn docker_runs_gpuarch_as_its_default_runtime_and_by_name() {
+    let Some(e) = get() else { return };
+    let _turn = e.lock();
+    e.set_gpuarch_config("");
+    let nvidia0 = format!("{}:/dev/nvidia0", e.dev.join("nvidia0").display());
+    let nvidia1 = format!("{}:/dev/nvidia1", e.dev.join("nvidia1").display());
+    let gpu1_uuid = format!("NVIDIA_VISIBLE_DEVICES={GPU1_UUID}");
+    let cases: [(&str, Vec<&str>, Hints); 6] = [
+        (
+            "default runtime, index",
+            vec!["-e", "NVIDIA_VISIBLE_DEVICES=1"],
+            (Some("8.6"), Some("bfloat16")),
+        ),
+        (
+            "--runtime gpuarch, both",
+            vec!["--runtime", "gpuarch", "-e", "NVIDIA_VISIBLE_DEVICES=0,1"],
+            (Some("7.5;8.6"), Some("float16")),
+        ),
+        (
+            "all",
+            vec!["-e", "NVIDIA_VISIBLE_DEVICES=all"],
+            (Some("7.5;8.6"), Some("float16")),
+        ),
+        (
+            "UUID",
+            vec!["-e", &gpu1_uuid],
+            (Some("8.6"), Some("bfloat16")),
+        ),
+        (
+            "--device /dev/nvidia0",
+            vec!["--device", &nvidia0],
+            (Some("7.5"), Some("float16")),
+        ),
+        (
+            "--device /dev/nvidia1",
+            vec!["--runtime", "gpuarch", "--device", &nvidia1],
+            (Some("8.6"), Some("bfloat16")),
+        ),
+    ];
+    for (case, args, want) in &cases {
+        let env = docker_env(e, args);
+        assert_eq!(hints(&env), *want, "{case}: {env:?}");
+    }
+    let own = docker_env(
+        e,
+        &[
+            "-e",
+            "NVIDIA_VISIBLE_DEVICES=1",
+            "-e",
+            "TORCH_CUDA_ARCH_LIST=9.0",
+        ],
+    );
+    assert_eq!(hints(&own), (Some("9.0"), Some("bfloat16")), "own value");
+    untouched(
+        &docker_env(
+            e,
+            &["-e", "NVIDIA_VISIBLE_DEVICES=1", "-e", "GPUARCH_DISABLE=1"],
+        ),
+        "GPUARCH_DISABLE=1",
+    );
+    untouched(
+        &docker_env(e, &["--runtime", "runc", "-e", "NVIDIA_VISIBLE_DEVICES=1"]),
+        "--runtime runc",
+    );
+    untouched(&docker_env(e, &[]), "no GPU");
+    let log = e.take_log();
+    assert!(log.contains("NVIDIA GeForce RTX 3090"), "{log}");
+}
+
+/// A container without a GPU prints exactly what its command prints, in
+/// `docker run` and in `docker logs`, at the default level and at debug;
+/// a strict refusal still reaches the user in Docker's error.
+#[test]
+fn docker_containers_print_only_their_own_output() {
+    let Some(e) = get() else { return };
+    let _turn = e.lock();
+    let script = "echo out; echo err >&2";
+    for (level, gpu) in [("info", false), ("debug", false), ("debug", true)] {
+        e.set_gpuarch_config_with(level, &e.path("inventory.json"), "");
+        let env: &[&str] = if gpu {
+            &["-e", "NVIDIA_VISIBLE_DEVICES=1"]
+        } else {
+            &[]
+        };
+        let name = format!("gpuarch-logs-{}-{level}-{gpu}", std::process::id());
+        let o = e.docker(
+            &[
+                &["run", "--name", &name, "--network", "none"][..],
+                env,
+                &[IMAGE, "sh", "-c", script],
+            ]
+            .concat(),
+        );
+        assert!(o.status.success(), "{o:?}");
+        assert_eq!(text(&o.stdout), "out\n", "{level}: docker run stdout");
+        assert_eq!(text(&o.stderr), "err\n", "{level}: docker run stderr");
+        let logs = e.docker(&["logs", &name]);
+        assert_eq!(text(&logs.stdout), "out\n", "{level}: docker logs");
+        assert_eq!(text(&logs.stderr), "err\n", "{level}: docker logs");
+        assert!(e.docker(&["rm", &name]).status.success());
+        let log = e.take_log();
+        if gpu {
+            assert!(
+                log.contains("assigned from NVIDIA_VISIBLE_DEVICES"),
+                "{log}"
+            );
+        } else if level == "debug" {
+            assert!(log.contains("no GPU requested"), "{log}");
+        } else {
+            assert!(!log.contains("no GPU requested"), "{log}");
+        }
+    }
+
+    let bad = e.path("bad-inventory.json");
+    std::fs::write(&bad, "{\"schema\": 1, \"devices\": [").unwrap();
+    e.set_gpuarch_config_with("info", &bad, "strict: true\n");
+    let o = e.docker(&[
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "-e",
+        "NVIDIA_VISIBLE_DEVICES=1",
+        IMAGE,
+        "sh",
+        "-c",
+        script,
+    ]);
+    e.set_gpuarch_config("");
+    assert!(!o.status.success(), "a strict refusal started: {o:?}");
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("gpuarch-runtime:")
+            && err.contains("strict: refusing")
+            && err.contains("bad-inventory.json"),
+        "the refusal is not in Docker's error: {err}"
+    );
+    assert!(!text(&o.stdout).contains("out"), "the container ran");
+    assert!(e.take_log().contains("strict: refusing"));
+}
+
+/// NVIDIA's runtime (a stand-in) on either side of gpuarch: Docker runs the
+/// stand-in, which execs gpuarch-runtime, whose `runtime.path` is a second
+/// stand-in that execs runc. Each gets exactly the arguments Docker gave,
+/// the inner one gpuarch's config, and the container its Plan.
+#[test]
+fn nvidias_runtime_on_either_side_of_gpuarch_gets_dockers_arguments() {
+    let Some(e) = get() else { return };
+    let _turn = e.lock();
+    let rec = e.path("chain");
+    for f in [
+        "outer.args",
+        "inner.args",
+        "outer.config.json",
+        "inner.config.json",
+    ] {
+        let _ = std::fs::remove_file(rec.join(f));
+    }
+    e.set_gpuarch_config(&format!(
+        "runtime:\n  path: {}\n",
+        e.path("nvidia-inner").display()
+    ));
+    let env = docker_env(
+        e,
+        &[
+            "--runtime",
+            "nvidia-standin",
+            "-e",
+            "NVIDIA_VISIBLE_DEVICES=1",
+        ],
+    );
+    e.set_gpuarch_config("");
+    assert_eq!(hints(&env), (Some("8.6"), Some("bfloat16")), "{env:?}");
+    let outer = std::fs::read_to_string(rec.join("outer.args")).unwrap();
+    let inner = std::fs::read_to_string(rec.join("inner.args")).unwrap();
+    assert_eq!(
+        outer, inner,
+        "gpuarch-runtime changed the runtime's arguments"
+    );
+    assert!(
+        outer
+            .lines()
+            .any(|l| l.contains(" create ") && l.contains("--bundle")),
+        "{outer}"
+    );
+    let before: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(rec.join("outer.config.json")).unwrap()).unwrap();
+    let after: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(rec.join("inner.config.json")).unwrap()).unwrap();
+    let has = |c: &serde_json::Value| {
+        c["process"]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v == "TORCH_CUDA_ARCH_LIST=8.6")
+    };
+    assert!(!has(&before), "Docker's config already had the Plan");
+    assert!(
+        has(&after),
+        "the inner runtime did not get gpuarch's config"
+    );
+}
+
+/// `ctr run` with gpuarch-runtime as its runc binary, on the containerd
+/// that also serves Docker and CRI.
+#[test]
+fn ctr_run_with_gpuarch_as_the_runc_binary() {
+    let Some(e) = get() else { return };
+    let _turn = e.lock();
+    e.set_gpuarch_config("");
+    let shim = gpuarch_tests::artifacts()
+        .gpuarch_runtime
+        .display()
+        .to_string();
+    let run = |id: &str, env: &[&str], cmd: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--rm",
+            "--snapshotter",
+            "native",
+            "--runc-binary",
+            &shim,
+        ];
+        for v in env {
+            args.extend(["--env", v]);
+        }
+        args.extend([IMAGE, id]);
+        args.extend(cmd);
+        e.ctr(&args)
+    };
+    let id = format!("gpuarch-ctr-{}", std::process::id());
+    let o = run(&format!("{id}-1"), &["NVIDIA_VISIBLE_DEVICES=1"], &["env"]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(hints(&env_of(&o)), (Some("8.6"), Some("bfloat16")));
+    let o = run(
+        &format!("{id}-2"),
+        &[],
+        &["sh", "-c", "echo out; echo err >&2"],
+    );
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(text(&o.stdout), "out\n");
+    assert_eq!(text(&o.stderr), "err\n");
+}
+
+mod cri {
+    //! The calls kubelet makes for a pod, over the CRI v1 gRPC API.
+
+    use super::*;
+    use hyper_util::rt::TokioIo;
+    use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+    use k8s_cri::v1::*;
+    use tonic::transport::{Channel, Endpoint, Uri};
+
+    pub async fn client(sock: &Path) -> RuntimeServiceClient<Channel> {
+        let sock = sock.to_owned();
+        let ch = Endpoint::try_from("http://[::]:50051")
+            .unwrap()
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let sock = sock.clone();
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(
+                        tokio::net::UnixStream::connect(sock).await?,
+                    ))
+                }
+            }))
+            .await
+            .unwrap();
+        RuntimeServiceClient::new(ch)
+    }
+
+    /// A pod (host network) with `handler`, one container running `env`
+    /// into a host directory with `envs` and `devices`; what it printed.
+    pub async fn pod_env(
+        e: &Engines,
+        name: &str,
+        handler: &str,
+        envs: &[(&str, &str)],
+        devices: &[(&Path, &str)],
+    ) -> String {
+        let mut c = client(&e.containerd_sock).await;
+        let out = e.path(&format!("pods/{name}"));
+        std::fs::create_dir_all(&out).unwrap();
+        let sandbox = PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: name.into(),
+                uid: format!("uid-{name}"),
+                namespace: "default".into(),
+                attempt: 0,
+            }),
+            log_directory: out.display().to_string(),
+            linux: Some(LinuxPodSandboxConfig {
+                security_context: Some(LinuxSandboxSecurityContext {
+                    namespace_options: Some(NamespaceOption {
+                        network: NamespaceMode::Node as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let pod = c
+            .run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(sandbox.clone()),
+                runtime_handler: handler.into(),
+            })
+            .await
+            .unwrap_or_else(|s| panic!("RunPodSandbox({handler:?}): {s}"))
+            .into_inner()
+            .pod_sandbox_id;
+        let config = ContainerConfig {
+            metadata: Some(ContainerMetadata {
+                name: "probe".into(),
+                attempt: 0,
+            }),
+            image: Some(ImageSpec {
+                image: IMAGE.into(),
+                ..Default::default()
+            }),
+            command: vec!["sh".into(), "-c".into(), "env > /out/env".into()],
+            envs: envs
+                .iter()
+                .map(|(k, v)| KeyValue {
+                    key: (*k).into(),
+                    value: (*v).into(),
+                })
+                .collect(),
+            mounts: vec![Mount {
+                container_path: "/out".into(),
+                host_path: out.display().to_string(),
+                ..Default::default()
+            }],
+            devices: devices
+                .iter()
+                .map(|(host, ctr)| Device {
+                    container_path: (*ctr).into(),
+                    host_path: host.display().to_string(),
+                    permissions: "rw".into(),
+                })
+                .collect(),
+            log_path: "probe.log".into(),
+            ..Default::default()
+        };
+        let id = c
+            .create_container(CreateContainerRequest {
+                pod_sandbox_id: pod.clone(),
+                config: Some(config),
+                sandbox_config: Some(sandbox),
+            })
+            .await
+            .unwrap_or_else(|s| panic!("CreateContainer: {s}"))
+            .into_inner()
+            .container_id;
+        c.start_container(StartContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .unwrap_or_else(|s| panic!("StartContainer: {s}"));
+        let t = Instant::now();
+        loop {
+            let st = c
+                .container_status(ContainerStatusRequest {
+                    container_id: id.clone(),
+                    verbose: false,
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .status
+                .unwrap();
+            if st.state == ContainerState::ContainerExited as i32 {
+                assert_eq!(st.exit_code, 0, "{st:?}");
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(60), "{st:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        c.stop_pod_sandbox(StopPodSandboxRequest {
+            pod_sandbox_id: pod.clone(),
+        })
+        .await
+        .unwrap();
+        c.remove_pod_sandbox(RemovePodSandboxRequest {
+            pod_sandbox_id: pod,
+        })
+        .await
+        .unwrap();
+        std::fs::read_to_string(out.join("env")).unwrap()
+    }
+}
+
+/// Kubernetes on containerd: the drop-in kept CRI loading (with the
+/// admin's own CRI settings: without its pause image no pod starts); a pod
+/// with runtime handler gpuarch on GPU 1 of the 2080 Ti + 3090 gets its
+/// Plan, by env and by device node; a pod with no handler (runtimeClassName
+/// unset) gets nothing.
+#[test]
+fn a_cri_pod_with_handler_gpuarch_gets_its_plan() {
+    let Some(e) = get() else { return };
+    let _turn = e.lock();
+    e.set_gpuarch_config("");
+    let plugins = text(&e.ctr(&["plugins", "ls"]).stdout);
+    assert!(
+        plugins.lines().any(|l| l.contains("io.containerd.grpc.v1")
+            && l.split_whitespace().nth(1) == Some("cri")
+            && l.trim_end().ends_with("ok")),
+        "{plugins}"
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let line = |env: &str, k: &str| {
+        env.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .map(str::to_owned)
+    };
+    let id = std::process::id();
+    let env = rt.block_on(cri::pod_env(
+        e,
+        &format!("plain-{id}"),
+        "",
+        &[("NVIDIA_VISIBLE_DEVICES", "1")],
+        &[],
+    ));
+    assert_eq!(line(&env, "TORCH_CUDA_ARCH_LIST"), None, "{env}");
+    assert_eq!(line(&env, "GPUARCH_DTYPE"), None, "{env}");
+    let env = rt.block_on(cri::pod_env(
+        e,
+        &format!("gpu1-{id}"),
+        "gpuarch",
+        &[("NVIDIA_VISIBLE_DEVICES", "1")],
+        &[],
+    ));
+    assert_eq!(
+        line(&env, "TORCH_CUDA_ARCH_LIST").as_deref(),
+        Some("8.6"),
+        "{env}"
+    );
+    assert_eq!(
+        line(&env, "GPUARCH_DTYPE").as_deref(),
+        Some("bfloat16"),
+        "{env}"
+    );
+    let node = e.dev.join("nvidia1");
+    let env = rt.block_on(cri::pod_env(
+        e,
+        &format!("dev1-{id}"),
+        "gpuarch",
+        &[],
+        &[(&node, "/dev/nvidia1")],
+    ));
+    assert_eq!(
+        line(&env, "TORCH_CUDA_ARCH_LIST").as_deref(),
+        Some("8.6"),
+        "{env}"
+    );
+}
