@@ -120,6 +120,74 @@ fn podman_device_nodes_assign_gpus() {
     );
 }
 
+/// CDI, the path of Kubernetes DRA and the NVIDIA device plugin's CDI
+/// modes: podman resolves `--device nvidia.com/gpu=N` from a CDI spec into
+/// device nodes before the precreate hook sees the config, and the hook
+/// finds the GPU by the node's minor number, which here differs from the
+/// index the CDI name uses. podman 4.3 reads specs only from /etc/cdi and
+/// /var/run/cdi: the spec goes to the latter under a name of this test's,
+/// and is removed after.
+#[test]
+fn podman_cdi_devices_get_the_plan_of_the_gpu_the_spec_names() {
+    require!("podman", "runc");
+    let mut s = Scene::new();
+    // The 2080 Ti (index 0) at minor 3, the 3090 (index 1) at minor 2.
+    let mut inv: Value =
+        serde_json::from_slice(&std::fs::read(fixture("2080ti-3090")).unwrap()).unwrap();
+    inv["devices"][0]["minor"] = json!(3);
+    inv["devices"][1]["minor"] = json!(2);
+    let inv_path = s.path().join("inventory.json");
+    std::fs::write(&inv_path, inv.to_string()).unwrap();
+    s.inventory = Some(inv_path);
+    let dev = s.path().join("dev");
+    std::fs::create_dir_all(&dev).unwrap();
+    for minor in [2, 3] {
+        nix::sys::stat::mknod(
+            &dev.join(format!("nvidia{minor}")),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            nix::sys::stat::makedev(195, minor),
+        )
+        .unwrap();
+    }
+    let node = |minor: u32| {
+        json!({"path": format!("/dev/nvidia{minor}"),
+               "hostPath": dev.join(format!("nvidia{minor}"))})
+    };
+    let spec = json!({
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [
+            {"name": "0", "containerEdits": {"deviceNodes": [node(3)]}},
+            {"name": "1", "containerEdits": {"deviceNodes": [node(2)]}},
+        ],
+    });
+    struct Spec(PathBuf);
+    impl Drop for Spec {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let cdi_dir = Path::new("/var/run/cdi");
+    std::fs::create_dir_all(cdi_dir).unwrap();
+    let spec_file = Spec(cdi_dir.join(format!("gpuarch-test-{}.json", std::process::id())));
+    std::fs::write(&spec_file.0, spec.to_string()).unwrap();
+
+    let one = s.podman(&["--device", "nvidia.com/gpu=1"]);
+    assert_eq!(
+        one.ok().hints(),
+        (Some("8.6"), Some("bfloat16"), Some("flash_attention_2")),
+        "{}",
+        s.take_log()
+    );
+    assert!(s.take_log().contains("NVIDIA GeForce RTX 3090"));
+    let zero = s.podman(&["--device", "nvidia.com/gpu=0"]);
+    assert_eq!(
+        zero.ok().hints(),
+        (Some("7.5"), Some("float16"), Some("sdpa"))
+    );
+}
+
 /// Kernel packages are mounted read-only where they serve every GPU.
 #[test]
 fn kernel_packages_are_mounted_read_only() {
