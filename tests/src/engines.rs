@@ -83,6 +83,10 @@ extern "C" fn stop_at_exit() {
         let _ = c.kill();
         let _ = c.wait();
     }
+    let _ = nix::mount::umount2(
+        &r.dir.join("containerd/state"),
+        nix::mount::MntFlags::MNT_DETACH,
+    );
     if std::env::var_os("GPUARCH_KEEP_ENGINES").is_some() {
         eprintln!("engines: kept {} (GPUARCH_KEEP_ENGINES)", r.dir.display());
     } else {
@@ -237,6 +241,18 @@ impl Engines {
         let d = self.dir.display();
         let conf = self.containerd_config.parent().unwrap();
         std::fs::create_dir_all(conf.join("conf.d")).unwrap();
+        // containerd's state (every container's bundle, where the shim
+        // rewrites config.json) on a tmpfs, as /run/containerd is on a host.
+        let state = conf.join("state");
+        std::fs::create_dir_all(&state).unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            &state,
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some("mode=0711"),
+        )
+        .unwrap();
         // The admin's own CRI settings (a local pause image, the native
         // snapshotter, Debian's CNI paths): the drop-in must keep them, or
         // no pod starts.
