@@ -12,6 +12,7 @@
 //!   timeout_ms: 5000     # default: budget of one hook or shim invocation
 //! runtime:
 //!   path: null           # default: the first of runc, crun on PATH
+//!   env_files: true      # default: env files in GPU containers, for exec sessions
 //! kernels:
 //!   mount_root: /var/lib/gpuarch/kernels   # default: what the hook mounts from
 //!   package_dirs: [/usr/share/gpuarch/kernels.d, /etc/gpuarch/kernels.d]
@@ -226,13 +227,30 @@ fn timeout_ms<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     in_range(d, "timeout_ms", 1..=60_000)
 }
 
-/// The real runtime that `gpuarch-runtime` runs.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// What `gpuarch-runtime` runs, and what it adds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RuntimeConfig {
     /// Absolute path of the runtime. Default: the first of `runc`, `crun`
-    /// found on PATH (never `gpuarch-runtime` itself).
+    /// found on PATH (never `gpuarch-runtime` itself). It may be another
+    /// shim, such as `nvidia-container-runtime`.
     pub path: Option<PathBuf>,
+    /// In each container given a Plan, also run gpuarch-hook's
+    /// `createContainer` stage, which writes `/run/gpuarch/env` and
+    /// `/etc/profile.d/gpuarch.sh`: `docker exec` and `kubectl exec` start
+    /// processes with the env the engine stored, not the bundle's, so only
+    /// these files carry the Plan to them. Costs one more process start per
+    /// GPU container. Default true.
+    pub env_files: bool,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            path: None,
+            env_files: true,
+        }
+    }
 }
 
 /// The kernel cache: where packages come from, where builds are kept, and

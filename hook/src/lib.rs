@@ -52,6 +52,11 @@ pub struct Context {
     /// `NAME=value` settings of this process (`GPUARCH_CONFIG`,
     /// `GPUARCH_INVENTORY`, ...) handed to that entry. Never the container's.
     pub hook_env: Vec<String>,
+    /// Add the `createContainer` entry to every container given a Plan, so
+    /// `/run/gpuarch/env` and `/etc/profile.d/gpuarch.sh` exist for the
+    /// sessions an engine starts without the config's env (`docker exec`,
+    /// `kubectl exec`): the shim's `runtime.env_files`.
+    pub env_files: bool,
 }
 
 /// Variables of this process that the `createContainer` entry inherits:
@@ -69,6 +74,7 @@ impl Context {
             config,
             hook_path,
             hook_env: Self::hook_env_from_process(),
+            env_files: false,
         }
     }
 
@@ -285,20 +291,25 @@ pub fn edit(config: &mut Value, ctx: &Context) -> Result<Plan, HookError> {
     apply_env(config, &plan)?;
     // The env is in the config now; the in-container stage is needed only
     // for what the config cannot say: the loader cache for mounted
-    // libraries (it also writes the env files while it is there).
-    if mounts.iter().any(|m| !m.libraries.is_empty()) {
+    // libraries, and (asked for by the shim) the env files for sessions
+    // that do not get the config's env.
+    let why = if mounts.iter().any(|m| !m.libraries.is_empty()) {
+        Some("mounted libraries need ldconfig inside the container")
+    } else if ctx.env_files {
+        Some("runtime.env_files: /run/gpuarch/env and /etc/profile.d/gpuarch.sh for exec sessions")
+    } else {
+        None
+    };
+    if let Some(why) = why {
         match ctx.hook_entry() {
             Some(entry) => {
                 apply_hook(config, entry)?;
-                plan.notes.push(
-                    "createContainer hook added: mounted libraries need ldconfig inside the container"
-                        .to_owned(),
-                );
+                plan.notes
+                    .push(format!("createContainer hook added: {why}"));
             }
-            None => plan.notes.push(
-                "mounted libraries need ldconfig, but gpuarch-hook was not found beside this program: no createContainer hook"
-                    .to_owned(),
-            ),
+            None => plan.notes.push(format!(
+                "{why}, but gpuarch-hook was not found beside this program: no createContainer hook"
+            )),
         }
     }
     Ok(plan)

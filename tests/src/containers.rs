@@ -225,7 +225,13 @@ impl Scene {
             ));
         }
         if let Some(r) = runtime {
-            yaml.push_str(&format!("\nruntime:\n  path: {}\n", r.display()));
+            let path = format!("runtime:\n  path: {}\n", r.display());
+            if yaml.starts_with("runtime:\n") || yaml.contains("\nruntime:\n") {
+                yaml = yaml.replacen("runtime:\n", &path, 1);
+            } else {
+                yaml.push('\n');
+                yaml.push_str(&path);
+            }
         }
         std::fs::write(&p, yaml).unwrap();
         p

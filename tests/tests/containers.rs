@@ -17,7 +17,9 @@ use gpuarch_tests::{artifacts, fixture, require_containers as require, workspace
 use serde_json::{Value, json};
 
 /// The table, through one way of starting containers.
-fn matrix(start: impl Fn(&Scene, &[&str]) -> Seen) {
+/// `env_files`: whether the engine path writes `/run/gpuarch/env` for exec
+/// sessions (the shim's `runtime.env_files`, on by default).
+fn matrix(env_files: bool, start: impl Fn(&Scene, &[&str]) -> Seen) {
     let s = Scene::new();
     let cases: [(&[&str], _); 4] = [
         (&["NVIDIA_VISIBLE_DEVICES=0"], ("7.5", "float16", "sdpa")),
@@ -56,26 +58,36 @@ fn matrix(start: impl Fn(&Scene, &[&str]) -> Seen) {
     );
     assert_eq!(own.ok().get("TORCH_CUDA_ARCH_LIST"), Some("9.0"));
     assert_eq!(own.get("GPUARCH_DTYPE"), Some("float16"));
-    // The env says it all: nothing had to run inside the container.
-    assert!(own.env_file.is_empty(), "{}", own.env_file);
+    if env_files {
+        // The same env, in the file exec sessions read.
+        assert!(
+            own.env_file.contains("TORCH_CUDA_ARCH_LIST=9.0\n")
+                && own.env_file.contains("GPUARCH_DTYPE=float16\n"),
+            "{}",
+            own.env_file
+        );
+    } else {
+        // The env says it all: nothing had to run inside the container.
+        assert!(own.env_file.is_empty(), "{}", own.env_file);
+    }
 }
 
 #[test]
 fn runc_behind_the_shim() {
     require!("runc");
-    matrix(|s, env| s.shim("runc", env));
+    matrix(true, |s, env| s.shim("runc", env));
 }
 
 #[test]
 fn crun_behind_the_shim() {
     require!("crun", "runc", "unshare");
-    matrix(|s, env| s.shim("crun", env));
+    matrix(true, |s, env| s.shim("crun", env));
 }
 
 #[test]
 fn podman_with_the_precreate_hook() {
     require!("podman", "runc");
-    matrix(|s, env| {
+    matrix(false, |s, env| {
         let args: Vec<String> = env
             .iter()
             .flat_map(|e| ["-e".to_owned(), (*e).to_owned()])
@@ -205,10 +217,13 @@ fn kernel_packages_are_mounted_read_only() {
         )
         .unwrap();
     }
-    s.config_yaml = format!("kernels:\n  mount_root: {}\n", root.display());
+    s.config_yaml = format!(
+        "kernels:\n  mount_root: {}\nruntime:\n  env_files: false\n",
+        root.display()
+    );
     let seen = s.shim("runc", &["NVIDIA_VISIBLE_DEVICES=0,1"]);
     seen.ok();
-    // Cubins only: nothing to run inside the container.
+    // Cubins only, and no env files asked for: nothing ran inside.
     assert!(seen.env_file.is_empty(), "{}", seen.env_file);
     assert_eq!(
         seen.get("GPUARCH_KERNELS_DIR"),

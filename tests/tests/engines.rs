@@ -144,6 +144,48 @@ fn docker_runs_gpuarch_as_its_default_runtime_and_by_name() {
     assert!(log.contains("NVIDIA GeForce RTX 3090"), "{log}");
 }
 
+/// `docker exec` starts a process with the env Docker stored, not the
+/// bundle's: it does not get the Plan. The env files the shim has
+/// gpuarch-hook write (`runtime.env_files`, on by default) carry it there.
+#[test]
+fn docker_exec_gets_the_plan_from_the_env_files() {
+    let Some(e) = get() else { return };
+    let _turn = e.lock();
+    e.set_gpuarch_config("");
+    let name = format!("gpuarch-exec-{}", std::process::id());
+    let o = e.docker(&[
+        "run",
+        "-d",
+        "--name",
+        &name,
+        "--network",
+        "none",
+        "-e",
+        "NVIDIA_VISIBLE_DEVICES=1",
+        IMAGE,
+        "sleep",
+        "60",
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    let exec = |cmd: &str| e.docker(&["exec", &name, "sh", "-c", cmd]);
+    let plain = exec("env");
+    let files = exec(
+        "cat /run/gpuarch/env; . /etc/profile.d/gpuarch.sh; echo sourced=$TORCH_CUDA_ARCH_LIST",
+    );
+    let _ = e.docker(&["rm", "-f", &name]);
+    assert!(
+        plain.status.success() && files.status.success(),
+        "{plain:?} {files:?}"
+    );
+    assert!(
+        !text(&plain.stdout).contains("TORCH_CUDA_ARCH_LIST"),
+        "docker exec got the Plan: the README says it does not"
+    );
+    let files = text(&files.stdout);
+    assert!(files.contains("TORCH_CUDA_ARCH_LIST=8.6\n"), "{files}");
+    assert!(files.contains("sourced=8.6\n"), "{files}");
+}
+
 /// A container without a GPU prints exactly what its command prints, in
 /// `docker run` and in `docker logs`, at the default level and at debug;
 /// a strict refusal still reaches the user in Docker's error.

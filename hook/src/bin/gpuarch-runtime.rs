@@ -58,8 +58,11 @@ fn main() -> ExitCode {
                 let hook = hook.is_file().then_some(hook);
                 // Only NVML can hang here (the bundle is the engine's, the
                 // rest gpuarch's own files): it alone runs under the budget.
-                gpuarch_hook::load_context_within(cfg, hook)
-                    .and_then(|ctx| shim::rewrite_bundle(&bundle, &ctx).map_err(|e| e.to_string()))
+                let env_files = cfg.runtime.env_files;
+                gpuarch_hook::load_context_within(cfg, hook).and_then(|mut ctx| {
+                    ctx.env_files = env_files;
+                    shim::rewrite_bundle(&bundle, &ctx).map_err(|e| e.to_string())
+                })
             }
         };
         match result {
