@@ -359,6 +359,7 @@ mod tests {
             config,
             hook_path: Some(PathBuf::from("/usr/bin/gpuarch-hook")),
             hook_env: vec![format!("PATH={SAFE_PATH}")],
+            env_files: false,
         }
     }
 
