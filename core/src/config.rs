@@ -235,12 +235,13 @@ pub struct RuntimeConfig {
     /// found on PATH (never `gpuarch-runtime` itself). It may be another
     /// shim, such as `nvidia-container-runtime`.
     pub path: Option<PathBuf>,
-    /// In each container given a Plan, also run gpuarch-hook's
-    /// `createContainer` stage, which writes `/run/gpuarch/env` and
+    /// In each container given a Plan, also write `/run/gpuarch/env` and
     /// `/etc/profile.d/gpuarch.sh`: `docker exec` and `kubectl exec` start
     /// processes with the env the engine stored, not the bundle's, so only
-    /// these files carry the Plan to them. Costs one more process start per
-    /// GPU container. Default true.
+    /// these files carry the Plan to them. The shim writes them into the
+    /// rootfs before the runtime starts; where a mount in the config would
+    /// cover them, it adds gpuarch-hook's `createContainer` stage instead
+    /// (one more process start). Default true.
     pub env_files: bool,
 }
 

@@ -292,11 +292,13 @@ pub fn edit(config: &mut Value, ctx: &Context) -> Result<Plan, HookError> {
     // The env is in the config now; the in-container stage is needed only
     // for what the config cannot say: the loader cache for mounted
     // libraries, and (asked for by the shim) the env files for sessions
-    // that do not get the config's env.
+    // that do not get the config's env. The shim writes those itself
+    // before the runtime starts, unless a mount in the config would cover
+    // them (then only the stage, which runs after the mounts, can).
     let why = if mounts.iter().any(|m| !m.libraries.is_empty()) {
         Some("mounted libraries need ldconfig inside the container")
-    } else if ctx.env_files {
-        Some("runtime.env_files: /run/gpuarch/env and /etc/profile.d/gpuarch.sh for exec sessions")
+    } else if ctx.env_files && env_files_hidden(config) {
+        Some("runtime.env_files, and a mount over /run or /etc would hide files written now")
     } else {
         None
     };
@@ -313,6 +315,40 @@ pub fn edit(config: &mut Value, ctx: &Context) -> Result<Plan, HookError> {
         }
     }
     Ok(plan)
+}
+
+/// Does a mount in `config` cover `/run/gpuarch/env` or
+/// `/etc/profile.d/gpuarch.sh`, so that files written into the rootfs
+/// before the runtime mounts it would be hidden?
+pub fn env_files_hidden(config: &Value) -> bool {
+    let covers = |dest: &str| {
+        let dest = std::path::Path::new(dest);
+        [stage::ENV_FILE, stage::PROFILE_FILE]
+            .iter()
+            .any(|f| std::path::Path::new("/").join(f).starts_with(dest))
+    };
+    config
+        .get("mounts")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m.get("destination").and_then(Value::as_str))
+        .any(covers)
+}
+
+/// Has `config` a `createContainer` entry running gpuarch-hook?
+pub fn has_hook_entry(config: &Value) -> bool {
+    config
+        .get("hooks")
+        .and_then(|h| h.get("createContainer"))
+        .and_then(Value::as_array)
+        .is_some_and(|l| {
+            l.iter().any(|e| {
+                e.get("path")
+                    .and_then(Value::as_str)
+                    .is_some_and(|p| p.ends_with("gpuarch-hook"))
+            })
+        })
 }
 
 /// A field error found in a parsed value, located in the bytes it came

@@ -243,7 +243,29 @@ pub fn rewrite_bundle(bundle: &Path, ctx: &Context) -> Result<Plan, ShimError> {
             source,
         }
     })?;
+    let mut plan = plan;
+    if ctx.env_files && !crate::has_hook_entry(&config) && !crate::env_files_hidden(&config) {
+        plan.notes.push(write_env_files(bundle, ctx));
+    }
     Ok(plan)
+}
+
+/// `runtime.env_files` in this process: `/run/gpuarch/env` and
+/// `/etc/profile.d/gpuarch.sh` written into the rootfs the engine prepared,
+/// before the runtime runs (no `createContainer` process to start). The
+/// same code as that stage, on the same handle-based paths inside the
+/// rootfs; no mount of the container is in place yet, so nothing in it can
+/// block, and no mount hides the files (the caller checked). A failure is
+/// a note: the container starts with the Plan in its env all the same.
+fn write_env_files(bundle: &Path, ctx: &Context) -> String {
+    let state = crate::stage::State {
+        bundle: bundle.to_owned(),
+        pid: 0,
+    };
+    match crate::stage::run(crate::stage::Stage::BeforeRuntime, &state, ctx) {
+        Ok(out) => out.plan.notes.last().cloned().unwrap_or_default(),
+        Err(e) => format!("runtime.env_files: {e}; exec sessions will not find the Plan in files"),
+    }
 }
 
 #[cfg(test)]

@@ -61,6 +61,11 @@ pub const LDCONFIG: [&str; 3] = [
 pub enum Stage {
     CreateContainer,
     Prestart,
+    /// The shim, in the runtime's namespace before the runtime starts
+    /// (`runtime.env_files`): the rootfs as the bundle names it, with none
+    /// of the config's mounts on it yet; writes the env files only, never
+    /// mounts (that would be in the host's namespace) nor runs ldconfig.
+    BeforeRuntime,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -170,7 +175,7 @@ pub fn run(stage: Stage, state: &State, ctx: &Context) -> Result<Outcome, StageE
             path: config_path.clone(),
         })?;
     let rootfs = match stage {
-        Stage::CreateContainer => state.bundle.join(root_path),
+        Stage::CreateContainer | Stage::BeforeRuntime => state.bundle.join(root_path),
         Stage::Prestart => prestart_rootfs(state, &state.bundle.join(root_path))?,
     };
     let root = Root::open(&rootfs)?;
@@ -199,7 +204,12 @@ pub fn run(stage: Stage, state: &State, ctx: &Context) -> Result<Outcome, StageE
     }
     root.write_file(Path::new(ENV_FILE), env_file.as_bytes(), 0o644)?;
     root.write_file(Path::new(PROFILE_FILE), profile.as_bytes(), 0o644)?;
-    if !libs.is_empty() {
+    if !libs.is_empty() && stage == Stage::BeforeRuntime {
+        notes.push(format!(
+            "ldconfig not run for {}: only the createContainer stage runs it",
+            libs.join(", ")
+        ));
+    } else if !libs.is_empty() {
         let conf = format!("{}\n", libs.join("\n"));
         root.write_file(Path::new(LD_CONF_FILE), conf.as_bytes(), 0o644)?;
         ldconfig(&rootfs, &libs)?;
@@ -279,7 +289,7 @@ fn mount_kernels(
     if mounts.is_empty() {
         return Ok(mounts);
     }
-    if stage == Stage::Prestart {
+    if stage != Stage::CreateContainer {
         notes.push(format!(
             "{} kernel package(s) not mounted: only the createContainer stage mounts them",
             mounts.len()

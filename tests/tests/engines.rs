@@ -152,6 +152,7 @@ fn docker_exec_gets_the_plan_from_the_env_files() {
     let Some(e) = get() else { return };
     let _turn = e.lock();
     e.set_gpuarch_config("");
+    e.take_log();
     let name = format!("gpuarch-exec-{}", std::process::id());
     let o = e.docker(&[
         "run",
@@ -184,6 +185,11 @@ fn docker_exec_gets_the_plan_from_the_env_files() {
     let files = text(&files.stdout);
     assert!(files.contains("TORCH_CUDA_ARCH_LIST=8.6\n"), "{files}");
     assert!(files.contains("sourced=8.6\n"), "{files}");
+    // Written by the shim itself: Docker mounts nothing over /run or /etc,
+    // so no createContainer process was needed.
+    let log = e.take_log();
+    assert!(log.contains("wrote /run/gpuarch/env"), "{log}");
+    assert!(!log.contains("createContainer hook added"), "{log}");
 }
 
 /// A container without a GPU prints exactly what its command prints, in
