@@ -172,6 +172,10 @@ pub struct Scene {
     /// Where [`Scene::bundle_on`] makes bundles: the scene's directory
     /// unless a test says otherwise.
     pub bundles: Option<PathBuf>,
+    /// Bundles mount a fresh tmpfs on `/run` (the default: the tests'
+    /// containers share one rootfs). Docker and Kubernetes mount nothing
+    /// there, which lets the shim write the env files itself.
+    pub run_tmpfs: bool,
 }
 
 impl Default for Scene {
@@ -191,6 +195,7 @@ impl Scene {
             extra_env: Vec::new(),
             probe: SCRIPT,
             bundles: None,
+            run_tmpfs: true,
         }
     }
 
@@ -279,10 +284,12 @@ impl Scene {
                 .chain(env.iter().map(|e| json!(e)))
                 .collect(),
         );
-        c["mounts"]
-            .as_array_mut()
-            .unwrap()
-            .push(json!({"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev"]}));
+        if self.run_tmpfs {
+            c["mounts"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev"]}));
+        }
         if let Some(h) = hooks {
             c["hooks"] = h;
         }
