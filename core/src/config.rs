@@ -12,7 +12,7 @@
 //!   timeout_ms: 5000     # default: budget of one hook or shim invocation
 //! runtime:
 //!   path: null           # default: the first of runc, crun on PATH
-//!   env_files: true      # default: env files in GPU containers, for exec sessions
+//!   env_files: false     # default: no files written into containers (for exec sessions)
 //! kernels:
 //!   mount_root: /var/lib/gpuarch/kernels   # default: what the hook mounts from
 //!   package_dirs: [/usr/share/gpuarch/kernels.d, /etc/gpuarch/kernels.d]
@@ -228,7 +228,7 @@ fn timeout_ms<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
 }
 
 /// What `gpuarch-runtime` runs, and what it adds.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RuntimeConfig {
     /// Absolute path of the runtime. Default: the first of `runc`, `crun`
@@ -241,17 +241,10 @@ pub struct RuntimeConfig {
     /// these files carry the Plan to them. The shim writes them into the
     /// rootfs before the runtime starts; where a mount in the config would
     /// cover them, it adds gpuarch-hook's `createContainer` stage instead
-    /// (one more process start). Default true.
+    /// (one more process start). Default false: it writes into the
+    /// container's own filesystem, and costs each GPU container's start
+    /// (docs/BENCHMARKS.md).
     pub env_files: bool,
-}
-
-impl Default for RuntimeConfig {
-    fn default() -> Self {
-        Self {
-            path: None,
-            env_files: true,
-        }
-    }
 }
 
 /// The kernel cache: where packages come from, where builds are kept, and

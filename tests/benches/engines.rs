@@ -13,7 +13,8 @@
 //! plans and rewrites the bundle every time. The engines are the tests'
 //! (gpuarch_tests::engines: containerd 1.6 and dockerd 20.10 on private
 //! sockets). Run as root: `cargo bench -p gpuarch-tests --bench engines`
-//! (`RUNS=N` for more than 30 pairs).
+//! (`RUNS=N` for more than 30 pairs; `ENV_FILES=1` turns
+//! `runtime.env_files` on).
 
 #![allow(clippy::unwrap_used)] // a benchmark: a failed unwrap is a failed run
 
@@ -43,7 +44,13 @@ fn main() {
         }
     };
     let _turn = e.lock();
-    e.set_gpuarch_config("");
+    // ENV_FILES=1: with runtime.env_files, to see what those cost.
+    if std::env::var("ENV_FILES").is_ok_and(|v| v == "1") {
+        e.set_gpuarch_config("runtime:\n  env_files: true\n");
+        println!("runtime.env_files: true");
+    } else {
+        e.set_gpuarch_config("");
+    }
     let runs: usize = std::env::var("RUNS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 /// The table, through one way of starting containers.
 /// `env_files`: whether the engine path writes `/run/gpuarch/env` for exec
-/// sessions (the shim's `runtime.env_files`, on by default).
+/// sessions (the shim's `runtime.env_files`, off by default).
 fn matrix(env_files: bool, start: impl Fn(&Scene, &[&str]) -> Seen) {
     let s = Scene::new();
     let cases: [(&[&str], _); 4] = [
@@ -75,13 +75,13 @@ fn matrix(env_files: bool, start: impl Fn(&Scene, &[&str]) -> Seen) {
 #[test]
 fn runc_behind_the_shim() {
     require!("runc");
-    matrix(true, |s, env| s.shim("runc", env));
+    matrix(false, |s, env| s.shim("runc", env));
 }
 
 #[test]
 fn crun_behind_the_shim() {
     require!("crun", "runc", "unshare");
-    matrix(true, |s, env| s.shim("crun", env));
+    matrix(false, |s, env| s.shim("crun", env));
 }
 
 #[test]
@@ -200,6 +200,33 @@ fn podman_cdi_devices_get_the_plan_of_the_gpu_the_spec_names() {
     );
 }
 
+/// `runtime.env_files`: the shim writes the exec sessions' env files itself
+/// when nothing will be mounted over them, and has gpuarch-hook's
+/// createContainer stage write them after the mounts when a mount (here a
+/// tmpfs on /run) would hide them. Either way the container sees them.
+#[test]
+fn env_files_are_written_by_the_shim_or_after_the_mounts() {
+    require!("runc");
+    let mut s = Scene::new();
+    s.config_yaml = "runtime:\n  env_files: true\n".into();
+    for run_tmpfs in [false, true] {
+        s.run_tmpfs = run_tmpfs;
+        s.take_log();
+        let seen = s.shim("runc", &["NVIDIA_VISIBLE_DEVICES=1"]);
+        assert!(
+            seen.ok().env_file.contains("TORCH_CUDA_ARCH_LIST=8.6\n"),
+            "/run tmpfs {run_tmpfs}: {}",
+            seen.env_file
+        );
+        let log = s.take_log();
+        let by_hook = log.contains("createContainer hook added: runtime.env_files");
+        assert_eq!(by_hook, run_tmpfs, "{log}");
+        // Without the tmpfs, /run/gpuarch/env is in the shared rootfs now.
+        let _ = std::fs::remove_dir_all(s.rootfs().join("run/gpuarch"));
+        let _ = std::fs::remove_dir_all(s.rootfs().join("etc/profile.d"));
+    }
+}
+
 /// Kernel packages are mounted read-only where they serve every GPU.
 #[test]
 fn kernel_packages_are_mounted_read_only() {
@@ -217,10 +244,7 @@ fn kernel_packages_are_mounted_read_only() {
         )
         .unwrap();
     }
-    s.config_yaml = format!(
-        "kernels:\n  mount_root: {}\nruntime:\n  env_files: false\n",
-        root.display()
-    );
+    s.config_yaml = format!("kernels:\n  mount_root: {}\n", root.display());
     let seen = s.shim("runc", &["NVIDIA_VISIBLE_DEVICES=0,1"]);
     seen.ok();
     // Cubins only, and no env files asked for: nothing ran inside.

@@ -145,13 +145,13 @@ fn docker_runs_gpuarch_as_its_default_runtime_and_by_name() {
 }
 
 /// `docker exec` starts a process with the env Docker stored, not the
-/// bundle's: it does not get the Plan. The env files the shim has
-/// gpuarch-hook write (`runtime.env_files`, on by default) carry it there.
+/// bundle's: it does not get the Plan. The env files the shim writes with
+/// `runtime.env_files: true` carry it there.
 #[test]
 fn docker_exec_gets_the_plan_from_the_env_files() {
     let Some(e) = get() else { return };
     let _turn = e.lock();
-    e.set_gpuarch_config("");
+    e.set_gpuarch_config("runtime:\n  env_files: true\n");
     e.take_log();
     let name = format!("gpuarch-exec-{}", std::process::id());
     let o = e.docker(&[

@@ -646,8 +646,7 @@ fn fifty_containers_at_once_each_get_their_own_plan() {
     let bundles = Tmpfs::new();
     s.bundles = Some(bundles.path().to_owned());
     // Each container has a rootfs of its own, and, as under Docker and
-    // Kubernetes, no mount on /run: the shim writes the exec sessions' env
-    // files itself (runtime.env_files), with no createContainer process.
+    // Kubernetes, no mount on /run.
     s.run_tmpfs = false;
     // The usual probe, after a first line that marks the process running.
     s.probe = Box::leak(format!("echo {UP}; {SCRIPT}").into_boxed_str());
