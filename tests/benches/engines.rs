@@ -12,7 +12,8 @@
 //! Each container asks for GPU 1 (`NVIDIA_VISIBLE_DEVICES=1`), so the shim
 //! plans and rewrites the bundle every time. The engines are the tests'
 //! (gpuarch_tests::engines: containerd 1.6 and dockerd 20.10 on private
-//! sockets). Run as root: `cargo bench -p gpuarch-tests --bench engines`
+//! sockets; containerd's state, gpuarch's snapshot and log on a tmpfs, as
+//! /run is on a host). Run as root: `cargo bench -p gpuarch-tests --bench engines`
 //! (`RUNS=N` for more than 30 pairs; `ENV_FILES=1` turns
 //! `runtime.env_files` on).
 

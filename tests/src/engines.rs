@@ -83,10 +83,8 @@ extern "C" fn stop_at_exit() {
         let _ = c.kill();
         let _ = c.wait();
     }
-    let _ = nix::mount::umount2(
-        &r.dir.join("containerd/state"),
-        nix::mount::MntFlags::MNT_DETACH,
-    );
+    // The tmpfs standing for /run, and whatever containerd left on it.
+    let _ = nix::mount::umount2(&r.dir.join("run"), nix::mount::MntFlags::MNT_DETACH);
     if std::env::var_os("GPUARCH_KEEP_ENGINES").is_some() {
         eprintln!("engines: kept {} (GPUARCH_KEEP_ENGINES)", r.dir.display());
     } else {
@@ -166,13 +164,28 @@ impl Engines {
             )
             .unwrap();
         }
-        std::fs::copy(fixture("2080ti-3090"), dir.join("inventory.json")).unwrap();
+        // A tmpfs for what a host keeps in /run: containerd's state (every
+        // container's bundle, where the shim rewrites config.json), and
+        // gpuarch's snapshot and log. On this machine's ext4 each file
+        // the shim writes there made containerd's next fsync slower.
+        let run = dir.join("run");
+        std::fs::create_dir_all(&run).unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            &run,
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some("mode=0755"),
+        )
+        .unwrap();
+        std::fs::create_dir_all(run.join("gpuarch")).unwrap();
+        std::fs::copy(fixture("2080ti-3090"), run.join("gpuarch/inventory.json")).unwrap();
         let e = Self {
             containerd_sock: dir.join("containerd.sock"),
             docker_host: format!("unix://{}", dir.join("docker.sock").display()),
             containerd_config: dir.join("containerd/config.toml"),
             gpuarch_config: dir.join("gpuarch.yaml"),
-            log: dir.join("gpuarch.log"),
+            log: dir.join("run/gpuarch/gpuarch.log"),
             dev,
             dir,
             lock: Mutex::new(()),
@@ -182,6 +195,11 @@ impl Engines {
         e.start_dockerd();
         e.import_images();
         e
+    }
+
+    /// gpuarchd's snapshot (the 2080 Ti + 3090), as `daemon.snapshot`.
+    pub fn snapshot(&self) -> PathBuf {
+        self.path("run/gpuarch/inventory.json")
     }
 
     /// Hold while a test changes the gpuarch config or counts on it.
@@ -196,7 +214,7 @@ impl Engines {
     /// Write the gpuarch config: `extra` YAML after the engines' own keys
     /// (the snapshot, the log, kernel paths of their own).
     pub fn set_gpuarch_config(&self, extra: &str) {
-        self.set_gpuarch_config_with("info", &self.path("inventory.json"), extra);
+        self.set_gpuarch_config_with("info", &self.snapshot(), extra);
     }
 
     /// [`Engines::set_gpuarch_config`] with the log level and snapshot given.
@@ -241,28 +259,13 @@ impl Engines {
         let d = self.dir.display();
         let conf = self.containerd_config.parent().unwrap();
         std::fs::create_dir_all(conf.join("conf.d")).unwrap();
-        // containerd's state (every container's bundle, where the shim
-        // rewrites config.json) on a tmpfs, as /run/containerd is on a host.
-        let state = conf.join("state");
-        std::fs::create_dir_all(&state).unwrap();
-        nix::mount::mount(
-            Some("tmpfs"),
-            &state,
-            Some("tmpfs"),
-            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
-            Some("mode=0711"),
-        )
-        .unwrap();
-        // The admin's own CRI settings (a local pause image, the native
-        // snapshotter, Debian's CNI paths): the drop-in must keep them, or
-        // no pod starts.
         std::fs::write(
             &self.containerd_config,
             format!(
                 r#"version = 2
 imports = ["{d}/containerd/conf.d/*.toml"]
 root = "{d}/containerd/root"
-state = "{d}/containerd/state"
+state = "{d}/run/containerd"
 [grpc]
   address = "{d}/containerd.sock"
 [ttrpc]

@@ -201,7 +201,7 @@ fn docker_containers_print_only_their_own_output() {
     let _turn = e.lock();
     let script = "echo out; echo err >&2";
     for (level, gpu) in [("info", false), ("debug", false), ("debug", true)] {
-        e.set_gpuarch_config_with(level, &e.path("inventory.json"), "");
+        e.set_gpuarch_config_with(level, &e.snapshot(), "");
         let env: &[&str] = if gpu {
             &["-e", "NVIDIA_VISIBLE_DEVICES=1"]
         } else {
