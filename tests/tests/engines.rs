@@ -367,6 +367,135 @@ fn ctr_run_with_gpuarch_as_the_runc_binary() {
     assert_eq!(text(&o.stderr), "err\n");
 }
 
+/// `ctr plugins ls`'s line for the CRI plugin of a containerd started on
+/// `main` (its host paths moved under `dir`), after the drop-in `dropin`
+/// (`None`: written by gpuarchctl) is put in its imports.
+fn cri_status(dir: &Path, fixture: &str, dropin: Option<&str>) -> String {
+    use std::process::{Command, Stdio};
+    let text = std::fs::read_to_string(
+        gpuarch_tests::workspace_root()
+            .join("tests/fixtures/containerd")
+            .join(fixture),
+    )
+    .unwrap();
+    let mut doc: toml::Table = text.parse().unwrap();
+    let d = dir.display();
+    let conf_d = dir.join("conf.d");
+    std::fs::create_dir_all(&conf_d).unwrap();
+    // Only where containerd keeps its own files changes; the CRI section
+    // stays as Debian or containerd wrote it.
+    doc.insert(
+        "imports".into(),
+        toml::Value::Array(vec![format!("{d}/conf.d/*.toml").into()]),
+    );
+    doc.insert("root".into(), format!("{d}/root").into());
+    doc.insert("state".into(), format!("{d}/state").into());
+    let sock = dir.join("c.sock");
+    let table = |v: &[(&str, String)]| {
+        toml::Value::Table(
+            v.iter()
+                .map(|(k, x)| ((*k).to_owned(), toml::Value::from(x.clone())))
+                .collect(),
+        )
+    };
+    doc.insert(
+        "grpc".into(),
+        table(&[("address", sock.display().to_string())]),
+    );
+    doc.insert(
+        "ttrpc".into(),
+        table(&[("address", format!("{d}/c.sock.ttrpc"))]),
+    );
+    let plugins = doc
+        .entry("plugins")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+        .as_table_mut()
+        .unwrap();
+    plugins.insert(
+        "io.containerd.internal.v1.opt".into(),
+        table(&[("path", format!("{d}/opt"))]),
+    );
+    let main = dir.join("config.toml");
+    std::fs::write(&main, toml::to_string(&doc).unwrap()).unwrap();
+    let out = conf_d.join("gpuarch.toml");
+    match dropin {
+        Some(text) => std::fs::write(&out, text).unwrap(),
+        None => {
+            let o = std::process::Command::new(&gpuarch_tests::artifacts().gpuarchctl)
+                .args(["engine", "containerd", "--config"])
+                .arg(&main)
+                .arg("--write")
+                .arg(&out)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{o:?}");
+        }
+    }
+    let log = std::fs::File::create(dir.join("containerd.log")).unwrap();
+    let mut child = Command::new("containerd")
+        .arg("--config")
+        .arg(&main)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let ctr = |args: &[&str]| {
+        Command::new("ctr")
+            .arg("--address")
+            .arg(&sock)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let t = Instant::now();
+    while !ctr(&["version"]).status.success() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{fixture}: containerd did not start"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let plugins = text(&ctr(&["plugins", "ls"]).stdout);
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::process::Command::new("umount")
+        .arg("-R")
+        .arg(dir.join("state"))
+        .output();
+    plugins
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("cri"))
+        .unwrap_or("(no cri line)")
+        .to_owned()
+}
+
+/// The drop-in keeps CRI loading on Debian's own containerd config and on
+/// `containerd config default`, with a real containerd 1.6; the snippet
+/// gpuarch used to ship (only `runtimes.gpuarch`) disables CRI on both.
+#[test]
+fn the_drop_in_keeps_cri_loading_on_debians_config_and_the_default() {
+    let Some(e) = get() else { return };
+    let _turn = e.lock();
+    let old = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpuarch]\n  runtime_type = \"io.containerd.runc.v2\"\n  [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpuarch.options]\n    BinaryName = \"/usr/bin/gpuarch-runtime\"\n";
+    for fixture in ["debian-1.6.toml", "default-1.6.toml"] {
+        for (dropin, want) in [(None, "ok"), (Some(old), "error")] {
+            let dir = tempfile::tempdir().unwrap();
+            let line = cri_status(dir.path(), fixture, dropin);
+            assert!(
+                line.trim_end().ends_with(want),
+                "{fixture} with {}: {line}\n{}",
+                if dropin.is_some() {
+                    "the old snippet"
+                } else {
+                    "gpuarchctl's drop-in"
+                },
+                std::fs::read_to_string(dir.path().join("containerd.log")).unwrap_or_default()
+            );
+        }
+    }
+}
+
 mod cri {
     //! The calls kubelet makes for a pod, over the CRI v1 gRPC API.
 
