@@ -372,13 +372,13 @@ fn ctr_run_with_gpuarch_as_the_runc_binary() {
 /// (`None`: written by gpuarchctl) is put in its imports.
 fn cri_status(dir: &Path, fixture: &str, dropin: Option<&str>) -> String {
     use std::process::{Command, Stdio};
-    let text = std::fs::read_to_string(
+    let original = std::fs::read_to_string(
         gpuarch_tests::workspace_root()
             .join("tests/fixtures/containerd")
             .join(fixture),
     )
     .unwrap();
-    let mut doc: toml::Table = text.parse().unwrap();
+    let mut doc: toml::Table = original.parse().unwrap();
     let d = dir.display();
     let conf_d = dir.join("conf.d");
     std::fs::create_dir_all(&conf_d).unwrap();
