@@ -664,6 +664,7 @@ fn arch(cli: &Cli, cmd: &ArchCmd, out: &mut String) -> Result<u8> {
 /// `inspect`: what each file carries and where it runs.
 fn inspect_cmd(cli: &Cli, args: &InspectArgs, out: &mut String) -> Result<u8> {
     use gpuarch_kernels::inspect::{self, Placement};
+    let mut no_gpus: Option<String> = None;
     // The GPUs to judge for: a capability, or this host's (all or some).
     let (gpus, driver): (Vec<(String, ComputeCapability)>, Option<CudaVersion>) = match &args.cap {
         Some(c) => {
@@ -673,7 +674,29 @@ fn inspect_cmd(cli: &Cli, args: &InspectArgs, out: &mut String) -> Result<u8> {
             (vec![(format!("capability {cap}"), cap)], None)
         }
         None => {
-            let (snap, _) = load_inventory(cli)?;
+            // The file's targets need no GPU: without an inventory (no
+            // driver, no gpuarchd: a build box, CI) they are listed all the
+            // same, with the reason there is nothing to judge them against.
+            // Asked for by name (--inventory, --nvml-lib, --devices), a
+            // missing inventory stays an error.
+            let asked = cli.inventory.is_some() || cli.nvml_lib.is_some() || args.devices.is_some();
+            let snap = match load_inventory(cli) {
+                Ok((snap, _)) => Some(snap),
+                Err(e) if !asked => {
+                    no_gpus = Some(format!("{e:#}"));
+                    None
+                }
+                Err(e) => return Err(e),
+            };
+            let snap = snap.unwrap_or_else(|| Snapshot {
+                schema: gpuarch_core::snapshot::SCHEMA,
+                source: String::new(),
+                generated_at: String::new(),
+                driver_version: String::new(),
+                cuda_driver_version: String::new(),
+                stale: false,
+                devices: Vec::new(),
+            });
             let wanted: Option<Vec<u32>> = match &args.devices {
                 None => None,
                 Some(l) => Some(
@@ -715,6 +738,7 @@ fn inspect_cmd(cli: &Cli, args: &InspectArgs, out: &mut String) -> Result<u8> {
         if cli.json {
             docs.push(json!({
                 "file": f,
+                "no_gpus": no_gpus,
                 "code": objs.iter().map(|o| json!({
                     "target": o.target.to_string(), "origin": o.origin,
                     "functions": o.functions, "verified": o.verified,
@@ -741,6 +765,9 @@ fn inspect_cmd(cli: &Cli, args: &InspectArgs, out: &mut String) -> Result<u8> {
         }
         for (label, p) in &verdicts {
             let _ = writeln!(out, "  {label}: {p}");
+        }
+        if let Some(why) = &no_gpus {
+            let _ = writeln!(out, "  no GPU here to judge it against: {why}");
         }
     }
     if cli.json {

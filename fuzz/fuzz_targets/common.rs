@@ -16,5 +16,6 @@ pub fn context() -> gpuarch_hook::Context {
         config,
         hook_path: Some("/usr/bin/gpuarch-hook".into()),
         hook_env: Vec::new(),
+        env_files: false,
     }
 }

@@ -134,8 +134,9 @@ pub fn load_context_within(config: Config, hook_path: Option<PathBuf>) -> Result
             .map_err(|e| e.to_string())?,
         None => {
             let budget = std::time::Duration::from_millis(config.hook.timeout_ms);
-            budget::run(budget, || {
-                gpuarch_inventory::read_nvml()
+            let snapshot = config.daemon.snapshot.clone();
+            budget::run(budget, move || {
+                gpuarch_inventory::read_nvml(&snapshot)
                     .map(|(s, _)| s)
                     .map_err(|e| e.to_string())
             })?

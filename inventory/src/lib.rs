@@ -45,9 +45,14 @@ pub enum InventoryError {
         value: String,
     },
     #[error(
-        "no snapshot at {DEFAULT_SNAPSHOT} (is gpuarchd running?) and NVML is unavailable: {0}"
+        "no snapshot at {} (is gpuarchd running?) and NVML is unavailable: {source}",
+        snapshot.display()
     )]
-    NoSource(Box<InventoryError>),
+    NoSource {
+        /// The snapshot looked for (the config's `daemon.snapshot`).
+        snapshot: PathBuf,
+        source: Box<InventoryError>,
+    },
     #[error("cannot read snapshot {}: {source}", path.display())]
     SnapshotRead { path: PathBuf, source: io::Error },
     #[error("snapshot {}: {source}", path.display())]
@@ -399,7 +404,7 @@ pub fn read_inventory(
     if let Some(path) = snapshot_source(snapshot, configured) {
         return from(&SnapshotFile::new(path));
     }
-    read_nvml()
+    read_nvml(configured)
 }
 
 /// The snapshot [`read_inventory`] reads when not told to use NVML:
@@ -414,12 +419,15 @@ pub fn snapshot_source(snapshot: Option<&Path>, configured: &Path) -> Option<Pat
 }
 
 /// The inventory from NVML (`GPUARCH_NVML_LIB` or [`DEFAULT_NVML_LIB`]),
-/// as [`read_inventory`] reads it when there is no snapshot.
-pub fn read_nvml() -> Result<(Snapshot, String), InventoryError> {
+/// as [`read_inventory`] reads it when there is no snapshot at `snapshot`
+/// (named in the error when NVML cannot be loaded either).
+pub fn read_nvml(snapshot: &Path) -> Result<(Snapshot, String), InventoryError> {
     let from = |inv: &dyn GpuInventory| Ok((inv.snapshot()?, inv.describe()));
     let lib = std::env::var_os("GPUARCH_NVML_LIB").map(PathBuf::from);
-    let nvml =
-        NvmlInventory::open(lib.as_deref()).map_err(|e| InventoryError::NoSource(Box::new(e)))?;
+    let nvml = NvmlInventory::open(lib.as_deref()).map_err(|e| InventoryError::NoSource {
+        snapshot: snapshot.to_owned(),
+        source: Box::new(e),
+    })?;
     from(&nvml)
 }
 

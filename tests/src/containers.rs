@@ -41,7 +41,7 @@ pub fn missing(tools: &[&str]) -> Option<String> {
 macro_rules! require_containers {
     ($($tool:expr),*) => {
         if let Some(why) = $crate::containers::missing(&[$($tool),*]) {
-            eprintln!("SKIPPED: {why}");
+            $crate::skip(&why);
             return;
         }
     };
@@ -65,6 +65,22 @@ pub fn make_rootfs(dir: &Path) {
     for applet in ["sh", "env", "cat", "echo", "ls", "touch", "true"] {
         symlink("busybox", dir.join("bin").join(applet)).unwrap();
     }
+}
+
+/// Stand-in GPU device nodes `dir/nvidiaN` (char 195:N, the NVIDIA major)
+/// for each minor; returns `dir`.
+pub fn nvidia_nodes(dir: &Path, minors: &[u64]) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    for &minor in minors {
+        nix::sys::stat::mknod(
+            &dir.join(format!("nvidia{minor}")),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(195, minor),
+        )
+        .unwrap();
+    }
+    dir.to_owned()
 }
 
 /// What the container saw.

@@ -153,17 +153,7 @@ impl Engines {
 
         // Stand-in GPUs: the 2080 Ti + 3090 fixture as gpuarchd's snapshot,
         // and their device nodes.
-        let dev = dir.join("dev");
-        std::fs::create_dir_all(&dev).unwrap();
-        for n in 0..2u64 {
-            nix::sys::stat::mknod(
-                &dev.join(format!("nvidia{n}")),
-                nix::sys::stat::SFlag::S_IFCHR,
-                nix::sys::stat::Mode::from_bits_truncate(0o666),
-                nix::sys::stat::makedev(195, n),
-            )
-            .unwrap();
-        }
+        let dev = crate::containers::nvidia_nodes(&dir.join("dev"), &[0, 1]);
         // A tmpfs for what a host keeps in /run: containerd's state (every
         // container's bundle, where the shim rewrites config.json), and
         // gpuarch's snapshot and log. On this machine's ext4 each file

@@ -67,11 +67,19 @@ pub fn cannot_run(root_for: &str, tools: &[&str]) -> Option<String> {
         .map(|t| format!("{t} is not installed"))
 }
 
-/// A test that cannot run here: under CI (`CI=true`) that is a failure
-/// naming what is missing, elsewhere a SKIPPED line.
+/// Must every test run: under CI (`CI=true`) or with
+/// `GPUARCH_TEST_REQUIRE_ALL=1`.
+pub fn require_all() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+        || std::env::var("GPUARCH_TEST_REQUIRE_ALL").is_ok_and(|v| v == "1")
+}
+
+/// A test that cannot run here: where every test must run
+/// ([`require_all`]) that is a failure naming what is missing, elsewhere a
+/// SKIPPED line.
 pub fn skip(why: &str) {
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("cannot run under CI: {why}");
+    if require_all() {
+        panic!("cannot run (CI=true or GPUARCH_TEST_REQUIRE_ALL=1): {why}");
     }
     eprintln!("SKIPPED: {why}");
 }

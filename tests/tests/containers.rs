@@ -12,7 +12,7 @@ use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gpuarch_tests::containers::{Scene, Seen};
+use gpuarch_tests::containers::{Scene, Seen, nvidia_nodes};
 use gpuarch_tests::{artifacts, fixture, require_containers as require, workspace_root};
 use serde_json::{Value, json};
 
@@ -102,18 +102,7 @@ fn podman_device_nodes_assign_gpus() {
     require!("podman", "runc");
     let s = Scene::new();
     // Stand-in device nodes with the NVIDIA major and each GPU's minor.
-    let dev = s.path().join("dev");
-    std::fs::create_dir_all(&dev).unwrap();
-    for minor in [0, 1] {
-        let p = dev.join(format!("nvidia{minor}"));
-        nix::sys::stat::mknod(
-            &p,
-            nix::sys::stat::SFlag::S_IFCHR,
-            nix::sys::stat::Mode::from_bits_truncate(0o600),
-            nix::sys::stat::makedev(195, minor),
-        )
-        .unwrap();
-    }
+    let dev = nvidia_nodes(&s.path().join("dev"), &[0, 1]);
     let d = |n: u64| {
         format!(
             "{}:/dev/nvidia{n}",
@@ -151,17 +140,7 @@ fn podman_cdi_devices_get_the_plan_of_the_gpu_the_spec_names() {
     let inv_path = s.path().join("inventory.json");
     std::fs::write(&inv_path, inv.to_string()).unwrap();
     s.inventory = Some(inv_path);
-    let dev = s.path().join("dev");
-    std::fs::create_dir_all(&dev).unwrap();
-    for minor in [2, 3] {
-        nix::sys::stat::mknod(
-            &dev.join(format!("nvidia{minor}")),
-            nix::sys::stat::SFlag::S_IFCHR,
-            nix::sys::stat::Mode::from_bits_truncate(0o600),
-            nix::sys::stat::makedev(195, minor),
-        )
-        .unwrap();
-    }
+    let dev = nvidia_nodes(&s.path().join("dev"), &[2, 3]);
     let node = |minor: u32| {
         json!({"path": format!("/dev/nvidia{minor}"),
                "hostPath": dev.join(format!("nvidia{minor}"))})
@@ -421,16 +400,14 @@ fn failures_are_open_by_default_and_closed_with_strict() {
 #[test]
 fn a_hung_nvml_costs_at_most_the_budget() {
     require!("runc");
-    if Path::new(gpuarch_inventory::DEFAULT_SNAPSHOT).exists() {
-        eprintln!(
-            "SKIPPED: {} exists, so the hook would not ask NVML",
-            gpuarch_inventory::DEFAULT_SNAPSHOT
-        );
-        return;
-    }
     let mut s = Scene::new();
     s.inventory = None;
-    s.config_yaml = "hook:\n  timeout_ms: 300\n".into();
+    // A snapshot that is not there, whatever the host's /run/gpuarch holds:
+    // the shim must ask NVML.
+    s.config_yaml = format!(
+        "hook:\n  timeout_ms: 300\ndaemon:\n  snapshot: {}\n",
+        s.path().join("no-inventory.json").display()
+    );
     s.extra_env = vec![
         (
             "GPUARCH_NVML_LIB".into(),

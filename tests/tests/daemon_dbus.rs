@@ -29,7 +29,7 @@ fn missing(tools: &[&str]) -> Option<String> {
 macro_rules! require {
     ($($tool:expr),*) => {
         if let Some(why) = missing(&["dbus-daemon" $(, $tool)*]) {
-            eprintln!("SKIPPED: {why}");
+            gpuarch_tests::skip(&why);
             return;
         }
     };

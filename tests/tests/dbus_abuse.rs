@@ -26,7 +26,7 @@ macro_rules! require {
             ": only root may own io.gpuarch1 under the shipped bus policy",
             &["dbus-daemon", "setpriv"],
         ) {
-            eprintln!("SKIPPED: {why}");
+            gpuarch_tests::skip(&why);
             return;
         }
     };

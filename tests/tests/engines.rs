@@ -82,7 +82,7 @@ fn docker_runs_gpuarch_as_its_default_runtime_and_by_name() {
     let nvidia0 = format!("{}:/dev/nvidia0", e.dev.join("nvidia0").display());
     let nvidia1 = format!("{}:/dev/nvidia1", e.dev.join("nvidia1").display());
     let gpu1_uuid = format!("NVIDIA_VISIBLE_DEVICES={GPU1_UUID}");
-    let cases: [(&str, Vec<&str>, Hints); 6] = [
+    let cases: [(&str, Vec<&str>, Hints); 7] = [
         (
             "default runtime, index",
             vec!["-e", "NVIDIA_VISIBLE_DEVICES=1"],
@@ -113,6 +113,16 @@ fn docker_runs_gpuarch_as_its_default_runtime_and_by_name() {
             vec!["--runtime", "gpuarch", "--device", &nvidia1],
             (Some("8.6"), Some("bfloat16")),
         ),
+        (
+            "CUDA_VISIBLE_DEVICES narrows",
+            vec![
+                "-e",
+                "NVIDIA_VISIBLE_DEVICES=0,1",
+                "-e",
+                "CUDA_VISIBLE_DEVICES=1",
+            ],
+            (Some("8.6"), Some("bfloat16")),
+        ),
     ];
     for (case, args, want) in &cases {
         let env = docker_env(e, args);
@@ -140,6 +150,10 @@ fn docker_runs_gpuarch_as_its_default_runtime_and_by_name() {
         "--runtime runc",
     );
     untouched(&docker_env(e, &[]), "no GPU");
+    untouched(
+        &docker_env(e, &["-e", "NVIDIA_VISIBLE_DEVICES=none"]),
+        "NVIDIA_VISIBLE_DEVICES=none",
+    );
     let log = e.take_log();
     assert!(log.contains("NVIDIA GeForce RTX 3090"), "{log}");
 }

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
 
+use std::path::Path;
 use std::process::{Command, Output};
 
 use gpuarch_tests::{artifacts, fixture, workspace_root};
@@ -317,4 +318,50 @@ fn arch_parse_and_features() {
         "{}",
         stderr(&bad)
     );
+}
+
+/// `inspect` needs no GPU for a file's own targets: with no driver, no
+/// snapshot and nothing else in its environment (an admin's build box, CI),
+/// it lists them, says there is nothing here to judge them against, and
+/// exits 0. A source asked for by name that cannot be read stays an error.
+#[test]
+fn inspect_lists_a_files_targets_on_a_machine_without_a_gpu() {
+    if Path::new("/dev/nvidiactl").exists() {
+        gpuarch_tests::skip("this machine has an NVIDIA driver: the no-GPU case cannot be shown");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // The config only moves the snapshot off the host's /run/gpuarch.
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "daemon:\n  snapshot: {}\n",
+            dir.path().join("none.json").display()
+        ),
+    )
+    .unwrap();
+    let cubin = workspace_root().join("kernels/tests/fixtures/nvcc13/sm_120.cubin");
+    let run = |args: &[&str]| {
+        Command::new(&artifacts().gpuarchctl)
+            .args(args)
+            .arg(&cubin)
+            .env_clear()
+            .env("GPUARCH_CONFIG", &cfg)
+            .output()
+            .unwrap()
+    };
+    let o = run(&["inspect"]);
+    let text = ok(&o);
+    assert!(text.contains("sm_120 SASS"), "{text}");
+    assert!(text.contains("no GPU here to judge it against"), "{text}");
+    let o = run(&["--json", "inspect"]);
+    let doc: serde_json::Value = serde_json::from_str(&ok(&o)).unwrap();
+    assert_eq!(doc[0]["code"][0]["target"], "sm_120");
+    assert!(
+        doc[0]["no_gpus"].as_str().unwrap().contains("none.json"),
+        "{doc}"
+    );
+    let o = run(&["--nvml-lib", "/nonexistent/libnvidia-ml.so.1", "inspect"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }

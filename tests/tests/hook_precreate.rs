@@ -295,13 +295,9 @@ fn a_broken_snapshot_fails_open_or_strict_within_the_budget() {
 /// start fails.
 #[test]
 fn a_hung_nvml_costs_precreate_at_most_the_budget() {
-    if std::path::Path::new(gpuarch_inventory::DEFAULT_SNAPSHOT).exists() {
-        eprintln!(
-            "SKIPPED: {} exists, so the hook would not ask NVML",
-            gpuarch_inventory::DEFAULT_SNAPSHOT
-        );
-        return;
-    }
+    // The config names a snapshot that is not there, whatever the host's
+    // /run/gpuarch holds: the hook must ask NVML.
+    let none = tempfile::tempdir().unwrap();
     let topology = fixture("2080ti-3090");
     let env = [
         ("GPUARCH_NVML_LIB", artifacts().fake_nvml.as_os_str()),
@@ -310,7 +306,10 @@ fn a_hung_nvml_costs_precreate_at_most_the_budget() {
     ];
     let input = config(&["NVIDIA_VISIBLE_DEVICES=1"]).to_string();
     for strict in [false, true] {
-        let yaml = format!("strict: {strict}\nhook:\n  timeout_ms: 300\n");
+        let yaml = format!(
+            "strict: {strict}\nhook:\n  timeout_ms: 300\ndaemon:\n  snapshot: {}\n",
+            none.path().join("inventory.json").display()
+        );
         let t0 = std::time::Instant::now();
         let o = hook_env(input.as_bytes(), &yaml, &env);
         let took = t0.elapsed();

@@ -88,7 +88,7 @@ fn have(tool: &str) -> bool {
 #[test]
 fn the_unit_verifies_and_is_type_notify_with_hardening() {
     if !have("systemd-analyze") {
-        eprintln!("SKIPPED: systemd-analyze is not installed");
+        gpuarch_tests::skip("systemd-analyze is not installed");
         return;
     }
     let unit = std::fs::read_to_string(workspace_root().join("systemd/gpuarchd.service")).unwrap();
@@ -126,7 +126,7 @@ fn the_unit_verifies_and_is_type_notify_with_hardening() {
 #[test]
 fn tmpfiles_and_sysusers_create_what_the_daemon_needs() {
     if !have("systemd-tmpfiles") || !have("systemd-sysusers") {
-        eprintln!("SKIPPED: systemd-tmpfiles or systemd-sysusers is not installed");
+        gpuarch_tests::skip("systemd-tmpfiles or systemd-sysusers is not installed");
         return;
     }
     let root = tempfile::tempdir().unwrap();
