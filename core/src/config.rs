@@ -40,7 +40,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::plan::EnvVar;
+use crate::env::EnvVar;
 
 /// The whole config file.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

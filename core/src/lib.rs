@@ -12,10 +12,12 @@
 //! - [`select`]: which GPUs a container was given;
 //! - [`plan`]: what a container gets (env and notes);
 //! - [`requirement`]: the `Match` grammar (`arch>=8.0,feature=bf16`);
-//! - [`config`]: the parts of `/etc/gpuarch/config.yaml` the Plan obeys.
+//! - [`config`]: the parts of `/etc/gpuarch/config.yaml` the Plan obeys;
+//! - [`env`]: the names of the variables gpuarch injects.
 
 pub mod arch;
 pub mod config;
+pub mod env;
 pub mod features;
 pub mod oci;
 pub mod plan;

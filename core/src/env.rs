@@ -1,0 +1,82 @@
+//! The names of the variables gpuarch injects: shared by the config (which
+//! may switch each off) and the Plan (which sets them), so neither module
+//! depends on the other for them.
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// The variables gpuarch injects. Names are a contract (DESIGN.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EnvVar {
+    TorchCudaArchList,
+    FlashinferCudaArchList,
+    CudaDeviceOrder,
+    ComputeCapabilities,
+    MinComputeCapability,
+    Dtype,
+    AttnImplementation,
+    Tf32,
+    Fp8,
+    KernelsDir,
+}
+
+impl EnvVar {
+    /// Every variable, in the order they are injected.
+    pub const ALL: [EnvVar; 10] = [
+        EnvVar::TorchCudaArchList,
+        EnvVar::FlashinferCudaArchList,
+        EnvVar::CudaDeviceOrder,
+        EnvVar::ComputeCapabilities,
+        EnvVar::MinComputeCapability,
+        EnvVar::Dtype,
+        EnvVar::AttnImplementation,
+        EnvVar::Tf32,
+        EnvVar::Fp8,
+        EnvVar::KernelsDir,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EnvVar::TorchCudaArchList => "TORCH_CUDA_ARCH_LIST",
+            EnvVar::FlashinferCudaArchList => "FLASHINFER_CUDA_ARCH_LIST",
+            EnvVar::CudaDeviceOrder => "CUDA_DEVICE_ORDER",
+            EnvVar::ComputeCapabilities => "GPUARCH_COMPUTE_CAPABILITIES",
+            EnvVar::MinComputeCapability => "GPUARCH_MIN_COMPUTE_CAPABILITY",
+            EnvVar::Dtype => "GPUARCH_DTYPE",
+            EnvVar::AttnImplementation => "GPUARCH_ATTN_IMPLEMENTATION",
+            EnvVar::Tf32 => "GPUARCH_TF32",
+            EnvVar::Fp8 => "GPUARCH_FP8",
+            EnvVar::KernelsDir => "GPUARCH_KERNELS_DIR",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|v| v.name() == name)
+    }
+}
+
+impl fmt::Display for EnvVar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Serialize for EnvVar {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for EnvVar {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Self::from_name(&s).ok_or_else(|| {
+            let known: Vec<_> = Self::ALL.iter().map(|v| v.name()).collect();
+            serde::de::Error::custom(format!(
+                "unknown variable '{s}' (gpuarch sets: {})",
+                known.join(", ")
+            ))
+        })
+    }
+}
