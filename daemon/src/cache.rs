@@ -21,7 +21,8 @@ use gpuarch_kernels::store::{self, Store};
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::{Semaphore, mpsc};
 use tracing::{info, warn};
-use zbus::{Connection, Variant};
+use zbus::object_server::SignalEmitter;
+use zbus::{Connection, Variant, interface};
 
 use crate::state::Shared;
 
@@ -347,7 +348,7 @@ impl Cache {
         };
         for (path, state) in jobs {
             conn.object_server()
-                .at(path.as_str(), crate::service::Job { state })
+                .at(path.as_str(), Job { state })
                 .await?;
         }
         Ok(())
@@ -720,7 +721,7 @@ pub async fn start_job(
     }));
     cache.add_job(&path, state.clone());
     if let Some(conn) = cache.shared.bus() {
-        let job = crate::service::Job {
+        let job = Job {
             state: state.clone(),
         };
         conn.object_server().at(path.as_str(), job).await?;
@@ -757,20 +758,17 @@ pub async fn start_job(
         if let Some(conn) = &conn
             && let Ok(iface) = conn
                 .object_server()
-                .interface::<_, crate::service::Job>(path.as_str())
+                .interface::<_, Job>(path.as_str())
                 .await
         {
             let em = iface.signal_emitter();
             let i = iface.get().await;
             let _ = i.state_changed(em).await;
-            let _ = crate::service::Job::finished(em, ok, &msg).await;
+            let _ = Job::finished(em, ok, &msg).await;
         }
         for old in cache.retire_job(path) {
             if let Some(conn) = &conn {
-                let _ = conn
-                    .object_server()
-                    .remove::<crate::service::Job, _>(old.as_str())
-                    .await;
+                let _ = conn.object_server().remove::<Job, _>(old.as_str()).await;
             }
         }
     });
@@ -779,14 +777,66 @@ pub async fn start_job(
 
 async fn emit_progress(conn: Option<Connection>, path: &str) {
     let Some(conn) = conn else { return };
-    if let Ok(iface) = conn
-        .object_server()
-        .interface::<_, crate::service::Job>(path)
-        .await
-    {
+    if let Ok(iface) = conn.object_server().interface::<_, Job>(path).await {
         let i = iface.get().await;
         let _ = i.progress_changed(iface.signal_emitter()).await;
     }
+}
+
+/// `io.gpuarch1.Job`: one pre-warm.
+/// (Served here, where jobs are made, so that the cache needs nothing of
+/// the bus service that hands it requests.)
+#[derive(Debug)]
+pub struct Job {
+    pub state: Arc<std::sync::Mutex<JobState>>,
+}
+
+/// A pre-warm job.
+#[interface(name = "io.gpuarch1.Job")]
+impl Job {
+    /// Fraction of its builds finished, 0 to 1.
+    #[zbus(property)]
+    fn progress(&self) -> f64 {
+        self.state.lock().map_or(0.0, |s| {
+            if s.total == 0 {
+                1.0
+            } else {
+                s.done as f64 / s.total as f64
+            }
+        })
+    }
+
+    /// "running", "done" (everything asked for is served) or "failed".
+    #[zbus(property)]
+    fn state(&self) -> String {
+        self.state
+            .lock()
+            .map(|s| s.state.clone())
+            .unwrap_or_default()
+    }
+
+    /// The outcome in one line, once finished.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn message(&self) -> String {
+        self.state
+            .lock()
+            .map(|s| s.message.clone())
+            .unwrap_or_default()
+    }
+
+    /// One line per finished build: `rmsnorm sm_75: built fp16`.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn log(&self) -> Vec<String> {
+        self.state
+            .lock()
+            .map(|s| s.lines.clone())
+            .unwrap_or_default()
+    }
+
+    /// The job ended: ok when everything asked for is served.
+    #[zbus(signal)]
+    pub async fn finished(emitter: &SignalEmitter<'_>, ok: bool, message: &str)
+    -> zbus::Result<()>;
 }
 
 #[cfg(test)]

@@ -75,25 +75,6 @@ impl Args {
     }
 }
 
-/// Re-read the config; put it in force if valid. Ok(true) when it changed.
-/// An invalid file is logged with its line and reason, and the config in
-/// force stays.
-pub fn reload_config(shared: &Shared) -> Result<bool, String> {
-    match gpuarch_inventory::read_config_at(&shared.config_path, shared.config_must_exist) {
-        Ok(cfg) => {
-            let changed = shared.set_config(cfg);
-            if changed {
-                info!("config {} reloaded", shared.config_path.display());
-            }
-            Ok(changed)
-        }
-        Err(e) => {
-            error!("{e}; the previous config stays in force");
-            Err(format!("{e}; the previous config stays in force"))
-        }
-    }
-}
-
 /// `--check-config`: print the verdict; the exit status.
 pub fn check_config(args: &Args, path: Option<PathBuf>) -> u8 {
     let (path, must) = match path {

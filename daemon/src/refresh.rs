@@ -262,7 +262,7 @@ impl Refresher {
                 while let Ok(Request::Reload(tx)) = requests.try_recv() {
                     waiters.push(tx);
                 }
-                config_result = crate::reload_config(&self.shared).map(|_| ());
+                config_result = self.shared.reload_config().map(|_| ());
             }
             let result = tokio::select! {
                 r = self.refresh(false) => r,

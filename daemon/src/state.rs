@@ -116,6 +116,26 @@ impl Shared {
         true
     }
 
+    /// Re-read the config file; put it in force if valid. Ok(true) when it
+    /// changed. An invalid file is logged with its line and reason, and the
+    /// config in force stays. (Here, not in the crate root, so that the
+    /// refresher and the watcher need nothing of the root that runs them.)
+    pub fn reload_config(&self) -> Result<bool, String> {
+        match gpuarch_inventory::read_config_at(&self.config_path, self.config_must_exist) {
+            Ok(cfg) => {
+                let changed = self.set_config(cfg);
+                if changed {
+                    tracing::info!("config {} reloaded", self.config_path.display());
+                }
+                Ok(changed)
+            }
+            Err(e) => {
+                tracing::error!("{e}; the previous config stays in force");
+                Err(format!("{e}; the previous config stays in force"))
+            }
+        }
+    }
+
     /// NVML answered with `snap`. Returns what changed; the snapshot keeps its
     /// old `generated_at` when nothing did, so the file's time says when the
     /// content was first seen.

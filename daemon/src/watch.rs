@@ -64,7 +64,7 @@ pub fn start(
         while rx.recv().await.is_some() {
             tokio::time::sleep(SETTLE).await;
             while rx.try_recv().is_ok() {}
-            if let Ok(true) = crate::reload_config(&shared) {
+            if let Ok(true) = shared.reload_config() {
                 let _ = requests.send(Request::ConfigChanged).await;
             }
         }

@@ -136,7 +136,7 @@ fn valid_subdir(d: &str) -> bool {
 /// Read `manifest.json` (at most 1 MiB).
 pub fn read_manifest(manifest: &Path) -> Result<Manifest, String> {
     let f = std::fs::File::open(manifest).map_err(|e| e.to_string())?;
-    let bytes = crate::read_at_most(f, MAX_MANIFEST_BYTES)?;
+    let bytes = crate::context::read_at_most(f, MAX_MANIFEST_BYTES)?;
     let v: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
     let list = v
         .get("targets")

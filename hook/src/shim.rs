@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use gpuarch_core::oci;
 use gpuarch_core::plan::Plan;
 
-use crate::{Context, HookError};
+use crate::context::{self, Context};
+use crate::edit::{self, HookError};
 
 /// Set in the real runtime's environment: a shim that finds it set was
 /// started by itself (a `runtime.path` pointing back at the shim) and stops.
@@ -212,10 +213,10 @@ pub fn rewrite_bundle(bundle: &Path, ctx: &Context) -> Result<Plan, ShimError> {
         path: path.clone(),
         source,
     };
-    let (bytes, mut config, meta) = crate::read_config_file(&path).map_err(cfg_err)?;
-    let plan = crate::edit(&mut config, ctx).map_err(|e| ShimError::Edit {
+    let (bytes, mut config, meta) = context::read_config_file(&path).map_err(cfg_err)?;
+    let plan = edit::edit(&mut config, ctx).map_err(|e| ShimError::Edit {
         path: path.clone(),
-        source: crate::locate(e, &bytes),
+        source: edit::locate(e, &bytes),
     })?;
     if plan.is_noop() {
         return Ok(plan);
@@ -244,7 +245,7 @@ pub fn rewrite_bundle(bundle: &Path, ctx: &Context) -> Result<Plan, ShimError> {
         }
     })?;
     let mut plan = plan;
-    if ctx.env_files && !crate::has_hook_entry(&config) && !crate::env_files_hidden(&config) {
+    if ctx.env_files && !edit::has_hook_entry(&config) && !edit::env_files_hidden(&config) {
         plan.notes.push(write_env_files(bundle, ctx));
     }
     Ok(plan)
@@ -271,7 +272,7 @@ fn write_env_files(bundle: &Path, ctx: &Context) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tests::ctx;
+    use crate::edit::tests::ctx;
     use gpuarch_core::config::Config;
     use serde_json::{Value, json};
 

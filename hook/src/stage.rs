@@ -34,7 +34,7 @@ use gpuarch_core::oci::{self, ContainerView};
 use gpuarch_core::plan::{self, EnvVar, Plan};
 use serde::Deserialize;
 
-use crate::Context;
+use crate::context::{self, Context};
 use crate::kernels::{self, KernelMount};
 use crate::rootfs::{Root, RootfsError};
 
@@ -108,7 +108,7 @@ impl State {
 
     /// Read the state from `r`, refusing more than [`MAX_STATE_BYTES`].
     pub fn read(r: impl Read) -> Result<Self, StageError> {
-        Self::parse(&crate::read_at_most(r, MAX_STATE_BYTES).map_err(StageError::State)?)
+        Self::parse(&context::read_at_most(r, MAX_STATE_BYTES).map_err(StageError::State)?)
     }
 }
 
@@ -152,7 +152,7 @@ pub fn run(stage: Stage, state: &State, ctx: &Context) -> Result<Outcome, StageE
         path: config_path.clone(),
         source,
     };
-    let (bytes, config, _) = crate::read_config_file(&config_path).map_err(bundle_err)?;
+    let (bytes, config, _) = context::read_config_file(&config_path).map_err(bundle_err)?;
     let view = ContainerView::from_value(&config)
         .or_else(|_| ContainerView::from_json(&bytes))
         .map_err(bundle_err)?;
@@ -367,7 +367,7 @@ fn ldconfig(rootfs: &Path, dirs: &[String]) -> Result<(), StageError> {
         .arg(rootfs)
         .args(dirs)
         .env_clear()
-        .env("PATH", crate::SAFE_PATH)
+        .env("PATH", context::SAFE_PATH)
         .stdin(std::process::Stdio::null())
         .output()
         .map_err(|e| StageError::Ldconfig(format!("{}: {e}", bin.display())))?;
@@ -387,7 +387,7 @@ fn ldconfig(rootfs: &Path, dirs: &[String]) -> Result<(), StageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tests::ctx;
+    use crate::edit::tests::ctx;
     use gpuarch_core::config::Config;
     use serde_json::json;
 

@@ -1,0 +1,131 @@
+//! What one invocation knows besides the container ([`Context`]), and how
+//! it is read: gpuarch's config, the inventory (the snapshot, else NVML
+//! under the budget), bounded reads of a config or state.
+
+use std::path::PathBuf;
+
+use gpuarch_core::config::Config;
+use gpuarch_core::oci;
+use gpuarch_core::snapshot::Snapshot;
+use serde_json::Value;
+
+use crate::budget;
+
+/// What one invocation knows besides the container: the host's GPUs, the
+/// config, and how to call the hook back inside the container.
+#[derive(Debug, Clone)]
+pub struct Context {
+    pub inventory: Snapshot,
+    pub config: Config,
+    /// The `gpuarch-hook` binary that the `createContainer` entry runs; with
+    /// `None` no entry is added.
+    pub hook_path: Option<PathBuf>,
+    /// `NAME=value` settings of this process (`GPUARCH_CONFIG`,
+    /// `GPUARCH_INVENTORY`, ...) handed to that entry. Never the container's.
+    pub hook_env: Vec<String>,
+    /// Add the `createContainer` entry to every container given a Plan, so
+    /// `/run/gpuarch/env` and `/etc/profile.d/gpuarch.sh` exist for the
+    /// sessions an engine starts without the config's env (`docker exec`,
+    /// `kubectl exec`): the shim's `runtime.env_files`.
+    pub env_files: bool,
+}
+
+/// Variables of this process that the `createContainer` entry inherits:
+/// where to find the config and inventory. Nothing else, and never a
+/// loader variable.
+pub const HOOK_ENV_VARS: [&str; 3] = ["GPUARCH_CONFIG", "GPUARCH_INVENTORY", "GPUARCH_NVML_LIB"];
+
+/// PATH of everything the hook runs, whatever PATH it was started with.
+pub const SAFE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+impl Context {
+    pub fn new(inventory: Snapshot, config: Config, hook_path: Option<PathBuf>) -> Self {
+        Self {
+            inventory,
+            config,
+            hook_path,
+            hook_env: Self::hook_env_from_process(),
+            env_files: false,
+        }
+    }
+
+    /// The hook entry's env from this process's environment.
+    pub fn hook_env_from_process() -> Vec<String> {
+        let mut env = vec![format!("PATH={SAFE_PATH}")];
+        for k in HOOK_ENV_VARS {
+            if let Some(v) = std::env::var_os(k).and_then(|v| v.into_string().ok()) {
+                env.push(format!("{k}={v}"));
+            }
+        }
+        env
+    }
+}
+
+/// Read the config (`GPUARCH_CONFIG` or `/etc/gpuarch/config.yaml`). A
+/// config that cannot be read is an error for the caller to report; the
+/// defaults (fail open) then apply.
+pub fn load_config() -> (Config, Option<String>) {
+    match gpuarch_inventory::read_config() {
+        Ok(c) => (c, None),
+        Err(e) => (Config::default(), Some(e.to_string())),
+    }
+}
+
+/// Build the context: the inventory from the daemon's snapshot (or
+/// `GPUARCH_INVENTORY`), else NVML. No D-Bus.
+pub fn load_context(config: Config, hook_path: Option<PathBuf>) -> Result<Context, String> {
+    let (inventory, _) = gpuarch_inventory::read_inventory(None, None, &config.daemon.snapshot)
+        .map_err(|e| e.to_string())?;
+    Ok(Context::new(inventory, config, hook_path))
+}
+
+/// [`load_context`] for work that runs on the calling thread: the snapshot
+/// is a file of gpuarchd's, read right here; NVML, which can hang, is asked
+/// on a thread of its own and given up on after `hook.timeout_ms`. A
+/// thread costs a container start about 0.45 ms of CPU and as much wall
+/// time on a VM (its start and the wake-up of the thread that waits for
+/// it), so only what can hang gets one.
+pub fn load_context_within(config: Config, hook_path: Option<PathBuf>) -> Result<Context, String> {
+    use gpuarch_inventory::GpuInventory;
+    let inventory = match gpuarch_inventory::snapshot_source(None, &config.daemon.snapshot) {
+        Some(path) => gpuarch_inventory::SnapshotFile::new(path)
+            .snapshot()
+            .map_err(|e| e.to_string())?,
+        None => {
+            let budget = std::time::Duration::from_millis(config.hook.timeout_ms);
+            let snapshot = config.daemon.snapshot.clone();
+            budget::run(budget, move || {
+                gpuarch_inventory::read_nvml(&snapshot)
+                    .map(|(s, _)| s)
+                    .map_err(|e| e.to_string())
+            })?
+        }
+    };
+    Ok(Context::new(inventory, config, hook_path))
+}
+
+/// Read all of `r`, refusing more than `limit` bytes without reading past
+/// the bound.
+pub fn read_at_most(r: impl std::io::Read, limit: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    r.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > limit {
+        return Err(format!("larger than {limit} bytes"));
+    }
+    Ok(bytes)
+}
+
+/// Read a bundle's `config.json` (bounded) into its bytes, its JSON value
+/// and the file's metadata.
+pub fn read_config_file(
+    path: &std::path::Path,
+) -> Result<(Vec<u8>, Value, std::fs::Metadata), oci::OciError> {
+    let file = std::fs::File::open(path)?;
+    let meta = file.metadata()?;
+    let bytes = oci::read_bounded(file)?;
+    let value = oci::parse_value(&bytes)?;
+    Ok((bytes, value, meta))
+}

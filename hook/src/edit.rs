@@ -1,0 +1,545 @@
+//! The one edit of an OCI config ([`edit`]): the Plan's env, the kernel
+//! mounts, and a `createContainer` entry when something must run inside;
+//! [`precreate`] wraps it for podman's hooks.d stage.
+
+use gpuarch_core::oci::{self, ContainerView};
+use gpuarch_core::plan::{self, Plan};
+use serde_json::{Value, json};
+
+use crate::context::Context;
+use crate::kernels::{self, KernelMount};
+use crate::stage;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    #[error("{0}")]
+    Oci(#[from] oci::OciError),
+    #[error("OCI config has {0}")]
+    Shape(&'static str),
+    #[error("cannot encode the OCI config: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+/// The `createContainer` entry that runs gpuarch-hook inside the
+/// container; `None` without a hook path.
+fn hook_entry(ctx: &Context) -> Option<Value> {
+    let path = ctx.hook_path.as_ref()?;
+    // OCI timeouts are whole seconds; leave the hook its own budget.
+    let timeout = ctx.config.hook.timeout_ms.div_ceil(1000) + 1;
+    Some(json!({
+        "path": path,
+        "args": ["gpuarch-hook", stage::CREATE_CONTAINER],
+        "env": ctx.hook_env,
+        "timeout": timeout,
+    }))
+}
+
+/// Set the Plan's env in `process.env`. An entry of the same name is
+/// replaced: the Plan holds a variable the container sets only when the
+/// config says to override it. Nothing else in the config is touched.
+pub fn apply_env(config: &mut Value, plan: &Plan) -> Result<(), HookError> {
+    if plan.env.is_empty() {
+        return Ok(());
+    }
+    let process = config
+        .as_object_mut()
+        .ok_or(HookError::Shape("no top-level object"))?
+        .get_mut("process")
+        .and_then(Value::as_object_mut)
+        .ok_or(HookError::Shape("no \"process\" object; cannot add env"))?;
+    let env = process
+        .entry("env")
+        .or_insert_with(|| Value::Array(Vec::new()))
+        .as_array_mut()
+        .ok_or(HookError::Shape("a \"process.env\" that is not a list"))?;
+    let ours: std::collections::HashSet<&str> = plan.env.iter().map(|(k, _)| k.as_str()).collect();
+    env.retain(|e| {
+        e.as_str()
+            .and_then(|s| s.split_once('='))
+            .is_none_or(|(name, _)| !ours.contains(name))
+    });
+    env.extend(
+        plan.env
+            .iter()
+            .map(|(k, v)| Value::String(format!("{k}={v}"))),
+    );
+    Ok(())
+}
+
+/// The list at `config[key]`, created empty when absent.
+fn list_at<'a>(config: &'a mut Value, key: &str) -> Result<&'a mut Vec<Value>, HookError> {
+    config
+        .as_object_mut()
+        .ok_or(HookError::Shape("no top-level object"))?
+        .entry(key)
+        .or_insert_with(|| Value::Array(Vec::new()))
+        .as_array_mut()
+        .ok_or(HookError::Shape("a list field that is not a list"))
+}
+
+/// Add the kernel mounts; returns how many were added. A destination the
+/// container already mounts is left to the container, with a note.
+pub fn apply_mounts(
+    config: &mut Value,
+    mounts: &[KernelMount],
+    notes: &mut Vec<String>,
+) -> Result<usize, HookError> {
+    if mounts.is_empty() {
+        return Ok(0);
+    }
+    let mut added = 0;
+    let list = list_at(config, "mounts")?;
+    for m in mounts {
+        let dest = m.destination();
+        if list
+            .iter()
+            .any(|e| e.get("destination").and_then(Value::as_str) == Some(dest.as_str()))
+        {
+            notes.push(format!(
+                "{dest} is already mounted by the container: kernel package {} not mounted",
+                m.package
+            ));
+            continue;
+        }
+        list.extend(m.to_oci());
+        added += 1;
+        notes.push(format!(
+            "kernel package {} mounted read-only at {dest}",
+            m.package
+        ));
+    }
+    Ok(added)
+}
+
+/// Add our `createContainer` hook entry unless one is there already.
+fn apply_hook(config: &mut Value, entry: Value) -> Result<(), HookError> {
+    let hooks = config
+        .as_object_mut()
+        .ok_or(HookError::Shape("no top-level object"))?
+        .entry("hooks")
+        .or_insert_with(|| json!({}));
+    let list = list_at(hooks, "createContainer")
+        .map_err(|_| HookError::Shape("a \"hooks\" that is not an object of lists"))?;
+    let ours = |e: &Value| {
+        e.get("args")
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.iter().any(|x| x == stage::CREATE_CONTAINER))
+            && e.get("path")
+                .and_then(Value::as_str)
+                .is_some_and(|p| p.ends_with("gpuarch-hook"))
+    };
+    if !list.iter().any(ours) {
+        list.push(entry);
+    }
+    Ok(())
+}
+
+/// Plan the container of `config` and apply the Plan: env, kernel mounts,
+/// and a `createContainer` entry when mounted libraries need ldconfig.
+/// Returns the Plan; a no-op Plan leaves `config` untouched.
+pub fn edit(config: &mut Value, ctx: &Context) -> Result<Plan, HookError> {
+    let view = ContainerView::from_value(config)?;
+    let mut plan = plan::plan(&view, &ctx.inventory, &ctx.config.env);
+    if plan.is_noop() {
+        return Ok(plan);
+    }
+    let (mounts, notes) = kernels::discover(
+        &ctx.config.kernels,
+        &plan,
+        &ctx.inventory.cuda_driver_version,
+    );
+    plan.notes.extend(notes);
+    if apply_mounts(config, &mounts, &mut plan.notes)? > 0 {
+        plan.add_kernels_dir(kernels::CONTAINER_DIR, &view, &ctx.config.env);
+    }
+    apply_env(config, &plan)?;
+    // The env is in the config now; the in-container stage is needed only
+    // for what the config cannot say: the loader cache for mounted
+    // libraries, and (asked for by the shim) the env files for sessions
+    // that do not get the config's env. The shim writes those itself
+    // before the runtime starts, unless a mount in the config would cover
+    // them (then only the stage, which runs after the mounts, can).
+    let why = if mounts.iter().any(|m| !m.libraries.is_empty()) {
+        Some("mounted libraries need ldconfig inside the container")
+    } else if ctx.env_files && env_files_hidden(config) {
+        Some("runtime.env_files, and a mount over /run or /etc would hide files written now")
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        match hook_entry(ctx) {
+            Some(entry) => {
+                apply_hook(config, entry)?;
+                plan.notes
+                    .push(format!("createContainer hook added: {why}"));
+            }
+            None => plan.notes.push(format!(
+                "{why}, but gpuarch-hook was not found beside this program: no createContainer hook"
+            )),
+        }
+    }
+    Ok(plan)
+}
+
+/// Does a mount in `config` cover `/run/gpuarch/env` or
+/// `/etc/profile.d/gpuarch.sh`, so that files written into the rootfs
+/// before the runtime mounts it would be hidden?
+pub fn env_files_hidden(config: &Value) -> bool {
+    let covers = |dest: &str| {
+        let dest = std::path::Path::new(dest);
+        [stage::ENV_FILE, stage::PROFILE_FILE]
+            .iter()
+            .any(|f| std::path::Path::new("/").join(f).starts_with(dest))
+    };
+    config
+        .get("mounts")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m.get("destination").and_then(Value::as_str))
+        .any(covers)
+}
+
+/// Has `config` a `createContainer` entry running gpuarch-hook?
+pub fn has_hook_entry(config: &Value) -> bool {
+    config
+        .get("hooks")
+        .and_then(|h| h.get("createContainer"))
+        .and_then(Value::as_array)
+        .is_some_and(|l| {
+            l.iter().any(|e| {
+                e.get("path")
+                    .and_then(Value::as_str)
+                    .is_some_and(|p| p.ends_with("gpuarch-hook"))
+            })
+        })
+}
+
+/// A field error found in a parsed value, located in the bytes it came
+/// from (parsed again, only on this error path).
+pub fn locate(e: HookError, bytes: &[u8]) -> HookError {
+    match e {
+        HookError::Oci(oci::OciError::Value(_)) => match ContainerView::from_json(bytes) {
+            Err(located) => HookError::Oci(located),
+            Ok(_) => e,
+        },
+        e => e,
+    }
+}
+
+/// The precreate stage: the proposed config in, the config with the Plan
+/// applied out, and the Plan for the log. A no-op Plan gives back the input
+/// bytes exactly.
+pub fn precreate(input: &[u8], ctx: &Context) -> Result<(Vec<u8>, Plan), HookError> {
+    let mut config = oci::parse_value(input)?;
+    let plan = edit(&mut config, ctx).map_err(|e| locate(e, input))?;
+    if plan.is_noop() {
+        return Ok((input.to_vec(), plan));
+    }
+    let out = serde_json::to_vec(&config)?;
+    Ok((out, plan))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::context::SAFE_PATH;
+    use gpuarch_core::config::{Config, EnvConfig};
+    use gpuarch_core::snapshot::Snapshot;
+    use std::path::PathBuf;
+
+    pub(crate) fn host() -> Snapshot {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/2080ti-3090.json"
+        );
+        Snapshot::from_json(&std::fs::read(path).unwrap()).unwrap()
+    }
+
+    pub(crate) fn ctx(config: Config) -> Context {
+        Context {
+            inventory: host(),
+            config,
+            hook_path: Some(PathBuf::from("/usr/bin/gpuarch-hook")),
+            hook_env: vec![format!("PATH={SAFE_PATH}")],
+            env_files: false,
+        }
+    }
+
+    fn config(env: &[&str]) -> Value {
+        json!({
+            "ociVersion": "1.2.0",
+            "process": {"args": ["sh"], "env": env, "user": {"uid": 0, "gid": 0}},
+            "root": {"path": "rootfs", "readonly": true},
+            "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
+            "annotations": {"org.example/x": "y"},
+            "linux": {"namespaces": [{"type": "pid"}], "resources": {"devices": [{"allow": false, "access": "rwm"}]}},
+            "vendor.example/unknown": {"nested": [1, 2.5, null, "s"], "big": 18446744073709551615u64}
+        })
+    }
+
+    fn env_of(v: &Value) -> Vec<String> {
+        v["process"]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn precreate_adds_env_and_preserves_every_other_field() {
+        let input = config(&["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0,1"]);
+        let (out, plan) = precreate(input.to_string().as_bytes(), &ctx(Config::default())).unwrap();
+        let out: Value = serde_json::from_slice(&out).unwrap();
+        let env = env_of(&out);
+        assert!(
+            env.contains(&"TORCH_CUDA_ARCH_LIST=7.5;8.6".to_owned()),
+            "{env:?}"
+        );
+        assert!(env.contains(&"GPUARCH_DTYPE=float16".to_owned()));
+        assert_eq!(&env[..2], ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0,1"]);
+        assert_eq!(env.len(), 2 + plan.env.len());
+        // Nothing to do inside the container: no hook entry.
+        assert!(out.get("hooks").is_none(), "{out}");
+        // Everything but what gpuarch owns is exactly as it came in.
+        let mut a = out.clone();
+        let mut b = input.clone();
+        a["process"]["env"] = Value::Null;
+        b["process"]["env"] = Value::Null;
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn numbers_come_out_with_the_digits_they_came_in_with() {
+        let input = br#"{"process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"]},
+            "x-vendor": {"a": 1.10, "b": -99999999999999999999999, "c": 0.1000000000000000055511151231257827, "d": 1e400}}"#;
+        let (out, plan) = precreate(input, &ctx(Config::default())).unwrap();
+        assert!(!plan.is_noop());
+        let out = String::from_utf8(out).unwrap();
+        for digits in [
+            "\"a\":1.10",
+            "\"b\":-99999999999999999999999",
+            "\"c\":0.1000000000000000055511151231257827",
+        ] {
+            assert!(out.contains(digits), "{digits} lost: {out}");
+        }
+        assert!(
+            out.contains("\"d\":1e+400") || out.contains("\"d\":1e400"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn mounted_libraries_add_our_hook_once_beside_existing_ones() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("pkg/lib")).unwrap();
+        std::fs::write(
+            tmp.path().join("pkg/manifest.json"),
+            r#"{"targets": ["sm_86"], "libraries": ["lib"]}"#,
+        )
+        .unwrap();
+        let mut cfg = Config::default();
+        cfg.kernels.mount_root = tmp.path().to_owned();
+        let cx = ctx(cfg);
+        let mut c = config(&["NVIDIA_VISIBLE_DEVICES=1"]);
+        c["hooks"] = json!({"prestart": [{"path": "/x"}], "createContainer": [{"path": "/y"}]});
+        edit(&mut c, &cx).unwrap();
+        edit(&mut c, &cx).unwrap();
+        assert_eq!(c["hooks"]["prestart"], json!([{"path": "/x"}]));
+        let cc = c["hooks"]["createContainer"].as_array().unwrap();
+        assert_eq!(cc.len(), 2, "{cc:?}");
+        assert_eq!(cc[0], json!({"path": "/y"}));
+        assert_eq!(cc[1]["path"], "/usr/bin/gpuarch-hook");
+        assert_eq!(cc[1]["args"], json!(["gpuarch-hook", "create-container"]));
+        assert_eq!(cc[1]["timeout"], 6);
+        assert_eq!(cc[1]["env"], json!([format!("PATH={SAFE_PATH}")]));
+    }
+
+    #[test]
+    fn no_gpu_or_opt_out_passes_the_bytes_through_untouched() {
+        for env in [
+            &["PATH=/bin"][..],
+            &["NVIDIA_VISIBLE_DEVICES=all", "GPUARCH_DISABLE=1"],
+        ] {
+            let input = format!("{}\n", config(env));
+            let (out, plan) = precreate(input.as_bytes(), &ctx(Config::default())).unwrap();
+            assert!(plan.is_noop());
+            assert_eq!(out, input.as_bytes());
+        }
+    }
+
+    #[test]
+    fn container_values_are_kept_unless_override() {
+        let input = config(&["NVIDIA_VISIBLE_DEVICES=1", "TORCH_CUDA_ARCH_LIST=8.0"]).to_string();
+        let (out, _) = precreate(input.as_bytes(), &ctx(Config::default())).unwrap();
+        let env = env_of(&serde_json::from_slice(&out).unwrap());
+        let torch: Vec<_> = env
+            .iter()
+            .filter(|e| e.starts_with("TORCH_CUDA_ARCH_LIST="))
+            .collect();
+        assert_eq!(torch, ["TORCH_CUDA_ARCH_LIST=8.0"]);
+
+        let cfg = Config {
+            env: EnvConfig {
+                override_existing: true,
+                ..EnvConfig::default()
+            },
+            ..Config::default()
+        };
+        let (out, _) = precreate(input.as_bytes(), &ctx(cfg)).unwrap();
+        let env = env_of(&serde_json::from_slice(&out).unwrap());
+        let torch: Vec<_> = env
+            .iter()
+            .filter(|e| e.starts_with("TORCH_CUDA_ARCH_LIST="))
+            .collect();
+        assert_eq!(torch, ["TORCH_CUDA_ARCH_LIST=8.6"]);
+    }
+
+    #[test]
+    fn kernel_packages_are_mounted_only_when_they_serve_every_gpu() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pkg = |name: &str, manifest: &str| {
+            std::fs::create_dir_all(tmp.path().join(name)).unwrap();
+            std::fs::write(tmp.path().join(name).join("manifest.json"), manifest).unwrap();
+        };
+        pkg("both", r#"{"targets": ["sm_75", "sm_86"]}"#);
+        pkg("ampere-only", r#"{"targets": ["sm_80"]}"#);
+        pkg("broken", "{");
+        let mut cfg = Config::default();
+        cfg.kernels.mount_root = tmp.path().to_owned();
+        let cx = ctx(cfg);
+
+        let mut c = config(&["NVIDIA_VISIBLE_DEVICES=0,1"]);
+        let plan = edit(&mut c, &cx).unwrap();
+        let mounts = c["mounts"].as_array().unwrap();
+        assert_eq!(mounts.len(), 2, "{mounts:?}");
+        assert_eq!(mounts[1]["destination"], "/opt/gpuarch/kernels/both");
+        assert_eq!(mounts[1]["options"][1], "ro");
+        assert_eq!(
+            plan.env_get("GPUARCH_KERNELS_DIR"),
+            Some("/opt/gpuarch/kernels")
+        );
+        let notes = plan.notes.join("\n");
+        assert!(
+            notes.contains("ampere-only not mounted: no build in it runs on GPU 0"),
+            "{notes}"
+        );
+        assert!(notes.contains("broken skipped: manifest.json"), "{notes}");
+
+        // GPU 1 alone (8.6) is served by sm_80 SASS too.
+        let mut c = config(&["NVIDIA_VISIBLE_DEVICES=1"]);
+        edit(&mut c, &cx).unwrap();
+        assert_eq!(c["mounts"].as_array().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn published_builds_are_mounted_per_gpu_and_a_miss_is_requested() {
+        let tmp = tempfile::tempdir().unwrap();
+        let build75 = tmp.path().join("cache/objects/ab/sm75");
+        std::fs::create_dir_all(&build75).unwrap();
+        let root = tmp.path().join("mount");
+        std::fs::create_dir_all(root.join("saxpy")).unwrap();
+        std::fs::write(
+            root.join("saxpy/manifest.json"),
+            serde_json::json!({"version": "1", "targets": ["sm_75"], "builds": [
+                {"arch": "sm_75", "variant": "fp32", "dtype": "float32",
+                 "dir": build75, "files": ["saxpy.cubin"]}]})
+            .to_string(),
+        )
+        .unwrap();
+        let mut cfg = Config::default();
+        cfg.kernels.mount_root = root;
+        cfg.kernels.spool_dir = tmp.path().join("spool");
+        cfg.kernels.view_dir = tmp.path().join("views");
+        cfg.kernels.cache_dir = tmp.path().join("cache");
+        let cx = ctx(cfg);
+
+        // GPU 1 (8.6): nothing runs there yet; asked for, not mounted.
+        let mut c = config(&["NVIDIA_VISIBLE_DEVICES=1"]);
+        let plan = edit(&mut c, &cx).unwrap();
+        assert!(tmp.path().join("spool/saxpy@sm_86").is_file());
+        assert!(
+            c["mounts"].as_array().unwrap().len() == 1,
+            "{}",
+            c["mounts"]
+        );
+        let notes = plan.notes.join("\n");
+        assert!(
+            notes.contains("no sm_86 build yet; requested it from gpuarchd"),
+            "{notes}"
+        );
+
+        // Both GPUs: the sm_75 build is mounted for GPU 0; GPU 1 is missing.
+        let mut c = config(&["NVIDIA_VISIBLE_DEVICES=0,1"]);
+        let plan = edit(&mut c, &cx).unwrap();
+        let mounts = c["mounts"].as_array().unwrap();
+        assert_eq!(mounts.len(), 3, "{mounts:?}");
+        assert_eq!(mounts[1]["destination"], "/opt/gpuarch/kernels/saxpy");
+        assert_eq!(mounts[2]["destination"], "/opt/gpuarch/kernels/saxpy/sm_75");
+        assert_eq!(mounts[2]["source"], build75.to_str().unwrap());
+        let view = std::path::PathBuf::from(mounts[1]["source"].as_str().unwrap());
+        assert!(view.starts_with(tmp.path().join("views")) && view.join("sm_75").is_dir());
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(view.join("manifest.json")).unwrap()).unwrap();
+        assert_eq!(m["gpus"][0]["files"][0], "sm_75/saxpy.cubin");
+        assert!(
+            m["gpus"][1]["missing"]
+                .as_str()
+                .unwrap()
+                .contains("no build runs on GPU 1")
+        );
+        assert!(
+            plan.notes.join("\n").contains("already requested"),
+            "{:?}",
+            plan.notes
+        );
+        // The same GPUs again share the view.
+        let mut c2 = config(&["NVIDIA_VISIBLE_DEVICES=0,1"]);
+        edit(&mut c2, &cx).unwrap();
+        assert_eq!(c2["mounts"][1]["source"], mounts[1]["source"]);
+        assert_eq!(
+            std::fs::read_dir(tmp.path().join("views")).unwrap().count(),
+            1
+        );
+    }
+
+    #[test]
+    fn bad_configs_are_errors_not_panics() {
+        let c = ctx(Config::default());
+        assert!(matches!(
+            precreate(b"{\"process\":", &c),
+            Err(HookError::Oci(oci::OciError::Syntax { .. }))
+        ));
+        assert!(matches!(precreate(b"[1]", &c), Err(HookError::Oci(_))));
+        let no_process = json!({"annotations": {"cdi.k8s.io/g": "nvidia.com/gpu=0"}}).to_string();
+        let e = precreate(no_process.as_bytes(), &c).unwrap_err();
+        assert!(e.to_string().contains("no \"process\" object"), "{e}");
+        let mut bad_env = config(&[]);
+        bad_env["process"]["env"] = json!("NVIDIA_VISIBLE_DEVICES=0");
+        let e = edit(&mut bad_env, &c).unwrap_err();
+        assert!(e.to_string().contains("expected a sequence"), "{e}");
+        // From bytes, the same mistake comes with its line and column.
+        let e = precreate(bad_env.to_string().as_bytes(), &c).unwrap_err();
+        assert!(e.to_string().contains("at line 1, column"), "{e}");
+    }
+
+    #[test]
+    fn a_hundred_thousand_env_entries_are_handled() {
+        let mut env: Vec<String> = (0..100_000).map(|i| format!("V{i}=x")).collect();
+        env.push("NVIDIA_VISIBLE_DEVICES=1".into());
+        let refs: Vec<&str> = env.iter().map(String::as_str).collect();
+        let input = config(&refs).to_string();
+        let t = std::time::Instant::now();
+        let (out, plan) = precreate(input.as_bytes(), &ctx(Config::default())).unwrap();
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(
+            env_of(&serde_json::from_slice(&out).unwrap()).len(),
+            100_001 + plan.env.len()
+        );
+    }
+}
