@@ -4,14 +4,12 @@
 //! The hook and the CLI pick an implementation explicitly; tests use the real
 //! [`NvmlInventory`] against the fake `libnvidia-ml.so` of tests/fake-nvml.
 
-pub mod trust;
+pub use gpuarch_fs::{trust, write_atomic};
 
 use std::ffi::OsStr;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::{self, File};
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use gpuarch_core::arch::{ComputeCapability, CudaVersion};
@@ -288,41 +286,6 @@ pub fn write_snapshot(path: &Path, snap: &Snapshot) -> Result<(), InventoryError
         path: path.to_owned(),
         source,
     })
-}
-
-/// Replace `path` with `data` whole or not at all: a temp file in the same
-/// directory (mode 0644), fsync, rename, fsync the directory. On failure the
-/// temp file is removed and the old file is untouched.
-pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}-{}",
-        name.to_string_lossy(),
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&tmp)?;
-        f.write_all(data)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
-        File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
 }
 
 /// Where the config is read from when `GPUARCH_CONFIG` does not say.

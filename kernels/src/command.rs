@@ -76,7 +76,7 @@ pub enum RunError {
 /// Resolve `argv[0]`: a path with a `/` as given (relative to the sources),
 /// a bare name on `path`. The program runs as gpuarchd's user, root: one
 /// that another user owns or could write is refused
-/// ([`gpuarch_inventory::trust`]).
+/// ([`gpuarch_fs::trust`]).
 fn resolve(prog: &str, src: &Path, path: &[PathBuf]) -> Result<PathBuf, RunError> {
     let found = if prog.contains('/') {
         src.join(prog)
@@ -94,7 +94,7 @@ fn resolve(prog: &str, src: &Path, path: &[PathBuf]) -> Result<PathBuf, RunError
                 ))
             })?
     };
-    gpuarch_inventory::trust::check(&found)
+    gpuarch_fs::trust::check(&found)
         .map_err(|e| RunError::Tool(format!("build program {prog}: {e}")))?;
     Ok(found)
 }

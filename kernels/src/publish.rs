@@ -8,7 +8,7 @@ use serde_json::json;
 
 use crate::build::ArchResult;
 use crate::spec::Package;
-use gpuarch_inventory::write_atomic;
+use gpuarch_fs::write_atomic;
 
 /// Write the manifest of `pkg` from `results` (one per arch), atomically.
 pub fn publish(mount_root: &Path, pkg: &Package, results: &[ArchResult]) -> io::Result<()> {

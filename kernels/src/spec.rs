@@ -164,11 +164,11 @@ impl Package {
     /// Read `dir/kernel.yaml` and the sources it names.
     /// A package whose files another user owns or could write is refused
     /// (its `command` build would run as root): see
-    /// [`gpuarch_inventory::trust`].
+    /// [`gpuarch_fs::trust`].
     pub fn load(dir: &Path) -> Result<Self, SpecError> {
         let file = dir.join(SPEC_FILE);
         let trusted_read = |f: &Path, max: u64| {
-            gpuarch_inventory::trust::check(f).map_err(std::io::Error::other)?;
+            gpuarch_fs::trust::check(f).map_err(std::io::Error::other)?;
             read_limited(f, max)
         };
         let text = trusted_read(&file, MAX_SPEC_BYTES).map_err(|e| SpecError {

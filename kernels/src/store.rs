@@ -26,7 +26,7 @@ use gpuarch_core::arch::{CodeKind, Target};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
-use gpuarch_inventory::write_atomic;
+use gpuarch_fs::write_atomic;
 
 use crate::inspect;
 use crate::spec::sha256_hex;

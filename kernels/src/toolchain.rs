@@ -222,7 +222,7 @@ impl Nvrtc {
             // NVRTC runs inside gpuarchd, as root: another user's copy is
             // passed over (the system library path is ld.so's to trust).
             if c.is_absolute()
-                && let Err(e) = gpuarch_inventory::trust::check(&c)
+                && let Err(e) = gpuarch_fs::trust::check(&c)
             {
                 tried.push(e.to_string());
                 continue;
