@@ -40,7 +40,11 @@ enum Sink {
 #[derive(Debug)]
 struct State {
     program: &'static str,
-    sink: Sink,
+    /// `log.to` under `GPUARCH_LOG`.
+    to: LogTarget,
+    /// `to` resolved, on the first line: most invocations (the shim's
+    /// pass-through `start`, `delete`, ...) log nothing and pay nothing.
+    sink: Option<Sink>,
     level: LogLevel,
     file: PathBuf,
     max_bytes: u64,
@@ -55,7 +59,8 @@ fn state() -> MutexGuard<'static, State> {
         .get_or_init(|| {
             Mutex::new(State {
                 program: "gpuarch-hook",
-                sink: Sink::File,
+                to: LogTarget::Auto,
+                sink: None,
                 level: LogLevel::Info,
                 file: PathBuf::from(gpuarch_core::config::DEFAULT_LOG_FILE),
                 max_bytes: 1 << 20,
@@ -94,8 +99,21 @@ pub fn init(program: &'static str) {
 /// Apply the config's `log:` section, under `GPUARCH_LOG`.
 pub fn configure(cfg: &LogConfig) {
     let (to, level) = env_override(std::env::var_os(LOG_ENV));
-    let to = to.unwrap_or(cfg.to);
-    let sink = match to {
+    let mut s = state();
+    s.to = to.unwrap_or(cfg.to);
+    s.sink = None;
+    s.level = level.unwrap_or(cfg.level);
+    s.file = cfg.file.clone();
+    s.max_bytes = cfg.max_bytes;
+}
+
+/// Where lines go now: `to` resolved (once), the journal's subscriber
+/// installed when it is the journal.
+fn sink(s: &mut State) -> Sink {
+    if let Some(sink) = s.sink {
+        return sink;
+    }
+    let sink = match s.to {
         LogTarget::Stderr => Sink::Stderr,
         LogTarget::Journal => Sink::Journal,
         LogTarget::Syslog => Sink::Syslog,
@@ -105,11 +123,6 @@ pub fn configure(cfg: &LogConfig) {
         LogTarget::Auto if Path::new(SYSLOG_SOCKET).exists() => Sink::Syslog,
         LogTarget::Auto => Sink::File,
     };
-    let mut s = state();
-    s.sink = sink;
-    s.level = level.unwrap_or(cfg.level);
-    s.file = cfg.file.clone();
-    s.max_bytes = cfg.max_bytes;
     if sink == Sink::Journal && !s.journal_installed {
         let program = s.program;
         s.journal_installed = tracing_journald::layer().is_ok_and(|layer| {
@@ -118,6 +131,8 @@ pub fn configure(cfg: &LogConfig) {
             tracing::subscriber::set_global_default(sub).is_ok()
         });
     }
+    s.sink = Some(sink);
+    sink
 }
 
 /// The runtime log an engine passed to the shim (`--log PATH`, with
@@ -157,24 +172,24 @@ pub fn warn(msg: &str) {
 /// runtime log, else stderr).
 pub fn fatal(msg: &str) {
     emit(LogLevel::Error, msg);
-    let s = state();
+    let mut s = state();
     let program = s.program;
     let to_engine = match &s.runtime_log {
         Some((path, json)) => append_runtime_log(path, *json, program, msg).is_ok(),
         None => false,
     };
-    if !to_engine && s.sink != Sink::Stderr {
+    if !to_engine && sink(&mut s) != Sink::Stderr {
         eprintln!("{program}: {msg}");
     }
 }
 
 fn emit(level: LogLevel, msg: &str) {
-    let s = state();
+    let mut s = state();
     if level > s.level {
         return;
     }
     let program = s.program;
-    match s.sink {
+    match sink(&mut s) {
         Sink::Stderr => eprintln!("{program}: {msg}"),
         Sink::Journal if s.journal_installed => match level {
             LogLevel::Error => tracing::error!("{msg}"),
