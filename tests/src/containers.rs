@@ -83,6 +83,16 @@ pub fn nvidia_nodes(dir: &Path, minors: &[u64]) -> PathBuf {
     dir.to_owned()
 }
 
+/// `env` (a container's) holds none of gpuarch's variables, bar the
+/// container's own `GPUARCH_DISABLE`.
+pub fn no_gpuarch_env(env: &BTreeMap<String, String>, what: &str) {
+    let ours: Vec<_> = env
+        .keys()
+        .filter(|k| k.starts_with("GPUARCH_") && *k != "GPUARCH_DISABLE")
+        .collect();
+    assert!(ours.is_empty(), "{what}: gpuarch env leaked in: {ours:?}");
+}
+
 /// What the container saw.
 #[derive(Debug)]
 pub struct Seen {
@@ -164,12 +174,7 @@ impl Seen {
     }
 
     pub fn untouched(&self) {
-        let ours: Vec<_> = self
-            .env
-            .keys()
-            .filter(|k| k.starts_with("GPUARCH_") && *k != "GPUARCH_DISABLE")
-            .collect();
-        assert!(ours.is_empty(), "gpuarch env leaked in: {ours:?}");
+        no_gpuarch_env(&self.env, "container");
         assert!(self.env_file.is_empty(), "env file: {}", self.env_file);
     }
 }

@@ -60,15 +60,8 @@ fn hints(env: &BTreeMap<String, String>) -> Hints<'_> {
 }
 
 fn untouched(env: &BTreeMap<String, String>, case: &str) {
-    let ours: Vec<_> = env
-        .keys()
-        .filter(|k| k.starts_with("GPUARCH_") && *k != "GPUARCH_DISABLE")
-        .collect();
-    assert!(ours.is_empty(), "{case}: {ours:?}");
-    assert!(
-        !env.contains_key("TORCH_CUDA_ARCH_LIST") || case.contains("own"),
-        "{case}: {env:?}"
-    );
+    gpuarch_tests::containers::no_gpuarch_env(env, case);
+    assert!(!env.contains_key("TORCH_CUDA_ARCH_LIST"), "{case}: {env:?}");
 }
 
 /// The hook issue's cases through Docker: gpuarch as the default runtime
