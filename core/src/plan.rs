@@ -129,6 +129,57 @@ fn plan_with(view: &ContainerView, cfg: &EnvConfig, select: impl FnOnce() -> Sel
     plan_selection(select(), view, cfg)
 }
 
+/// Most entries [`plan_devices`] takes: more than any node's GPUs and MIG
+/// devices.
+pub const MAX_PLAN_DEVICES: usize = 1024;
+/// Longest device name [`plan_devices`] takes (a MIG UUID is 40 bytes).
+pub const MAX_DEVICE_NAME: usize = 256;
+
+/// An explicit device list that names something other than this host's
+/// devices.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceListError {
+    #[error("{0} devices given; a Plan takes at most {MAX_PLAN_DEVICES}")]
+    TooMany(usize),
+    #[error("a device name of {0} bytes; at most {MAX_DEVICE_NAME}")]
+    TooLong(usize),
+    #[error("device {name:?}: {source}")]
+    Unknown {
+        name: String,
+        #[source]
+        source: select::DeviceNameError,
+    },
+}
+
+/// The Plan for an explicit device list, one device per entry, each of
+/// which must name a device of `inv` (where [`plan_request`] notes and
+/// skips a bad entry, as a container's env is taken). What gpuarchd's
+/// `Plan` answers.
+pub fn plan_devices(
+    devices: &[&str],
+    inv: &Snapshot,
+    cfg: &EnvConfig,
+) -> Result<Plan, DeviceListError> {
+    if devices.len() > MAX_PLAN_DEVICES {
+        return Err(DeviceListError::TooMany(devices.len()));
+    }
+    if let Some(d) = devices.iter().find(|d| d.len() > MAX_DEVICE_NAME) {
+        return Err(DeviceListError::TooLong(d.len()));
+    }
+    for d in devices {
+        select::check_request_entry(d, inv).map_err(|source| DeviceListError::Unknown {
+            name: (*d).to_owned(),
+            source,
+        })?;
+    }
+    Ok(plan_request(
+        &devices.join(","),
+        &ContainerView::with_env(Vec::<(String, String)>::new()),
+        inv,
+        cfg,
+    ))
+}
+
 /// The hints for GPUs of these capabilities, given in CUDA order.
 pub fn hints(caps: &[ComputeCapability]) -> Vec<(EnvVar, String)> {
     if caps.is_empty() {

@@ -91,6 +91,28 @@ pub struct RequirementError {
     pub reason: String,
 }
 
+/// Longest requirement [`match_uuids`] takes.
+pub const MAX_REQUIREMENT: usize = 4096;
+
+/// Why [`match_uuids`] could not answer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MatchError {
+    #[error("a requirement of {0} bytes; at most {MAX_REQUIREMENT}")]
+    TooLong(usize),
+    #[error(transparent)]
+    Bad(#[from] RequirementError),
+}
+
+/// UUIDs of the GPUs of `inv` meeting `requirement`, in index order: what
+/// gpuarchd's `Match` answers and `gpuarchctl match --offline` prints.
+pub fn match_uuids(requirement: &str, inv: &Snapshot) -> Result<Vec<String>, MatchError> {
+    if requirement.len() > MAX_REQUIREMENT {
+        return Err(MatchError::TooLong(requirement.len()));
+    }
+    let r: Requirement = requirement.parse()?;
+    Ok(r.matching(inv).map(|d| d.uuid.clone()).collect())
+}
+
 /// All the terms of one requirement.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Requirement(Vec<Term>);

@@ -105,9 +105,33 @@ fn shown(token: &str) -> String {
     format!("{:?}", s)
 }
 
+/// Why a device name names no device of this host. Names are shown quoted
+/// and cut to a readable length.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceNameError {
+    #[error("empty device name")]
+    Empty,
+    #[error("{0} holds a comma: give one device per entry")]
+    Comma(String),
+    #[error("no GPU with index {index} on this host ({known})")]
+    NoIndex { index: u32, known: String },
+    #[error("{0} is not a MIG device name (GPU:MIG)")]
+    NotMig(String),
+    #[error("GPU {0} has no MIG devices (MIG is not enabled)")]
+    MigOff(u32),
+    #[error("GPU {gpu} has no MIG device {mig}")]
+    NoMig { gpu: u32, mig: u32 },
+    #[error("no GPU with UUID {0} on this host")]
+    NoGpuUuid(String),
+    #[error("no MIG device with UUID {0} on this host")]
+    NoMigUuid(String),
+    #[error("{0} is not an index, a UUID, GPU:MIG or 'all'")]
+    Unreadable(String),
+}
+
 /// Resolve one device name as NVIDIA's tools spell them: `all`, an index,
 /// `N:M` (MIG device M of GPU N), `GPU-<uuid>` or `MIG-<uuid>`.
-fn resolve(token: &str, inv: &Snapshot) -> Result<Vec<AssignedGpu>, String> {
+fn resolve(token: &str, inv: &Snapshot) -> Result<Vec<AssignedGpu>, DeviceNameError> {
     let t = token.trim();
     if t == "all" {
         return Ok(inv.devices.iter().map(AssignedGpu::whole).collect());
@@ -129,22 +153,30 @@ fn resolve(token: &str, inv: &Snapshot) -> Result<Vec<AssignedGpu>, String> {
         return inv
             .device_by_index(i)
             .map(|d| vec![AssignedGpu::whole(d)])
-            .ok_or_else(|| format!("no GPU with index {i} on this host ({})", indexes()));
+            .ok_or_else(|| DeviceNameError::NoIndex {
+                index: i,
+                known: indexes(),
+            });
     }
     if let Some((g, m)) = t.split_once(':') {
         let (Ok(g), Ok(m)) = (g.parse::<u32>(), m.parse::<u32>()) else {
-            return Err(format!("{} is not a MIG device name (GPU:MIG)", shown(t)));
+            return Err(DeviceNameError::NotMig(shown(t)));
         };
         let d = inv
             .device_by_index(g)
-            .ok_or_else(|| format!("no GPU with index {g} on this host ({})", indexes()))?;
-        let mig = d.mig.iter().find(|x| x.index == m).ok_or_else(|| {
-            if d.mig.is_empty() {
-                format!("GPU {g} has no MIG devices (MIG is not enabled)")
+            .ok_or_else(|| DeviceNameError::NoIndex {
+                index: g,
+                known: indexes(),
+            })?;
+        let mig = d
+            .mig
+            .iter()
+            .find(|x| x.index == m)
+            .ok_or(if d.mig.is_empty() {
+                DeviceNameError::MigOff(g)
             } else {
-                format!("GPU {g} has no MIG device {m}")
-            }
-        })?;
+                DeviceNameError::NoMig { gpu: g, mig: m }
+            })?;
         return Ok(vec![mig_gpu(d, mig)]);
     }
     if t.starts_with("GPU-") {
@@ -153,7 +185,7 @@ fn resolve(token: &str, inv: &Snapshot) -> Result<Vec<AssignedGpu>, String> {
             .iter()
             .find(|d| d.uuid == t)
             .map(|d| vec![AssignedGpu::whole(d)])
-            .ok_or_else(|| format!("no GPU with UUID {} on this host", shown(t)));
+            .ok_or_else(|| DeviceNameError::NoGpuUuid(shown(t)));
     }
     if t.starts_with("MIG-") {
         for d in &inv.devices {
@@ -161,12 +193,9 @@ fn resolve(token: &str, inv: &Snapshot) -> Result<Vec<AssignedGpu>, String> {
                 return Ok(vec![mig_gpu(d, m)]);
             }
         }
-        return Err(format!("no MIG device with UUID {} on this host", shown(t)));
+        return Err(DeviceNameError::NoMigUuid(shown(t)));
     }
-    Err(format!(
-        "{} is not an index, a UUID, GPU:MIG or 'all'",
-        shown(t)
-    ))
+    Err(DeviceNameError::Unreadable(shown(t)))
 }
 
 fn mig_gpu(d: &Device, m: &crate::snapshot::MigDevice) -> AssignedGpu {
@@ -232,16 +261,13 @@ pub fn select_request(list: &str, view: &ContainerView, inv: &Snapshot) -> Selec
 /// device of this host (`all`, an index, `N:M`, a GPU or MIG UUID). For
 /// callers such as the D-Bus `Plan`, where a wrong name is the caller's
 /// mistake to be told about, not a note to skip past.
-pub fn check_request_entry(entry: &str, inv: &Snapshot) -> Result<(), String> {
+pub fn check_request_entry(entry: &str, inv: &Snapshot) -> Result<(), DeviceNameError> {
     let t = entry.trim();
     if t.is_empty() {
-        return Err("empty device name".to_owned());
+        return Err(DeviceNameError::Empty);
     }
     if t.contains(',') {
-        return Err(format!(
-            "{} holds a comma: give one device per entry",
-            shown(t)
-        ));
+        return Err(DeviceNameError::Comma(shown(t)));
     }
     resolve(t, inv).map(|_| ())
 }
@@ -683,7 +709,7 @@ pub(crate) mod tests {
             ("bogus", "is not an index"),
         ] {
             let e = check_request_entry(bad, &inv).unwrap_err();
-            assert!(e.contains(want), "{bad}: {e}");
+            assert!(e.to_string().contains(want), "{bad}: {e}");
         }
     }
 }

@@ -18,27 +18,26 @@ use gpuarch_kernels::build::{ArchResult, Builder, Task};
 use gpuarch_kernels::publish;
 use gpuarch_kernels::spec::{self, Package};
 use gpuarch_kernels::store::{self, Store};
+use gpuarch_wire::dbus::{JobState, KernelRecord, VerifyRecord};
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::{Semaphore, mpsc};
 use tracing::{info, warn};
 use zbus::object_server::SignalEmitter;
-use zbus::{Connection, Variant, interface};
+use zbus::{Connection, interface};
 
 use crate::state::Shared;
 
-/// Where job objects live: `/io/gpuarch1/jobs/N`.
-pub const JOBS_PATH: &str = "/io/gpuarch1/jobs";
+pub use gpuarch_wire::dbus::JOBS_PATH;
 /// Finished jobs kept on the bus for late readers.
 const KEEP_FINISHED: usize = 32;
 const SETTLE: Duration = Duration::from_millis(300);
 
-/// One pre-warm job's state, shared with its D-Bus object.
+/// One pre-warm job's progress and outcome, shared with its D-Bus object.
 #[derive(Debug, Default)]
-pub struct JobState {
+pub struct JobStatus {
     pub total: usize,
     pub done: usize,
-    /// "running", "done" (everything asked for is served) or "failed".
-    pub state: String,
+    pub state: JobState,
     pub message: String,
     /// One line per task: `rmsnorm sm_86: built bf16`.
     pub lines: Vec<String>,
@@ -67,7 +66,7 @@ pub const IN_USE_TTL: Duration = Duration::from_secs(5);
 /// (after a dbus-daemon restart) serves them again.
 #[derive(Debug, Default)]
 struct Jobs {
-    live: BTreeMap<String, Arc<Mutex<JobState>>>,
+    live: BTreeMap<String, Arc<Mutex<JobStatus>>>,
     /// Finished jobs, oldest first; past [`KEEP_FINISHED`] they are dropped.
     finished: Vec<String>,
 }
@@ -242,14 +241,14 @@ impl Cache {
         self: &Arc<Self>,
         tasks: Vec<Task>,
         pin: bool,
-        state: Arc<Mutex<JobState>>,
+        state: Arc<Mutex<JobStatus>>,
     ) {
         if let Ok(mut a) = self.archs.lock() {
             a.extend(tasks.iter().map(|t| t.arch));
         }
         if let Ok(mut s) = state.lock() {
             s.total = tasks.len();
-            s.state = "running".into();
+            s.state = JobState::Running;
         }
         let pkgs = Arc::new(self.packages());
         let mut handles = Vec::new();
@@ -298,10 +297,10 @@ impl Cache {
         let _ = tokio::task::spawn_blocking(move || me.publish(Some(&touched))).await;
         if let Ok(mut s) = state.lock() {
             if failed.is_empty() {
-                s.state = "done".into();
+                s.state = JobState::Done;
                 s.message = format!("{} of {} served", s.total, s.total);
             } else {
-                s.state = "failed".into();
+                s.state = JobState::Failed;
                 s.message = format!(
                     "{} of {} not served: {}",
                     failed.len(),
@@ -320,7 +319,7 @@ impl Cache {
         )
     }
 
-    fn add_job(&self, path: &str, state: Arc<Mutex<JobState>>) {
+    fn add_job(&self, path: &str, state: Arc<Mutex<JobStatus>>) {
         if let Ok(mut j) = self.jobs.lock() {
             j.live.insert(path.to_owned(), state);
         }
@@ -396,7 +395,7 @@ impl Cache {
 
     /// Check every entry's files; corrupt ones are quarantined. Returns one
     /// record per entry and the tasks that rebuild what was quarantined.
-    pub fn verify(&self) -> (Vec<BTreeMap<String, Variant<'static>>>, Vec<Task>) {
+    pub fn verify(&self) -> (Vec<VerifyRecord>, Vec<Task>) {
         let mut out = Vec::new();
         let mut rebuild = Vec::new();
         for e in self.builder.store.scan().unwrap_or_default() {
@@ -413,54 +412,42 @@ impl Cache {
                     });
                 }
             }
-            out.push(BTreeMap::from([
-                ("key".to_owned(), Variant::from(m.key.clone())),
-                ("package".to_owned(), Variant::from(m.package.clone())),
-                ("arch".to_owned(), Variant::from(m.arch.clone())),
-                ("variant".to_owned(), Variant::from(m.variant.clone())),
-                ("ok".to_owned(), Variant::from(res.is_ok())),
-                (
-                    "problem".to_owned(),
-                    Variant::from(res.err().unwrap_or_default()),
-                ),
-            ]));
+            out.push(VerifyRecord {
+                key: m.key.clone(),
+                package: m.package.clone(),
+                arch: m.arch.clone(),
+                variant: m.variant.clone(),
+                ok: res.is_ok(),
+                problem: res.err().map(|e| e.to_string()).unwrap_or_default(),
+            });
         }
         (out, rebuild)
     }
 
     /// One record per stored entry, and one per variant refused for an arch.
-    pub fn list(&self) -> Vec<BTreeMap<String, Variant<'static>>> {
+    pub fn list(&self) -> Vec<KernelRecord> {
         let store = &self.builder.store;
         let in_use = self.in_use_recent();
         let mut out = Vec::new();
         for e in store.scan().unwrap_or_default() {
             let m = &e.manifest;
             let used = store.last_used(&e);
-            out.push(BTreeMap::from([
-                ("key".to_owned(), Variant::from(m.key.clone())),
-                ("package".to_owned(), Variant::from(m.package.clone())),
-                ("version".to_owned(), Variant::from(m.version.clone())),
-                ("variant".to_owned(), Variant::from(m.variant.clone())),
-                (
-                    "dtype".to_owned(),
-                    Variant::from(m.dtype.clone().unwrap_or_default()),
-                ),
-                ("arch".to_owned(), Variant::from(m.arch.clone())),
-                ("toolkit".to_owned(), Variant::from(m.toolkit.clone())),
-                ("bytes".to_owned(), Variant::from(e.bytes)),
-                (
-                    "files".to_owned(),
-                    Variant::from(m.files.keys().cloned().collect::<Vec<_>>()),
-                ),
-                ("pinned".to_owned(), Variant::from(store.pinned(&m.key))),
-                ("in_use".to_owned(), Variant::from(in_use.contains(&m.key))),
-                ("last_used".to_owned(), Variant::from(used)),
-                ("built_at".to_owned(), Variant::from(m.built_at)),
-                (
-                    "path".to_owned(),
-                    Variant::from(e.dir.display().to_string()),
-                ),
-            ]));
+            out.push(KernelRecord {
+                key: m.key.clone(),
+                package: m.package.clone(),
+                version: m.version.clone(),
+                variant: m.variant.clone(),
+                dtype: m.dtype.clone().unwrap_or_default(),
+                arch: m.arch.clone(),
+                toolkit: m.toolkit.clone(),
+                bytes: e.bytes,
+                files: m.files.keys().cloned().collect(),
+                pinned: store.pinned(&m.key),
+                in_use: in_use.contains(&m.key),
+                last_used: used,
+                built_at: m.built_at,
+                path: e.dir.display().to_string(),
+            });
         }
         out
     }
@@ -714,10 +701,10 @@ pub async fn start_job(
 ) -> zbus::Result<zbus::OwnedObjectPath> {
     let path = cache.new_job_path();
     let owned = zbus::OwnedObjectPath::try_from(path.clone())?;
-    let state = Arc::new(Mutex::new(JobState {
+    let state = Arc::new(Mutex::new(JobStatus {
         total: tasks.len(),
-        state: "running".into(),
-        ..JobState::default()
+        state: JobState::Running,
+        ..JobStatus::default()
     }));
     cache.add_job(&path, state.clone());
     if let Some(conn) = cache.shared.bus() {
@@ -747,7 +734,7 @@ pub async fn start_job(
         emit_progress(cache.shared.bus(), &path).await;
         let (ok, msg) = state
             .lock()
-            .map(|s| (s.state == "done", s.message.clone()))
+            .map(|s| (s.state == JobState::Done, s.message.clone()))
             .unwrap_or((false, "job state lost".into()));
         if ok {
             info!("{path}: {msg}");
@@ -788,7 +775,7 @@ async fn emit_progress(conn: Option<Connection>, path: &str) {
 /// the bus service that hands it requests.)
 #[derive(Debug)]
 pub struct Job {
-    pub state: Arc<std::sync::Mutex<JobState>>,
+    pub state: Arc<std::sync::Mutex<JobStatus>>,
 }
 
 /// A pre-warm job.
@@ -808,11 +795,8 @@ impl Job {
 
     /// "running", "done" (everything asked for is served) or "failed".
     #[zbus(property)]
-    fn state(&self) -> String {
-        self.state
-            .lock()
-            .map(|s| s.state.clone())
-            .unwrap_or_default()
+    fn state(&self) -> JobState {
+        self.state.lock().map_or(JobState::Failed, |s| s.state)
     }
 
     /// The outcome in one line, once finished.

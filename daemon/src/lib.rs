@@ -1,4 +1,4 @@
-//! gpuarchd, the node daemon, and gpuarchctl, its CLI.
+//! gpuarchd, the node daemon.
 //!
 //! gpuarchd owns the GPU inventory: it reads NVML at start and on a timer,
 //! serves it on the system bus as `io.gpuarch1`, and writes the snapshot the
@@ -8,17 +8,15 @@
 //! - [`refresh`]: NVML reads, backoff, snapshot writes, change signals;
 //! - [`service`]: the D-Bus interfaces and the caller checks;
 //! - [`watch`]: config file watching;
-//! - [`sdnotify`], [`logging`]: systemd citizenship;
-//! - [`client`], [`ctl`]: gpuarchctl.
+//! - [`cache`]: the kernel cache and its jobs;
+//! - [`sdnotify`], [`logging`]: systemd citizenship.
+//!
+//! gpuarchctl, its CLI, is the crate `gpuarch-ctl`; the records both
+//! exchange are `gpuarch-wire`'s.
 
 pub mod cache;
-pub mod client;
-pub mod ctl;
-pub mod doctor;
-pub mod engines;
 pub mod logging;
 pub mod refresh;
-mod remote;
 pub mod sdnotify;
 pub mod service;
 pub mod state;

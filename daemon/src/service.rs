@@ -2,28 +2,20 @@
 //! `/io/gpuarch1`. Reads are open to everyone; `Reload` checks the caller's
 //! credentials as the bus reports them (the bus policy checks first).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use gpuarch_core::config::Config;
-use gpuarch_core::features::Feature;
-use gpuarch_core::oci::ContainerView;
-use gpuarch_core::plan;
-use gpuarch_core::requirement::Requirement;
-use gpuarch_core::select;
 use gpuarch_core::snapshot::Snapshot;
+use gpuarch_core::{plan, requirement};
+use gpuarch_wire::dbus::{DeviceRecord, KernelRecord, VerifyRecord};
 use tokio::sync::{mpsc, oneshot};
 use zbus::message::Header;
 use zbus::object_server::SignalEmitter;
-use zbus::{Connection, Variant, fdo, interface};
+use zbus::{Connection, fdo, interface};
 
 use crate::state::Shared;
 
-/// The well-known name on the system bus.
-pub const BUS_NAME: &str = "io.gpuarch1";
-/// The one object.
-pub const OBJECT_PATH: &str = "/io/gpuarch1";
+pub use gpuarch_wire::dbus::{BUS_NAME, OBJECT_PATH};
 /// Members of this group (and root) may call privileged methods.
 pub const ADMIN_GROUP: &str = "gpuarch";
 
@@ -56,95 +48,6 @@ fn current(shared: &Shared) -> fdo::Result<Arc<Snapshot>> {
     shared.snapshot().ok_or_else(|| no_inventory(shared))
 }
 
-/// One device as `a{sv}`.
-fn device_dict(d: &gpuarch_core::snapshot::Device) -> BTreeMap<String, Variant<'static>> {
-    let cc = d.compute_capability;
-    let features: Vec<String> = Feature::ALL
-        .iter()
-        .filter(|f| f.supported_on(cc))
-        .map(|f| f.name().to_owned())
-        .collect();
-    let mig: Vec<BTreeMap<String, Variant<'static>>> = d
-        .mig
-        .iter()
-        .map(|m| {
-            BTreeMap::from([
-                ("index".to_owned(), Variant::from(m.index)),
-                ("uuid".to_owned(), Variant::from(m.uuid.clone())),
-                ("name".to_owned(), Variant::from(m.name.clone())),
-                ("memory_bytes".to_owned(), Variant::from(m.memory_bytes)),
-            ])
-        })
-        .collect();
-    BTreeMap::from([
-        ("index".to_owned(), Variant::from(d.index)),
-        ("minor".to_owned(), Variant::from(d.minor)),
-        ("uuid".to_owned(), Variant::from(d.uuid.clone())),
-        ("name".to_owned(), Variant::from(d.name.clone())),
-        (
-            "compute_capability".to_owned(),
-            Variant::from(cc.to_string()),
-        ),
-        (
-            "arch".to_owned(),
-            Variant::from(cc.arch_name().unwrap_or_default().to_owned()),
-        ),
-        ("pci_bus_id".to_owned(), Variant::from(d.pci_bus_id.clone())),
-        ("memory_bytes".to_owned(), Variant::from(d.memory_bytes)),
-        ("features".to_owned(), Variant::from(features)),
-        ("mig".to_owned(), Variant::from(mig)),
-    ])
-}
-
-/// Most entries a `Plan` takes: more than any node's GPUs and MIG devices.
-pub const MAX_PLAN_DEVICES: usize = 1024;
-/// Longest device name a `Plan` takes (a MIG UUID is 40 bytes).
-pub const MAX_DEVICE_NAME: usize = 256;
-/// Longest requirement a `Match` takes.
-pub const MAX_REQUIREMENT: usize = 4096;
-
-/// The Plan for an explicit device list: every entry must name a device.
-pub fn plan_for(
-    devices: &[&str],
-    snap: &Snapshot,
-    cfg: &Config,
-) -> Result<(BTreeMap<String, String>, Vec<String>), String> {
-    if devices.len() > MAX_PLAN_DEVICES {
-        return Err(format!(
-            "{} devices given; a Plan takes at most {MAX_PLAN_DEVICES}",
-            devices.len()
-        ));
-    }
-    if let Some(d) = devices.iter().find(|d| d.len() > MAX_DEVICE_NAME) {
-        return Err(format!(
-            "a device name of {} bytes; at most {MAX_DEVICE_NAME}",
-            d.len()
-        ));
-    }
-    for d in devices {
-        select::check_request_entry(d, snap).map_err(|e| format!("device {d:?}: {e}"))?;
-    }
-    let p = plan::plan_request(
-        &devices.join(","),
-        &ContainerView::with_env(Vec::<(String, String)>::new()),
-        snap,
-        &cfg.env,
-    );
-    Ok((p.env.into_iter().collect(), p.notes))
-}
-
-/// UUIDs of the GPUs meeting `requirement`, in index order.
-pub fn match_uuids(requirement: &str, snap: &Snapshot) -> Result<Vec<String>, String> {
-    if requirement.len() > MAX_REQUIREMENT {
-        return Err(format!(
-            "a requirement of {} bytes; at most {MAX_REQUIREMENT}",
-            requirement.len()
-        ));
-    }
-    let r: Requirement = requirement.parse().map_err(|e| format!("{e}"))?;
-    Ok(r.matching(snap).map(|d| d.uuid.clone()).collect())
-}
-
 /// `io.gpuarch1.Inventory`.
 #[derive(Debug)]
 pub struct Inventory {
@@ -160,11 +63,11 @@ impl Inventory {
     /// flash_attention_2, flash_attention_3, flashinfer), mig (aa{sv}:
     /// index, uuid, name, memory_bytes).
     #[zbus(out_args("devices"))]
-    fn list_devices(&self) -> fdo::Result<Vec<BTreeMap<String, Variant<'static>>>> {
+    fn list_devices(&self) -> fdo::Result<Vec<DeviceRecord>> {
         Ok(current(&self.shared)?
             .devices
             .iter()
-            .map(device_dict)
+            .map(DeviceRecord::from)
             .collect())
     }
 
@@ -174,9 +77,16 @@ impl Inventory {
     /// "all". An entry naming no device here is an InvalidArgs error, as
     /// are more than 1024 entries or one longer than 256 bytes.
     #[zbus(out_args("env", "notes"))]
-    fn plan(&self, devices: Vec<&str>) -> fdo::Result<(BTreeMap<String, String>, Vec<String>)> {
+    // The return type is written out: the macro makes a tuple's members
+    // separate out args (`a{ss}` env, `as` notes), an alias one struct.
+    fn plan(
+        &self,
+        devices: Vec<&str>,
+    ) -> fdo::Result<(std::collections::BTreeMap<String, String>, Vec<String>)> {
         let snap = current(&self.shared)?;
-        plan_for(&devices, &snap, &self.shared.config()).map_err(fdo::Error::InvalidArgs)
+        let p = plan::plan_devices(&devices, &snap, &self.shared.config().env)
+            .map_err(|e| fdo::Error::InvalidArgs(e.to_string()))?;
+        Ok((p.env.into_iter().collect(), p.notes))
     }
 
     /// UUIDs of the GPUs meeting every comma-joined term of the requirement:
@@ -186,7 +96,8 @@ impl Inventory {
     #[zbus(name = "Match", out_args("uuids"))]
     fn match_devices(&self, requirement: &str) -> fdo::Result<Vec<String>> {
         let snap = current(&self.shared)?;
-        match_uuids(requirement, &snap).map_err(fdo::Error::InvalidArgs)
+        requirement::match_uuids(requirement, &snap)
+            .map_err(|e| fdo::Error::InvalidArgs(e.to_string()))
     }
 
     /// Compute capability of each GPU, in index order.
@@ -223,6 +134,16 @@ impl Inventory {
     #[zbus(property)]
     fn stale(&self) -> bool {
         self.shared.snapshot().is_some_and(|s| s.stale)
+    }
+
+    /// What the inventory served was read from: "nvml" ("" before the first
+    /// read).
+    #[zbus(property)]
+    fn source(&self) -> String {
+        self.shared
+            .snapshot()
+            .map(|s| s.source.clone())
+            .unwrap_or_default()
     }
 
     /// When the inventory served was read and last changed (RFC 3339).
@@ -341,12 +262,6 @@ impl Daemon {
     }
 }
 
-/// Age of a time in microseconds since the epoch, for display.
-pub fn age(usec_since_epoch: u64) -> Option<Duration> {
-    let t = UNIX_EPOCH + Duration::from_micros(usec_since_epoch);
-    (usec_since_epoch > 0).then(|| SystemTime::now().duration_since(t).unwrap_or_default())
-}
-
 /// `io.gpuarch1.KernelCache`.
 #[derive(Debug)]
 pub struct KernelCache {
@@ -368,7 +283,8 @@ pub const READS_PER_SENDER: usize = 4;
 pub const READS_IN_ALL: usize = 32;
 
 /// Unprivileged disk reads admitted now, by sender.
-static ADMITTED: std::sync::Mutex<BTreeMap<String, usize>> = std::sync::Mutex::new(BTreeMap::new());
+static ADMITTED: std::sync::Mutex<std::collections::BTreeMap<String, usize>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
 
 /// A place among the admitted reads, given back when dropped.
 struct Admission(String);
@@ -432,7 +348,7 @@ impl KernelCache {
     async fn list_kernels(
         &self,
         #[zbus(header)] hdr: Header<'_>,
-    ) -> fdo::Result<Vec<BTreeMap<String, Variant<'static>>>> {
+    ) -> fdo::Result<Vec<KernelRecord>> {
         let _admitted = Admission::take(Some(&hdr), "ListKernels")?;
         let c = self.cache.clone();
         blocking(&READ_WORK, move || c.list()).await
@@ -493,7 +409,7 @@ impl KernelCache {
         &self,
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
-    ) -> fdo::Result<Vec<BTreeMap<String, Variant<'static>>>> {
+    ) -> fdo::Result<Vec<VerifyRecord>> {
         authorize(conn, &hdr, "Verify").await?;
         let c = self.cache.clone();
         let (records, rebuild) = blocking(&ROOT_WORK, move || c.verify()).await?;

@@ -104,16 +104,23 @@ pub fn load_context_within(config: Config, hook_path: Option<PathBuf>) -> Result
     Ok(Context::new(inventory, config, hook_path))
 }
 
+/// A bounded read that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("larger than {0} bytes")]
+    TooLarge(u64),
+}
+
 /// Read all of `r`, refusing more than `limit` bytes without reading past
 /// the bound.
-pub fn read_at_most(r: impl std::io::Read, limit: u64) -> Result<Vec<u8>, String> {
+pub fn read_at_most(r: impl std::io::Read, limit: u64) -> Result<Vec<u8>, ReadError> {
     use std::io::Read;
     let mut bytes = Vec::new();
-    r.take(limit + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
+    r.take(limit + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > limit {
-        return Err(format!("larger than {limit} bytes"));
+        return Err(ReadError::TooLarge(limit));
     }
     Ok(bytes)
 }

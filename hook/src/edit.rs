@@ -442,10 +442,26 @@ pub(crate) mod tests {
         std::fs::create_dir_all(root.join("saxpy")).unwrap();
         std::fs::write(
             root.join("saxpy/manifest.json"),
-            serde_json::json!({"version": "1", "targets": ["sm_75"], "builds": [
-                {"arch": "sm_75", "variant": "fp32", "dtype": "float32",
-                 "dir": build75, "files": ["saxpy.cubin"]}]})
-            .to_string(),
+            // As gpuarchd publishes it.
+            serde_json::to_string(&gpuarch_wire::manifest::Published {
+                schema: gpuarch_wire::manifest::SCHEMA,
+                package: "saxpy".into(),
+                version: "1".into(),
+                description: String::new(),
+                targets: vec!["sm_75".into()],
+                builds: vec![gpuarch_wire::manifest::Build {
+                    arch: "sm_75".into(),
+                    variant: "fp32".into(),
+                    dtype: Some("float32".into()),
+                    key: "sm75".into(),
+                    dir: build75.clone(),
+                    files: vec!["saxpy.cubin".into()],
+                    toolkit: "nvrtc 13.0".into(),
+                }],
+                unavailable: vec![],
+                pending: vec![],
+            })
+            .unwrap(),
         )
         .unwrap();
         let mut cfg = Config::default();

@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use gpuarch_core::arch::{CodeKind, CudaVersion, Target};
 use gpuarch_core::config::{KernelsConfig, valid_package_name as valid_name};
 use gpuarch_core::plan::Plan;
+use gpuarch_wire::manifest as wire;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -100,31 +101,42 @@ pub struct Build {
     pub files: Vec<String>,
 }
 
-fn read_build(v: &Value) -> Result<Build, String> {
-    let s = |k: &str| v.get(k).and_then(Value::as_str);
-    let arch =
-        Target::parse(s("arch").ok_or("a build without \"arch\"")?).map_err(|e| e.to_string())?;
-    let dir = PathBuf::from(s("dir").ok_or("a build without \"dir\"")?);
-    if !dir.is_absolute() {
-        return Err(format!("build dir {} is not absolute", dir.display()));
+/// Why a package's manifest could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("{0}")]
+    Read(#[from] crate::context::ReadError),
+    #[error("{0}")]
+    Format(#[from] gpuarch_wire::manifest::ManifestError),
+    #[error("target {target:?}: {source}")]
+    Target {
+        target: String,
+        #[source]
+        source: gpuarch_core::arch::ArchError,
+    },
+    #[error("build dir {0} is not absolute")]
+    RelativeDir(PathBuf),
+    #[error("library directory {0:?} is not a relative path inside the package")]
+    Library(String),
+}
+
+fn target(t: &str) -> Result<Target, ManifestError> {
+    Target::parse(t).map_err(|source| ManifestError::Target {
+        target: t.to_owned(),
+        source,
+    })
+}
+
+fn read_build(b: wire::Build) -> Result<Build, ManifestError> {
+    if !b.dir.is_absolute() {
+        return Err(ManifestError::RelativeDir(b.dir));
     }
-    let files = v
-        .get("files")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .filter(|f| valid_name(f))
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default();
     Ok(Build {
-        arch,
-        variant: s("variant").unwrap_or_default().to_owned(),
-        dtype: s("dtype").map(str::to_owned),
-        dir,
-        files,
+        arch: target(&b.arch)?,
+        variant: b.variant,
+        dtype: b.dtype,
+        dir: b.dir,
+        files: b.files.into_iter().filter(|f| valid_name(f)).collect(),
     })
 }
 
@@ -133,57 +145,48 @@ fn valid_subdir(d: &str) -> bool {
     !d.is_empty() && d.len() <= 256 && d.split('/').all(valid_name)
 }
 
-/// Read `manifest.json` (at most 1 MiB).
-pub fn read_manifest(manifest: &Path) -> Result<Manifest, String> {
-    let f = std::fs::File::open(manifest).map_err(|e| e.to_string())?;
+/// Read `manifest.json` (at most 1 MiB), either shape
+/// ([`gpuarch_wire::manifest`]).
+pub fn read_manifest(manifest: &Path) -> Result<Manifest, ManifestError> {
+    let f = std::fs::File::open(manifest).map_err(crate::context::ReadError::from)?;
     let bytes = crate::context::read_at_most(f, MAX_MANIFEST_BYTES)?;
-    let v: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
-    let list = v
-        .get("targets")
-        .and_then(Value::as_array)
-        .ok_or("no \"targets\" list")?;
-    let targets = list
-        .iter()
-        .map(|t| {
-            let s = t.as_str().ok_or("a target that is not a string")?;
-            Target::parse(s).map_err(|e| e.to_string())
-        })
-        .collect::<Result<_, String>>()?;
-    let libraries = match v.get("libraries") {
-        None => Vec::new(),
-        Some(l) => l
-            .as_array()
-            .ok_or("\"libraries\" is not a list")?
-            .iter()
-            .map(|d| match d.as_str() {
-                Some(d) if valid_subdir(d) => Ok(d.to_owned()),
-                _ => Err(format!(
-                    "library directory {d} is not a relative path inside the package"
-                )),
-            })
-            .collect::<Result<_, String>>()?,
-    };
-    let builds = match v.get("builds") {
-        None => None,
-        Some(b) => Some(
-            b.as_array()
-                .ok_or("\"builds\" is not a list")?
+    match wire::read(&bytes)? {
+        wire::Manifest::HandMade(h) => Ok(Manifest {
+            targets: h
+                .targets
                 .iter()
-                .map(read_build)
-                .collect::<Result<Vec<_>, String>>()?,
-        ),
-    };
-    let version = v
-        .get("version")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
-    Ok(Manifest {
-        targets,
-        libraries,
-        builds,
-        version,
-    })
+                .map(|t| target(t))
+                .collect::<Result<_, _>>()?,
+            libraries: h
+                .libraries
+                .into_iter()
+                .map(|d| {
+                    if valid_subdir(&d) {
+                        Ok(d)
+                    } else {
+                        Err(ManifestError::Library(d))
+                    }
+                })
+                .collect::<Result<_, _>>()?,
+            builds: None,
+            version: h.version.unwrap_or_default(),
+        }),
+        wire::Manifest::Published(p) => Ok(Manifest {
+            targets: p
+                .targets
+                .iter()
+                .map(|t| target(t))
+                .collect::<Result<_, _>>()?,
+            libraries: Vec::new(),
+            builds: Some(
+                p.builds
+                    .into_iter()
+                    .map(read_build)
+                    .collect::<Result<_, _>>()?,
+            ),
+            version: p.version,
+        }),
+    }
 }
 
 /// The packages under `root` that serve every GPU of `plan`, and a note for

@@ -108,7 +108,10 @@ impl State {
 
     /// Read the state from `r`, refusing more than [`MAX_STATE_BYTES`].
     pub fn read(r: impl Read) -> Result<Self, StageError> {
-        Self::parse(&context::read_at_most(r, MAX_STATE_BYTES).map_err(StageError::State)?)
+        Self::parse(
+            &context::read_at_most(r, MAX_STATE_BYTES)
+                .map_err(|e| StageError::State(e.to_string()))?,
+        )
     }
 }
 

@@ -4,7 +4,7 @@
 use std::io;
 use std::path::Path;
 
-use serde_json::json;
+use gpuarch_wire::manifest::{Build, Pending, Published, SCHEMA, Unavailable};
 
 use crate::build::ArchResult;
 use crate::spec::Package;
@@ -20,30 +20,39 @@ pub fn publish(mount_root: &Path, pkg: &Package, results: &[ArchResult]) -> io::
     for r in results {
         if let Some((e, _)) = &r.served {
             let m = &e.manifest;
-            builds.push(json!({
-                "arch": m.arch, "variant": m.variant, "dtype": m.dtype,
-                "key": m.key, "dir": e.dir, "files": m.files.keys().collect::<Vec<_>>(),
-                "toolkit": m.toolkit,
-            }));
+            builds.push(Build {
+                arch: m.arch.clone(),
+                variant: m.variant.clone(),
+                dtype: m.dtype.clone(),
+                key: m.key.clone(),
+                dir: e.dir.clone(),
+                files: m.files.keys().cloned().collect(),
+                toolkit: m.toolkit.clone(),
+            });
         } else if let Some(err) = &r.error {
-            pending.push(json!({"arch": r.arch.to_string(), "reason": err}));
+            pending.push(Pending {
+                arch: r.arch.to_string(),
+                reason: err.to_string(),
+            });
         }
         for u in &r.unavailable {
-            unavailable.push(
-                json!({"arch": r.arch.to_string(), "variant": u.variant, "reason": u.reason}),
-            );
+            unavailable.push(Unavailable {
+                arch: r.arch.to_string(),
+                variant: u.variant.clone(),
+                reason: u.reason.clone(),
+            });
         }
     }
-    let body = json!({
-        "schema": 2,
-        "package": pkg.name(),
-        "version": pkg.spec.version,
-        "description": pkg.spec.description,
-        "targets": builds.iter().map(|b| b["arch"].clone()).collect::<Vec<_>>(),
-        "builds": builds,
-        "unavailable": unavailable,
-        "pending": pending,
-    });
+    let body = Published {
+        schema: SCHEMA,
+        package: pkg.name().to_owned(),
+        version: pkg.spec.version.clone(),
+        description: pkg.spec.description.clone(),
+        targets: builds.iter().map(|b| b.arch.clone()).collect(),
+        builds,
+        unavailable,
+        pending,
+    };
     let text = serde_json::to_vec_pretty(&body).map_err(io::Error::other)?;
     if std::fs::read(dir.join("manifest.json")).is_ok_and(|old| old == text) {
         return Ok(());

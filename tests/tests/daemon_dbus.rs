@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use gpuarch_core::snapshot::Snapshot;
-use gpuarch_daemon::client::{DaemonProxy, InventoryProxy, JobProxy};
 use gpuarch_tests::daemon::{Node, Policy, block_on};
 use gpuarch_tests::{artifacts, cannot_run, fixture, workspace_root};
+use gpuarch_wire::dbus::{DaemonProxy, InventoryProxy, JobProxy, JobState};
 
 fn missing(tools: &[&str]) -> Option<String> {
     cannot_run(
@@ -73,7 +73,7 @@ fn every_method_and_property_on_two_topologies() {
             let list = inv.list_devices().await.unwrap();
             let got: Vec<_> = list
                 .into_iter()
-                .map(|d| gpuarch_daemon::client::device_from(d).unwrap())
+                .map(|d| gpuarch_core::snapshot::Device::try_from(d).unwrap())
                 .collect();
             assert_eq!(got, want.devices, "{topo}: ListDevices");
 
@@ -84,6 +84,7 @@ fn every_method_and_property_on_two_topologies() {
                 .collect();
             assert_eq!(inv.compute_capabilities().await.unwrap(), caps, "{topo}");
             assert_eq!(inv.driver_version().await.unwrap(), want.driver_version);
+            assert_eq!(inv.source().await.unwrap(), "nvml", "{topo}: Source");
             assert_eq!(
                 inv.cuda_driver_version().await.unwrap(),
                 want.cuda_driver_version
@@ -742,7 +743,7 @@ fn a_restarted_bus_gets_the_same_gpuarchd_back_on_its_name() {
             .unwrap();
         p.state().await
     });
-    assert_eq!(state.as_deref(), Ok("done"), "{job}: {state:?}");
+    assert_eq!(state.ok(), Some(JobState::Done), "{job}");
     let (status, _) = node.stop();
     assert!(status.success(), "{status:?}");
 }

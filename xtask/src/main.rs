@@ -34,7 +34,7 @@ struct Program {
 fn programs() -> Vec<Program> {
     vec![
         Program {
-            cmd: gpuarch_daemon::ctl::Cli::command(),
+            cmd: gpuarch_ctl::Cli::command(),
             section: "1",
             extra: CTL_EXTRA,
         },
@@ -66,10 +66,7 @@ fn assets(dir: &Path) -> Result<()> {
         pages += write_pages(&man, &cmd, p.section, p.extra, "")?;
     }
     let mut completions = 0;
-    for mut cmd in [
-        gpuarch_daemon::ctl::Cli::command(),
-        gpuarch_daemon::Args::command(),
-    ] {
+    for mut cmd in [gpuarch_ctl::Cli::command(), gpuarch_daemon::Args::command()] {
         let name = cmd.get_name().to_owned();
         // Named as each shell looks them up in the package's directories.
         for (shell, file) in [

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use gpuarch_daemon::{Args, check_config, ctl, run};
+use gpuarch_daemon::{Args, check_config, run};
 
 fn main() -> ExitCode {
     let mut args = Args::parse();
@@ -13,7 +13,7 @@ fn main() -> ExitCode {
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("gpuarchd: {}", ctl::one_line(&e));
+            eprintln!("gpuarchd: {}", gpuarch_core::one_line(e.as_ref()));
             ExitCode::FAILURE
         }
     }

@@ -14,15 +14,12 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::{Value, json};
 
-use crate::client::{DaemonProxy, InventoryProxy};
-use crate::ctl::{Cli, humantime_age, short_duration};
+use gpuarch_wire::dbus::{DaemonProxy, InventoryProxy};
 
-#[derive(Debug, clap::Args)]
-pub struct DoctorArgs {
-    /// Read the host's files below this directory (an image, a chroot).
-    #[arg(long, value_name = "DIR", default_value = "/")]
-    pub root: PathBuf,
-}
+use crate::cli::{Cli, DoctorArgs};
+use crate::containerd as engines;
+use crate::render::{age_of_stamp as humantime_age, short_duration};
+use crate::source::{BusError, Daemon};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -223,30 +220,21 @@ fn trust(config: &gpuarch_core::config::Config, root: &Path) -> Check {
 fn daemon() -> Check {
     const NAME: &str = "gpuarchd";
     let fix = "systemctl enable --now gpuarchd (journalctl -u gpuarchd -b says why it stopped)";
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => return fail(NAME, format!("cannot start a runtime: {e}"), fix),
-    };
-    let asked = rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(5), async {
-            let conn = zbus::Connection::system()
+    let asked = Daemon::connect().and_then(|d| {
+        Ok(d.ask_within(Duration::from_secs(5), async {
+            let e = |e| BusError::of("asking gpuarchd", e);
+            let version = DaemonProxy::new(&d.conn)
                 .await
-                .map_err(|e| format!("cannot reach the system bus: {e}"))?;
-            let d = DaemonProxy::new(&conn).await.map_err(|e| e.to_string())?;
-            let version = d.version().await.map_err(|e| e.to_string())?;
-            let inv = InventoryProxy::new(&conn)
+                .map_err(e)?
+                .version()
                 .await
-                .map_err(|e| e.to_string())?;
-            let stale = inv.stale().await.map_err(|e| e.to_string())?;
-            let err = inv.last_error().await.unwrap_or_default();
-            let caps = inv.compute_capabilities().await.unwrap_or_default();
-            Ok::<_, String>((version, stale, err, caps))
-        })
-        .await
-        .map_err(|_| "no answer within 5 s".to_owned())?
+                .map_err(e)?;
+            let inv = InventoryProxy::new(&d.conn).await.map_err(e)?;
+            let stale = inv.stale().await.map_err(e)?;
+            let err = inv.last_error().await.map_err(e)?;
+            let caps = inv.compute_capabilities().await.map_err(e)?;
+            Ok((version, stale, err, caps))
+        })?)
     });
     match asked {
         Ok((version, false, _, caps)) => ok(
@@ -265,17 +253,19 @@ fn daemon() -> Check {
             format!("{version} running, but its inventory is stale: {err}"),
             "fix what the error names, then gpuarchctl reload",
         ),
-        Err(e) if e.contains("ServiceUnknown") || e.contains("NameHasNoOwner") => fail(
-            NAME,
-            "not running (nothing owns io.gpuarch1 on the system bus)",
-            fix,
-        ),
-        Err(e) if e.starts_with("cannot reach the system bus") => fail(
-            NAME,
-            e,
-            "systemctl start dbus, then systemctl enable --now gpuarchd",
-        ),
-        Err(e) => fail(NAME, e, fix),
+        Err(e) => match e.downcast_ref::<BusError>() {
+            Some(BusError::NotRunning) => fail(
+                NAME,
+                "not running (nothing owns io.gpuarch1 on the system bus)",
+                fix,
+            ),
+            Some(BusError::NoBus(b)) => fail(
+                NAME,
+                format!("cannot reach the system bus: {b}"),
+                "systemctl start dbus, then systemctl enable --now gpuarchd",
+            ),
+            _ => fail(NAME, gpuarch_core::one_line(e.as_ref()), fix),
+        },
     }
 }
 
@@ -567,7 +557,6 @@ fn read_toml(file: &Path) -> Result<Option<toml::Value>, String> {
 }
 
 fn containerd(root: &Path) -> Check {
-    use crate::engines;
     const NAME: &str = "containerd";
     if installed(root, "containerd").is_none() {
         return skip(NAME, "not installed");

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use gpuarch_daemon::ctl::{self, Cli};
+use gpuarch_ctl::{self as ctl, Cli};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

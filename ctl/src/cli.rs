@@ -1,0 +1,189 @@
+//! gpuarchctl's command line: its commands, their arguments, its exit
+//! statuses.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::containerd;
+
+/// Exit status when a question is answered "no" (`arch check`).
+pub const EXIT_NO: u8 = 1;
+/// Exit status for errors: bad input, no inventory source.
+pub const EXIT_ERROR: u8 = 2;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpuarchctl",
+    version,
+    about = "Ask gpuarch about this node's GPUs: what they are, what they can run, what a container gets",
+    after_help = "Source: gpuarchd on the system bus (DBUS_SYSTEM_BUS_ADDRESS to name another bus). \
+With --offline: --nvml-lib reads NVML from that library; otherwise --inventory or \
+GPUARCH_INVENTORY names a snapshot; otherwise /run/gpuarch/inventory.json if present; otherwise NVML \
+(GPUARCH_NVML_LIB or libnvidia-ml.so.1). --nvml-lib and --inventory imply --offline; so do \
+plan --config and plan --env, which plan locally.\n\
+Config: GPUARCH_CONFIG or /etc/gpuarch/config.yaml (absent: defaults).\n\
+Exit status: 0 ok (or yes), 1 no (arch check, match with no GPU), 2 error."
+)]
+pub struct Cli {
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Do not ask gpuarchd: read the snapshot or NVML directly.
+    #[arg(long, global = true)]
+    pub offline: bool,
+    /// Read the inventory from NVML in this library (implies --offline).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
+    /// Read the inventory from this snapshot file (implies --offline).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub inventory: Option<PathBuf>,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Cmd {
+    /// Is gpuarchd running, and how fresh is its inventory?
+    Status,
+    /// List the GPUs (and MIG devices) of this node.
+    Devices,
+    /// UUIDs of the GPUs meeting a requirement such as 'arch>=8.0,feature=bf16'
+    /// (terms: arch>=X.Y, arch>X.Y, arch<=X.Y, arch<X.Y, arch=X.Y, arch!=X.Y,
+    /// feature=NAME). Exit status 1 when no GPU does.
+    Match { requirement: String },
+    /// Ask gpuarchd to re-read its config and the GPUs now (root or group gpuarch).
+    Reload,
+    /// Show what a container would get: its GPUs, env and the reasons.
+    Plan(PlanArgs),
+    /// Questions about compute capabilities and build targets.
+    #[command(subcommand)]
+    Arch(ArchCmd),
+    /// Which GPU architectures a cubin, fatbin, PTX file or library carries,
+    /// and whether each GPU of this host runs it (from SASS, by PTX JIT, or
+    /// not at all, and why). Exit status 1 when a GPU runs none of it.
+    Inspect(InspectArgs),
+    /// Build kernel packages ahead of time and pin the builds (root or group
+    /// gpuarch); shows progress, exit status 1 when a build is not served.
+    Prewarm(PrewarmArgs),
+    /// List the kernel cache: each build, its arch and variant, pinned, in use.
+    Kernels,
+    /// Evict least recently used builds above the cache limit (root or group gpuarch).
+    Gc,
+    /// Check every cached file's sha256; corrupt builds are quarantined and
+    /// rebuilt (root or group gpuarch). Exit status 1 when any was corrupt.
+    Verify,
+    /// Check this host: gpuarchd up, NVML loadable, snapshot fresh, kernel
+    /// cache writable, and each installed container engine (podman, Docker,
+    /// containerd, CRI-O) wired to gpuarch; each problem with the line that
+    /// fixes it. Exit status 1 when something is wrong.
+    Doctor(DoctorArgs),
+    /// Wire gpuarch into a container engine's own config.
+    #[command(subcommand)]
+    Engine(EngineCmd),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EngineCmd {
+    /// The containerd drop-in that adds the CRI runtime handler (Kubernetes
+    /// RuntimeClass handler) beside runc, from containerd's config as it is:
+    /// printed, or written with --write. containerd 1.x replaces a plugin's
+    /// whole section with an import's, so for it the drop-in carries the
+    /// CRI section of config.toml; run this again after changing that
+    /// section (doctor says when).
+    Containerd(ContainerdArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ContainerdArgs {
+    /// Absolute imports are read below this directory (an image, a chroot).
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub root: PathBuf,
+    /// containerd's config.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/etc/containerd/config.toml"
+    )]
+    pub config: PathBuf,
+    /// The shim the handler runs.
+    #[arg(long, value_name = "PATH", default_value = "/usr/bin/gpuarch-runtime")]
+    pub runtime: PathBuf,
+    /// The runtime handler's name.
+    #[arg(long, value_name = "NAME", default_value = containerd::HANDLER)]
+    pub handler: String,
+    /// Write the drop-in here (atomically) instead of printing it.
+    #[arg(long, value_name = "PATH", num_args = 0..=1, default_missing_value = containerd::DROPIN)]
+    pub write: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct InspectArgs {
+    /// Files to read.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Judge for these GPUs (indexes as NVML numbers them) instead of all.
+    #[arg(long, value_name = "LIST", conflicts_with = "cap")]
+    pub devices: Option<String>,
+    /// Judge for a compute capability (8.6) instead of this host's GPUs.
+    #[arg(long, value_name = "CAP")]
+    pub cap: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PrewarmArgs {
+    /// Packages to build (default: all).
+    pub packages: Vec<String>,
+    /// Architectures (7.5,8.6 or sm_75,sm_86).
+    #[arg(long, value_name = "LIST", conflicts_with = "host")]
+    pub arch: Option<String>,
+    /// The architectures of this host's GPUs (the default).
+    #[arg(long)]
+    pub host: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PlanArgs {
+    /// GPUs as NVIDIA_VISIBLE_DEVICES names them: indexes, UUIDs, GPU:MIG, all.
+    #[arg(long, value_name = "LIST", required_unless_present = "config")]
+    pub devices: Option<String>,
+    /// Plan for this OCI config.json ('-' reads stdin).
+    #[arg(long, value_name = "CONFIG.json", conflicts_with = "devices")]
+    pub config: Option<PathBuf>,
+    /// With --devices: a variable the container sets (KEY=VALUE), repeatable.
+    #[arg(
+        long = "env",
+        short = 'e',
+        value_name = "KEY=VALUE",
+        requires = "devices"
+    )]
+    pub env: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ArchCmd {
+    /// Does code built for TARGETS (a list: 8.0, sm_80, compute_80, 8.0+PTX, Ampere...) run on --on?
+    Check {
+        targets: String,
+        /// The device's compute capability (8.6 or sm_86).
+        #[arg(long, value_name = "CAP")]
+        on: String,
+        /// CUDA version the driver supports, for PTX (e.g. 13.0).
+        #[arg(long, value_name = "X.Y")]
+        driver_cuda: Option<String>,
+        /// CUDA version of the toolkit that produced the PTX (e.g. 12.8).
+        #[arg(long, value_name = "X.Y")]
+        ptx_cuda: Option<String>,
+    },
+    /// Read an architecture list and print it in canonical form.
+    Parse { list: String },
+    /// Which gated features a compute capability has.
+    Features { cap: String },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {
+    /// Read the host's files below this directory (an image, a chroot).
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub root: PathBuf,
+}

@@ -1,0 +1,122 @@
+//! `gpuarchctl arch check|parse|features`: questions about capabilities
+//! and build targets, answered from core's rules alone.
+
+use std::fmt::Write as _;
+
+use anyhow::{Result, anyhow};
+use gpuarch_core::arch::{ArchList, CodeKind, ComputeCapability, CudaVersion, Target};
+use gpuarch_core::features::Feature;
+use serde_json::json;
+
+use crate::cli::{ArchCmd, EXIT_NO};
+use crate::render::{self, table};
+
+/// A device's capability as `8.6`, `sm_86` or any target naming it.
+pub fn parse_device_cap(s: &str) -> Result<ComputeCapability> {
+    if let Ok(c) = ComputeCapability::parse_reported(s) {
+        return Ok(c);
+    }
+    let t = Target::parse(s).map_err(|e| anyhow!("--on: {e}"))?;
+    Ok(t.cap)
+}
+
+pub fn run(json: bool, cmd: &ArchCmd, out: &mut String) -> Result<u8> {
+    match cmd {
+        ArchCmd::Check {
+            targets,
+            on,
+            driver_cuda,
+            ptx_cuda,
+        } => {
+            let list = ArchList::parse(targets)?;
+            let device = parse_device_cap(on)?;
+            let ver = |v: &Option<String>, flag: &str| -> Result<Option<CudaVersion>> {
+                v.as_deref()
+                    .map(CudaVersion::parse)
+                    .transpose()
+                    .map_err(|e| anyhow!("{flag}: {e}"))
+            };
+            let driver = ver(driver_cuda, "--driver-cuda")?;
+            let ptx = ver(ptx_cuda, "--ptx-cuda")?;
+            let verdicts: Vec<(Target, _)> = list
+                .targets()
+                .map(|t| (*t, t.check(device, driver, ptx)))
+                .collect();
+            let runs = verdicts.iter().any(|(_, v)| v.runs);
+            if json {
+                let targets: Vec<_> = verdicts
+                    .iter()
+                    .map(|(t, v)| {
+                        json!({"target": t.to_string(), "runs": v.runs, "jit": v.jit, "reason": v.reason})
+                    })
+                    .collect();
+                render::json(
+                    out,
+                    &json!({"device": device.to_string(), "runs": runs, "targets": targets}),
+                )?;
+            } else {
+                for (_, v) in &verdicts {
+                    let _ = writeln!(out, "{}: {}", if v.runs { "yes" } else { "no " }, v.reason);
+                }
+                let _ = writeln!(
+                    out,
+                    "{list} on {device}: {}",
+                    if runs { "runs" } else { "does NOT run" }
+                );
+            }
+            Ok(if runs { 0 } else { EXIT_NO })
+        }
+        ArchCmd::Parse { list } => {
+            let l = ArchList::parse(list)?;
+            if json {
+                let targets: Vec<String> = l.targets().map(Target::to_string).collect();
+                render::json(
+                    out,
+                    &json!({"canonical": l.to_string(), "targets": targets}),
+                )?;
+            } else {
+                let _ = writeln!(out, "{l}");
+                for t in l.targets() {
+                    let kind = match t.kind {
+                        CodeKind::Sass => "SASS",
+                        CodeKind::Ptx => "PTX",
+                    };
+                    let _ = writeln!(
+                        out,
+                        "  {:<14} {kind:<4}  {}",
+                        t.to_string(),
+                        t.cap.arch_name().unwrap_or("?")
+                    );
+                }
+            }
+            Ok(0)
+        }
+        ArchCmd::Features { cap } => {
+            let c = parse_device_cap(cap)?;
+            if json {
+                let feats: serde_json::Map<String, serde_json::Value> = Feature::ALL
+                    .iter()
+                    .map(|f| (f.name().to_owned(), json!(f.supported_on(c))))
+                    .collect();
+                render::json(
+                    out,
+                    &json!({"compute_capability": c.to_string(), "arch": c.arch_name(), "features": feats}),
+                )?;
+            } else {
+                let rows: Vec<Vec<String>> = Feature::ALL
+                    .iter()
+                    .map(|f| {
+                        vec![
+                            f.name().to_owned(),
+                            if f.supported_on(c) { "yes" } else { "no" }.to_owned(),
+                            format!("(needs {})", f.gate()),
+                        ]
+                    })
+                    .collect();
+                let _ = writeln!(out, "{c} ({})", c.arch_name().unwrap_or("unknown arch"));
+                out.push_str(&table(&rows));
+            }
+            Ok(0)
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! `gpuarchctl kernels`: the kernel cache, one line per build.
+
+use std::fmt::Write as _;
+
+use anyhow::Result;
+use gpuarch_wire::dbus::KernelCacheProxy;
+use serde_json::json;
+
+use crate::render::{self, bytes};
+use crate::source::{BusError, Daemon};
+
+pub fn run(json: bool, d: Daemon, out: &mut String) -> Result<u8> {
+    let (mut list, used, limit) = d.ask(async {
+        let e = |e| BusError::of("kernels", e);
+        let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+        let list = kc.list_kernels().await.map_err(e)?;
+        Ok((
+            list,
+            kc.used_bytes().await.map_err(e)?,
+            kc.limit_bytes().await.map_err(e)?,
+        ))
+    })?;
+    if json {
+        // The records are a{sv} dictionaries: JSON gets their plain values.
+        let rows: Vec<_> = list
+            .iter()
+            .map(|k| {
+                json!({
+                    "key": k.key, "package": k.package, "version": k.version,
+                    "variant": k.variant, "dtype": k.dtype, "arch": k.arch,
+                    "toolkit": k.toolkit, "bytes": k.bytes, "files": k.files,
+                    "pinned": k.pinned, "in_use": k.in_use, "last_used": k.last_used,
+                    "built_at": k.built_at, "path": k.path,
+                })
+            })
+            .collect();
+        render::json(
+            out,
+            &json!({"used_bytes": used, "limit_bytes": limit, "kernels": rows}),
+        )?;
+        return Ok(0);
+    }
+    let _ = writeln!(
+        out,
+        "cache: {} of {} used, {} builds",
+        bytes(used),
+        bytes(limit),
+        list.len()
+    );
+    let _ = writeln!(
+        out,
+        "{:<10} {:<8} {:<8} {:<9} {:>9}  {:<6} {:<6} KEY",
+        "PACKAGE", "ARCH", "VARIANT", "DTYPE", "SIZE", "PINNED", "IN USE"
+    );
+    list.sort_by(|a, b| (&a.package, &a.arch).cmp(&(&b.package, &b.arch)));
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    for k in &list {
+        let _ = writeln!(
+            out,
+            "{:<10} {:<8} {:<8} {:<9} {:>9}  {:<6} {:<6} {}",
+            k.package,
+            k.arch,
+            k.variant,
+            k.dtype,
+            bytes(k.bytes),
+            yes(k.pinned),
+            yes(k.in_use),
+            k.key.get(..12).unwrap_or(&k.key),
+        );
+    }
+    Ok(0)
+}

@@ -1,0 +1,91 @@
+//! `gpuarchctl plan`: what a container would get. For a device list gpuarchd
+//! answers (its `Plan`); offline, or for a container's own config or env,
+//! the Plan is made here with the same core code.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, anyhow};
+use gpuarch_core::oci::{self, ContainerView};
+use gpuarch_core::plan;
+use gpuarch_wire::dbus::InventoryProxy;
+use serde_json::json;
+
+use crate::cli::{Cli, PlanArgs};
+use crate::render;
+use crate::source::{BusError, Offline, Source};
+
+fn read_oci_config(path: &Path) -> Result<Vec<u8>> {
+    let bytes = if path == Path::new("-") {
+        oci::read_bounded(std::io::stdin().lock())
+    } else {
+        std::fs::File::open(path)
+            .map_err(oci::OciError::from)
+            .and_then(oci::read_bounded)
+    };
+    bytes.with_context(|| format!("OCI config {}", path.display()))
+}
+
+/// The entries of a `--devices` list.
+fn entries(list: &str) -> Vec<&str> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// A device list, asked of the source.
+pub fn run(cli: &Cli, src: &Source, args: &PlanArgs, out: &mut String) -> Result<u8> {
+    let Source::Daemon(d) = src else {
+        return local(cli, args, out);
+    };
+    let list = args.devices.as_deref().unwrap_or_default();
+    let (env, notes) = d.ask(async {
+        let e = |e| BusError::of("plan", e);
+        let inv = InventoryProxy::new(&d.conn).await.map_err(e)?;
+        inv.plan(&entries(list)).await.map_err(e)
+    })?;
+    if cli.json {
+        render::json(out, &json!({"env": env, "notes": notes}))?;
+    } else {
+        render::env_notes(
+            env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            &notes,
+            out,
+        );
+    }
+    Ok(0)
+}
+
+/// A Plan made here: for an OCI config, or a device list and env.
+pub fn local(cli: &Cli, args: &PlanArgs, out: &mut String) -> Result<u8> {
+    // The caller's own input first: its errors matter more than the host's.
+    let view = match &args.config {
+        Some(path) => Some(
+            ContainerView::from_json(&read_oci_config(path)?)
+                .with_context(|| path.display().to_string())?,
+        ),
+        None => None,
+    };
+    let mut env = Vec::new();
+    for e in &args.env {
+        let (k, v) = e
+            .split_once('=')
+            .ok_or_else(|| anyhow!("--env {e:?}: expected KEY=VALUE"))?;
+        env.push((k.to_owned(), v.to_owned()));
+    }
+    let cfg = gpuarch_inventory::read_config()?;
+    let (snap, _) = Offline::of(cli).inventory()?;
+    let plan = match view {
+        Some(view) => plan::plan(&view, &snap, &cfg.env),
+        None => {
+            let list = args.devices.as_deref().unwrap_or_default();
+            plan::plan_request(list, &ContainerView::with_env(env), &snap, &cfg.env)
+        }
+    };
+    if cli.json {
+        render::json(out, &plan)?;
+    } else {
+        render::plan(&plan, out);
+    }
+    Ok(0)
+}

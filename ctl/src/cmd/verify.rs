@@ -1,0 +1,43 @@
+//! `gpuarchctl verify`: every cached file against its sha256; gpuarchd
+//! quarantines and rebuilds what is corrupt. Exit status 1 when any was.
+
+use std::fmt::Write as _;
+
+use anyhow::Result;
+use gpuarch_wire::dbus::KernelCacheProxy;
+use serde_json::json;
+
+use crate::render;
+use crate::source::{BusError, Daemon};
+
+pub fn run(json: bool, d: Daemon, out: &mut String) -> Result<u8> {
+    let list = d.ask(async {
+        let e = |e| BusError::of("verify", e);
+        let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+        kc.verify().await.map_err(e)
+    })?;
+    let bad: Vec<_> = list.iter().filter(|r| !r.ok).collect();
+    if json {
+        // The records are a{sv} dictionaries: JSON gets their plain values.
+        let rows: Vec<_> = list
+            .iter()
+            .map(|r| {
+                json!({
+                    "key": r.key, "package": r.package, "arch": r.arch,
+                    "variant": r.variant, "ok": r.ok, "problem": r.problem,
+                })
+            })
+            .collect();
+        render::json(out, &rows)?;
+    } else {
+        let _ = writeln!(out, "{} builds checked, {} corrupt", list.len(), bad.len());
+        for r in &bad {
+            let _ = writeln!(
+                out,
+                "{} {}: {} (quarantined; rebuilding)",
+                r.package, r.arch, r.problem
+            );
+        }
+    }
+    Ok(u8::from(!bad.is_empty()))
+}

@@ -1,0 +1,159 @@
+//! How gpuarchctl prints: tables, sizes, ages, a Plan. One of each, for
+//! every command.
+
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use gpuarch_core::plan::Plan;
+
+/// Left-aligned columns, two spaces apart; trailing blanks trimmed.
+pub fn table(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut s = String::new();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(i, cell)| format!("{cell:<w$}", w = widths[i]))
+            .collect();
+        s.push_str(line.join("  ").trim_end());
+        s.push('\n');
+    }
+    s
+}
+
+/// `512 B`, `1.5 KiB`, `10.0 GiB`.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// `3d 4h`, `5m 2s`, `42s`: the two largest units.
+pub fn short_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    let (days, h, m, sec) = (s / 86400, s / 3600 % 24, s / 60 % 60, s % 60);
+    match (days, h, m) {
+        (0, 0, 0) => format!("{sec}s"),
+        (0, 0, _) => format!("{m}m {sec}s"),
+        (0, _, _) => format!("{h}h {m}m"),
+        _ => format!("{days}d {h}h"),
+    }
+}
+
+/// Time since an RFC 3339 stamp, if it parses and is in the past.
+pub fn age_of_stamp(stamp: &str) -> Option<Duration> {
+    let t = humantime::parse_rfc3339(stamp).ok()?;
+    SystemTime::now().duration_since(t).ok()
+}
+
+/// Time since a moment in microseconds since the epoch (as gpuarchd's
+/// properties give them); None for 0, which means never.
+pub fn age_of_usec(usec: u64) -> Option<Duration> {
+    let t = UNIX_EPOCH + Duration::from_micros(usec);
+    (usec > 0).then(|| SystemTime::now().duration_since(t).unwrap_or_default())
+}
+
+/// Pretty JSON and a newline.
+pub fn json(out: &mut String, doc: &impl serde::Serialize) -> serde_json::Result<()> {
+    out.push_str(&serde_json::to_string_pretty(doc)?);
+    out.push('\n');
+    Ok(())
+}
+
+/// A whole Plan: the GPUs, then the env and notes.
+pub fn plan(plan: &Plan, out: &mut String) {
+    match plan.source {
+        Some(src) if !plan.gpus.is_empty() => {
+            let _ = writeln!(out, "GPUs (from {src}, in CUDA order):");
+            let rows: Vec<Vec<String>> = plan
+                .gpus
+                .iter()
+                .map(|g| {
+                    vec![
+                        format!(
+                            "  {}",
+                            g.mig
+                                .map_or(g.index.to_string(), |m| format!("{}:{m}", g.index))
+                        ),
+                        g.name.clone(),
+                        g.compute_capability.to_string(),
+                        g.uuid.clone(),
+                    ]
+                })
+                .collect();
+            out.push_str(&table(&rows));
+        }
+        _ => out.push_str("GPUs: none\n"),
+    }
+    env_notes(
+        plan.env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        &plan.notes,
+        out,
+    );
+}
+
+/// The env a container gets and the notes saying why.
+pub fn env_notes<'a>(
+    env: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
+    notes: &[String],
+    out: &mut String,
+) {
+    if env.len() == 0 {
+        out.push_str("env: none (the container starts unchanged)\n");
+    } else {
+        out.push_str("env:\n");
+        for (k, v) in env {
+            let _ = writeln!(out, "  {k}={v}");
+        }
+    }
+    out.push_str("notes:\n");
+    for n in notes {
+        let _ = writeln!(out, "  - {n}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_ages_read_as_a_person_says_them() {
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(1536), "1.5 KiB");
+        assert_eq!(bytes(11_811_160_064), "11.0 GiB");
+        assert_eq!(short_duration(Duration::from_secs(42)), "42s");
+        assert_eq!(short_duration(Duration::from_secs(302)), "5m 2s");
+        assert_eq!(short_duration(Duration::from_secs(90_061)), "1d 1h");
+        assert_eq!(age_of_usec(0), None);
+        assert!(age_of_stamp("2026-01-01T00:00:00Z").is_some());
+        assert_eq!(age_of_stamp("yesterday"), None);
+    }
+
+    #[test]
+    fn columns_line_up() {
+        let t = table(&[
+            vec!["GPU".into(), "NAME".into()],
+            vec!["10".into(), "A100".into()],
+        ]);
+        assert_eq!(t, "GPU  NAME\n10   A100\n");
+    }
+}

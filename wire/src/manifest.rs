@@ -1,0 +1,185 @@
+//! A kernel package's `manifest.json` under `kernels.mount_root`.
+//!
+//! Two shapes, told apart by `schema`:
+//! - without it, a package an admin laid out by hand: the SASS/PTX
+//!   `targets` its files carry, and optionally the `libraries` directories
+//!   holding shared libraries, a `version` and a `description`;
+//! - with `schema: 2`, a package gpuarchd published from its store: every
+//!   served build (arch, variant, the store entry's directory and files),
+//!   and what is unavailable or pending, per arch.
+//!
+//! gpuarchd writes [`Published`]; the hook reads either with [`read`]. A
+//! schema it does not know, a field it does not know, or a missing field is
+//! an error naming it: the hook then skips the package with that note.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// The schema gpuarchd writes and the hook reads.
+pub const SCHEMA: u32 = 2;
+
+/// A package published by gpuarchd.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Published {
+    /// Always [`SCHEMA`].
+    pub schema: u32,
+    pub package: String,
+    pub version: String,
+    pub description: String,
+    /// The arch of each build, in the order of `builds`.
+    pub targets: Vec<String>,
+    pub builds: Vec<Build>,
+    /// Variants that cannot be built for an arch, and why.
+    pub unavailable: Vec<Unavailable>,
+    /// Arches with no build yet, and why.
+    pub pending: Vec<Pending>,
+}
+
+/// One served build: a verified entry of the kernel store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Build {
+    /// `sm_86`.
+    pub arch: String,
+    pub variant: String,
+    /// The variant's dtype, if the package has dtype variants.
+    pub dtype: Option<String>,
+    /// The store key.
+    pub key: String,
+    /// The store entry's directory (absolute).
+    pub dir: PathBuf,
+    /// The entry's files, by name.
+    pub files: Vec<String>,
+    /// The compiler that built it.
+    pub toolkit: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Unavailable {
+    pub arch: String,
+    pub variant: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pending {
+    pub arch: String,
+    pub reason: String,
+}
+
+/// A package laid out by hand: no `schema`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandMade {
+    /// Its name; the directory's name is what counts.
+    #[serde(default)]
+    pub package: Option<String>,
+    #[serde(default)]
+    pub version: Option<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    /// The targets its files carry: `sm_75`, `compute_80`, ...
+    pub targets: Vec<String>,
+    /// Directories of the package holding shared libraries (`lib`).
+    #[serde(default)]
+    pub libraries: Vec<String>,
+}
+
+/// Either shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Manifest {
+    HandMade(HandMade),
+    Published(Published),
+}
+
+/// Why a manifest could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    /// Not JSON, or a field missing, unknown or of the wrong type (serde's
+    /// message names it).
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error(
+        "schema {found}: this gpuarch reads schema {SCHEMA} (is gpuarchd newer than the hook?)"
+    )]
+    Schema { found: serde_json::Value },
+}
+
+/// Read a manifest's bytes.
+pub fn read(bytes: &[u8]) -> Result<Manifest, ManifestError> {
+    let v: serde_json::Value = serde_json::from_slice(bytes)?;
+    match v.get("schema") {
+        None => Ok(Manifest::HandMade(serde_json::from_value(v)?)),
+        Some(s) if s.as_u64() == Some(u64::from(SCHEMA)) => {
+            Ok(Manifest::Published(serde_json::from_value(v)?))
+        }
+        Some(s) => Err(ManifestError::Schema { found: s.clone() }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn published() -> Published {
+        Published {
+            schema: SCHEMA,
+            package: "saxpy".into(),
+            version: "1".into(),
+            description: "y = a*x + y".into(),
+            targets: vec!["sm_86".into()],
+            builds: vec![Build {
+                arch: "sm_86".into(),
+                variant: "f32".into(),
+                dtype: None,
+                key: "ab".into(),
+                dir: "/var/cache/gpuarch/objects/ab/ab".into(),
+                files: vec!["saxpy.cubin".into()],
+                toolkit: "nvrtc 13.0".into(),
+            }],
+            unavailable: vec![],
+            pending: vec![Pending {
+                arch: "sm_75".into(),
+                reason: "queued".into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn what_gpuarchd_writes_the_hook_reads_back() {
+        let text = serde_json::to_vec_pretty(&published()).unwrap();
+        assert_eq!(read(&text).unwrap(), Manifest::Published(published()));
+    }
+
+    #[test]
+    fn a_hand_made_package_needs_only_its_targets() {
+        let m = read(br#"{"targets": ["sm_75"], "libraries": ["lib"]}"#).unwrap();
+        let Manifest::HandMade(h) = m else {
+            panic!("{m:?}")
+        };
+        assert_eq!(h.targets, ["sm_75"]);
+        assert_eq!(h.libraries, ["lib"]);
+    }
+
+    #[test]
+    fn unknown_missing_and_future_fields_are_named() {
+        let e = read(br#"{"targets": ["sm_75"], "libs": ["lib"]}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown field `libs`"), "{e}");
+        let mut v = serde_json::to_value(published()).unwrap();
+        v["builds"][0].as_object_mut().unwrap().remove("dir");
+        let e = read(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert!(e.to_string().contains("missing field `dir`"), "{e}");
+        v["schema"] = 3.into();
+        let e = read(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("schema 3: this gpuarch reads schema 2"),
+            "{e}"
+        );
+        assert!(read(b"{").is_err());
+    }
+}
