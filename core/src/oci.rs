@@ -99,6 +99,9 @@ struct Raw {
     linux: Option<RawLinux>,
 }
 
+/// A container's annotations, key to value.
+pub type Annotations = BTreeMap<String, String>;
+
 /// Does gpuarch read annotation `key`: CDI requests and `io.gpuarch.*`.
 pub fn read_annotation(key: &str) -> bool {
     key.starts_with("cdi.k8s.io/") || key.starts_with("io.gpuarch.")
@@ -108,10 +111,10 @@ pub fn read_annotation(key: &str) -> bool {
 /// must still be a string, as the OCI spec says.
 fn read_annotations<'de, D: serde::Deserializer<'de>>(
     d: D,
-) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+) -> Result<Option<Annotations>, D::Error> {
     struct Kept;
     impl<'de> serde::de::Visitor<'de> for Kept {
-        type Value = Option<BTreeMap<String, String>>;
+        type Value = Option<Annotations>;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
             f.write_str("a map of strings")
         }

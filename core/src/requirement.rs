@@ -177,7 +177,7 @@ fn parse_term(raw: &str) -> Result<Term, RequirementError> {
                         .to_owned(),
                 )
             })?;
-        let cap = parse_cap(value).map_err(err)?;
+        let cap = parse_cap(value).map_err(|e| err(e.to_string()))?;
         return Ok(Term::Arch(op, cap));
     }
     Err(err(
@@ -187,21 +187,29 @@ fn parse_term(raw: &str) -> Result<Term, RequirementError> {
 
 /// `8.6` or `sm_86`; suffixes (`9.0a`) and PTX forms name build targets,
 /// not devices, and are refused.
-fn parse_cap(value: &str) -> Result<ComputeCapability, String> {
+fn parse_cap(value: &str) -> Result<ComputeCapability, BadCapability> {
     if value.is_empty() {
-        return Err("no compute capability after the operator".to_owned());
+        return Err(BadCapability::Missing);
     }
     if let Ok(c) = ComputeCapability::parse_reported(value) {
         return Ok(c);
     }
     match Target::parse(value) {
         Ok(t) if t.to_string() == format!("sm_{}", t.cap.digits()) => Ok(t.cap),
-        Ok(t) => Err(format!(
-            "{t} is a build target; give a device capability such as {}",
-            t.cap
-        )),
-        Err(e) => Err(e.to_string()),
+        Ok(t) => Err(BadCapability::BuildTarget(t)),
+        Err(e) => Err(BadCapability::Arch(e)),
     }
+}
+
+/// Why an `arch` term's value is not a device capability.
+#[derive(Debug, thiserror::Error)]
+enum BadCapability {
+    #[error("no compute capability after the operator")]
+    Missing,
+    #[error("{0} is a build target; give a device capability such as {cap}", cap = .0.cap)]
+    BuildTarget(Target),
+    #[error("{0}")]
+    Arch(crate::arch::ArchError),
 }
 
 impl FromStr for Requirement {

@@ -175,7 +175,15 @@ impl Cache {
     /// Re-publish `names` (all packages when None) from the store: blocking.
     pub fn publish(&self, names: Option<&[String]>) {
         let pkgs = self.packages();
-        let stored = self.builder.store.scan().unwrap_or_default();
+        let stored = match self.builder.store.scan() {
+            Ok(s) => s,
+            Err(e) => {
+                // Publishing from nothing would take every build away from
+                // new containers: the manifests stay as they are.
+                warn!("cannot read the kernel cache to publish it: {e}");
+                return;
+            }
+        };
         for (name, p) in &pkgs {
             if names.is_some_and(|n| !n.contains(name)) {
                 continue;
@@ -196,14 +204,14 @@ impl Cache {
 
     /// Check `packages` and `archs` of a request; empty means all packages,
     /// and the host's archs.
-    pub fn tasks(&self, packages: &[String], archs: &[String]) -> Result<Vec<Task>, String> {
+    pub fn tasks(&self, packages: &[String], archs: &[String]) -> Result<Vec<Task>, RequestError> {
         let known = self.packages();
         for p in packages {
             if !known.contains_key(p) {
-                return Err(format!(
-                    "no kernel package named {p:?} (known: {})",
-                    known.keys().cloned().collect::<Vec<_>>().join(", ")
-                ));
+                return Err(RequestError::NoPackage {
+                    name: p.clone(),
+                    known: known.keys().cloned().collect::<Vec<_>>().join(", "),
+                });
             }
         }
         let targets: BTreeSet<Target> = if archs.is_empty() {
@@ -215,9 +223,7 @@ impl Cache {
                 .collect::<Result<_, _>>()?
         };
         if targets.is_empty() {
-            return Err(
-                "no architectures given and no GPU inventory to take the host's from".into(),
-            );
+            return Err(RequestError::NoArchs);
         }
         let names: Vec<String> = if packages.is_empty() {
             known.keys().cloned().collect()
@@ -395,14 +401,15 @@ impl Cache {
 
     /// Check every entry's files; corrupt ones are quarantined. Returns one
     /// record per entry and the tasks that rebuild what was quarantined.
-    pub fn verify(&self) -> (Vec<VerifyRecord>, Vec<Task>) {
+    /// A store that cannot be read is an error, never "0 builds checked".
+    pub fn verify(&self) -> std::io::Result<(Vec<VerifyRecord>, Vec<Task>)> {
         let mut out = Vec::new();
         let mut rebuild = Vec::new();
-        for e in self.builder.store.scan().unwrap_or_default() {
+        for e in self.builder.store.scan()? {
             let m = &e.manifest;
             let res = Store::verify_entry(&e);
             if let Err(why) = &res {
-                if let Err(err) = self.builder.store.quarantine(&m.key, why) {
+                if let Err(err) = self.builder.store.quarantine(&m.key, &why.to_string()) {
                     warn!("cannot quarantine {}: {err}", m.key);
                 }
                 if let Ok(arch) = Target::parse(&m.arch) {
@@ -421,15 +428,16 @@ impl Cache {
                 problem: res.err().map(|e| e.to_string()).unwrap_or_default(),
             });
         }
-        (out, rebuild)
+        Ok((out, rebuild))
     }
 
     /// One record per stored entry, and one per variant refused for an arch.
-    pub fn list(&self) -> Vec<KernelRecord> {
+    /// A store that cannot be read is an error, never an empty list.
+    pub fn list(&self) -> std::io::Result<Vec<KernelRecord>> {
         let store = &self.builder.store;
         let in_use = self.in_use_recent();
         let mut out = Vec::new();
-        for e in store.scan().unwrap_or_default() {
+        for e in store.scan()? {
             let m = &e.manifest;
             let used = store.last_used(&e);
             out.push(KernelRecord {
@@ -449,11 +457,11 @@ impl Cache {
                 path: e.dir.display().to_string(),
             });
         }
-        out
+        Ok(out)
     }
 
-    pub fn used_bytes(&self) -> u64 {
-        self.builder.store.used_bytes().unwrap_or(0)
+    pub fn used_bytes(&self) -> std::io::Result<u64> {
+        self.builder.store.used_bytes()
     }
 
     /// Requests the hook left in the spool: `<package>@<arch>` files. Each is
@@ -482,8 +490,21 @@ impl Cache {
     }
 }
 
+/// A pre-warm request that names what this cache cannot build.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("no kernel package named {name:?} (known: {known})")]
+    NoPackage { name: String, known: String },
+    #[error("no architectures given and no GPU inventory to take the host's from")]
+    NoArchs,
+    #[error("{0} is PTX; give a machine-code arch such as sm_86")]
+    Ptx(Target),
+    #[error("{0}")]
+    Arch(#[from] gpuarch_core::arch::ArchError),
+}
+
 /// `sm_86`, `8.6` or `86`: a SASS target.
-pub fn parse_arch(a: &str) -> Result<Target, String> {
+pub fn parse_arch(a: &str) -> Result<Target, RequestError> {
     let t = a.trim();
     let t = if t.bytes().all(|b| b.is_ascii_digit()) && !t.is_empty() {
         format!("sm_{t}")
@@ -492,10 +513,8 @@ pub fn parse_arch(a: &str) -> Result<Target, String> {
     };
     match Target::parse(&t) {
         Ok(t) if t.kind == gpuarch_core::arch::CodeKind::Sass => Ok(t),
-        Ok(t) => Err(format!(
-            "{t} is PTX; give a machine-code arch such as sm_86"
-        )),
-        Err(e) => Err(e.to_string()),
+        Ok(t) => Err(RequestError::Ptx(t)),
+        Err(e) => Err(e.into()),
     }
 }
 

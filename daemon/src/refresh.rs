@@ -20,7 +20,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::sdnotify;
 use crate::service::{self, Request};
-use crate::state::{Change, Shared};
+use crate::state::{Change, RefreshError, ReloadError, Shared};
 
 type Read = Result<Snapshot, gpuarch_inventory::InventoryError>;
 
@@ -47,10 +47,10 @@ impl Refresher {
         }
     }
 
-    async fn read_nvml(&mut self) -> Result<Snapshot, String> {
+    async fn read_nvml(&mut self) -> Result<Snapshot, RefreshError> {
         if let Some(h) = &self.hung {
             if !h.is_finished() {
-                return Err("the previous NVML read has still not returned".to_owned());
+                return Err(RefreshError::StillHung);
             }
             self.hung = None;
         }
@@ -60,21 +60,18 @@ impl Refresher {
             NvmlInventory::open(lib.as_deref()).and_then(|n| n.snapshot())
         });
         match tokio::time::timeout(budget, &mut task).await {
-            Ok(Ok(read)) => read.map_err(|e| e.to_string()),
-            Ok(Err(join)) => Err(format!("the NVML read failed: {join}")),
+            Ok(Ok(read)) => read.map_err(|e| RefreshError::Nvml(Arc::new(e))),
+            Ok(Err(join)) => Err(RefreshError::Died(join.to_string())),
             Err(_) => {
                 self.hung = Some(task);
-                Err(format!(
-                    "NVML did not answer within {} ms",
-                    budget.as_millis()
-                ))
+                Err(RefreshError::Timeout(budget))
             }
         }
     }
 
     /// Read NVML once and apply the result. At start (`first`), a failed
     /// read adopts the snapshot an earlier run left, as stale.
-    pub async fn refresh(&mut self, first: bool) -> Result<(), String> {
+    pub async fn refresh(&mut self, first: bool) -> Result<(), RefreshError> {
         let outcome = match self.read_nvml().await {
             Ok(snap) => {
                 let n = snap.devices.len();
@@ -91,9 +88,9 @@ impl Refresher {
             Err(why) => {
                 self.failures = self.failures.saturating_add(1);
                 if first && self.shared.snapshot().is_none() {
-                    self.adopt_previous(&why);
+                    self.adopt_previous(&why.to_string());
                 }
-                let change = self.shared.failed(why.clone());
+                let change = self.shared.failed(why.to_string());
                 warn!(
                     "inventory refresh failed: {why}; {}",
                     if self.shared.snapshot().is_some() {
@@ -243,7 +240,7 @@ impl Refresher {
     ) {
         let mut deadline = tokio::time::Instant::now() + self.next_delay();
         loop {
-            let mut waiters: Vec<oneshot::Sender<Result<(), String>>> = Vec::new();
+            let mut waiters: Vec<oneshot::Sender<Result<(), ReloadError>>> = Vec::new();
             tokio::select! {
                 () = tokio::time::sleep_until(deadline) => {}
                 req = requests.recv() => match req {
@@ -269,9 +266,10 @@ impl Refresher {
                 _ = stop.changed() => return,
             };
             let answer = match (config_result, result) {
-                (Ok(()), r) => r,
-                (Err(c), Ok(())) => Err(c),
-                (Err(c), Err(r)) => Err(format!("{c}; and {r}")),
+                (Ok(()), Ok(())) => Ok(()),
+                (Ok(()), Err(r)) => Err(ReloadError::Refresh(r)),
+                (Err(c), Ok(())) => Err(ReloadError::Config(c)),
+                (Err(c), Err(r)) => Err(ReloadError::Both(c, r)),
             };
             for w in waiters {
                 let _ = w.send(answer.clone());

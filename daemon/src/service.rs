@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use gpuarch_core::snapshot::Snapshot;
 use gpuarch_core::{plan, requirement};
-use gpuarch_wire::dbus::{DeviceRecord, KernelRecord, VerifyRecord};
+use gpuarch_wire::dbus::{DeviceRecord, Env, KernelRecord, VerifyRecord};
 use tokio::sync::{mpsc, oneshot};
 use zbus::message::Header;
 use zbus::object_server::SignalEmitter;
@@ -23,7 +23,7 @@ pub const ADMIN_GROUP: &str = "gpuarch";
 #[derive(Debug)]
 pub enum Request {
     /// Re-read the config and the inventory now; answer when done.
-    Reload(oneshot::Sender<Result<(), String>>),
+    Reload(oneshot::Sender<Result<(), crate::state::ReloadError>>),
     /// The config changed (watcher or SIGHUP): re-plan the refresh timer.
     ConfigChanged,
 }
@@ -79,10 +79,7 @@ impl Inventory {
     #[zbus(out_args("env", "notes"))]
     // The return type is written out: the macro makes a tuple's members
     // separate out args (`a{ss}` env, `as` notes), an alias one struct.
-    fn plan(
-        &self,
-        devices: Vec<&str>,
-    ) -> fdo::Result<(std::collections::BTreeMap<String, String>, Vec<String>)> {
+    fn plan(&self, devices: Vec<&str>) -> fdo::Result<(Env, Vec<String>)> {
         let snap = current(&self.shared)?;
         let p = plan::plan_devices(&devices, &snap, &self.shared.config().env)
             .map_err(|e| fdo::Error::InvalidArgs(e.to_string()))?;
@@ -246,7 +243,9 @@ impl Daemon {
             .send(Request::Reload(tx))
             .await
             .map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?.map_err(fdo::Error::Failed)
+        rx.await
+            .map_err(|_| gone())?
+            .map_err(|e| fdo::Error::Failed(e.to_string()))
     }
 
     /// gpuarchd's version.
@@ -337,6 +336,11 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| fdo::Error::Failed(e.to_string()))
 }
 
+/// A kernel store that could not be read, as the caller sees it.
+fn store_error(e: std::io::Error) -> fdo::Error {
+    fdo::Error::IOError(format!("reading the kernel cache: {e}"))
+}
+
 /// The cache of kernel builds.
 #[interface(name = "io.gpuarch1.KernelCache")]
 impl KernelCache {
@@ -351,7 +355,9 @@ impl KernelCache {
     ) -> fdo::Result<Vec<KernelRecord>> {
         let _admitted = Admission::take(Some(&hdr), "ListKernels")?;
         let c = self.cache.clone();
-        blocking(&READ_WORK, move || c.list()).await
+        blocking(&READ_WORK, move || c.list())
+            .await?
+            .map_err(store_error)
     }
 
     /// Build `packages` (empty: all) for `archs` (`sm_86` or `8.6`; empty:
@@ -379,7 +385,7 @@ impl KernelCache {
         let tasks = self
             .cache
             .tasks(&packages, &archs)
-            .map_err(fdo::Error::InvalidArgs)?;
+            .map_err(|e| fdo::Error::InvalidArgs(e.to_string()))?;
         crate::cache::start_job(self.cache.clone(), tasks, true)
             .await
             .map_err(|e| fdo::Error::Failed(e.to_string()))
@@ -412,7 +418,9 @@ impl KernelCache {
     ) -> fdo::Result<Vec<VerifyRecord>> {
         authorize(conn, &hdr, "Verify").await?;
         let c = self.cache.clone();
-        let (records, rebuild) = blocking(&ROOT_WORK, move || c.verify()).await?;
+        let (records, rebuild) = blocking(&ROOT_WORK, move || c.verify())
+            .await?
+            .map_err(store_error)?;
         if !rebuild.is_empty() {
             crate::cache::start_job(self.cache.clone(), rebuild, false)
                 .await
@@ -426,7 +434,9 @@ impl KernelCache {
     async fn used_bytes(&self, #[zbus(header)] hdr: Option<Header<'_>>) -> fdo::Result<u64> {
         let _admitted = Admission::take(hdr.as_ref(), "UsedBytes")?;
         let c = self.cache.clone();
-        blocking(&READ_WORK, move || c.used_bytes()).await
+        blocking(&READ_WORK, move || c.used_bytes())
+            .await?
+            .map_err(store_error)
     }
 
     /// The size above which builds are evicted (kernels.max_bytes).

@@ -5,10 +5,42 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use gpuarch_core::config::Config;
 use gpuarch_core::snapshot::Snapshot;
+
+/// A config file that could not be put in force; the one in force stays.
+/// Shared (`Arc`) because one failed reload answers every caller waiting.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}; the previous config stays in force")]
+pub struct ConfigRejected(#[source] pub Arc<gpuarch_inventory::ConfigFileError>);
+
+/// Why NVML gave no inventory this time. Clone, and the NVML error shared,
+/// because one read answers every Reload waiting on it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RefreshError {
+    #[error("the previous NVML read has still not returned")]
+    StillHung,
+    #[error("{0}")]
+    Nvml(#[source] Arc<gpuarch_inventory::InventoryError>),
+    /// The blocking read panicked or was cancelled.
+    #[error("the NVML read failed: {0}")]
+    Died(String),
+    #[error("NVML did not answer within {} ms", .0.as_millis())]
+    Timeout(Duration),
+}
+
+/// What a `Reload` answers when it did not all work.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ReloadError {
+    #[error(transparent)]
+    Config(ConfigRejected),
+    #[error(transparent)]
+    Refresh(RefreshError),
+    #[error("{0}; and {1}")]
+    Both(ConfigRejected, RefreshError),
+}
 
 /// The inventory as the daemon serves it.
 #[derive(Clone, Debug, Default)]
@@ -120,7 +152,7 @@ impl Shared {
     /// changed. An invalid file is logged with its line and reason, and the
     /// config in force stays. (Here, not in the crate root, so that the
     /// refresher and the watcher need nothing of the root that runs them.)
-    pub fn reload_config(&self) -> Result<bool, String> {
+    pub fn reload_config(&self) -> Result<bool, ConfigRejected> {
         match gpuarch_inventory::read_config_at(&self.config_path, self.config_must_exist) {
             Ok(cfg) => {
                 let changed = self.set_config(cfg);
@@ -130,8 +162,9 @@ impl Shared {
                 Ok(changed)
             }
             Err(e) => {
-                tracing::error!("{e}; the previous config stays in force");
-                Err(format!("{e}; the previous config stays in force"))
+                let e = ConfigRejected(Arc::new(e));
+                tracing::error!("{e}");
+                Err(e)
             }
         }
     }

@@ -16,8 +16,11 @@ pub struct Rate {
     pub env: HashMap<String, String>,
 }
 
+/// Variables and their values.
+pub type Env = HashMap<String, String>;
+
 /// gpuarchd's `Plan` for `devices`: the env it returns.
-pub async fn plan(conn: &Connection, devices: &[&str]) -> Result<HashMap<String, String>> {
+pub async fn plan(conn: &Connection, devices: &[&str]) -> Result<Env> {
     let reply = conn
         .call_method(
             Some("io.gpuarch1"),

@@ -29,17 +29,6 @@ pub fn within<T: Send + 'static>(
         .map_err(|_| BudgetError::Elapsed(budget))
 }
 
-/// [`within`] for work that can fail with a reason: an overrun is one more
-/// reason.
-pub fn run<T: Send + 'static>(
-    budget: Duration,
-    work: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, String> {
-    within(budget, work)
-        .map_err(|e| e.to_string())
-        .and_then(|r| r)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -71,11 +71,19 @@ pub fn load_config() -> (Config, Option<String>) {
     }
 }
 
+/// Why there is no context: no inventory could be had in time.
+#[derive(Debug, thiserror::Error)]
+pub enum ContextError {
+    #[error("{0}")]
+    Inventory(#[from] gpuarch_inventory::InventoryError),
+    #[error("NVML: {0}")]
+    Budget(#[from] budget::BudgetError),
+}
+
 /// Build the context: the inventory from the daemon's snapshot (or
 /// `GPUARCH_INVENTORY`), else NVML. No D-Bus.
-pub fn load_context(config: Config, hook_path: Option<PathBuf>) -> Result<Context, String> {
-    let (inventory, _) = gpuarch_inventory::read_inventory(None, None, &config.daemon.snapshot)
-        .map_err(|e| e.to_string())?;
+pub fn load_context(config: Config, hook_path: Option<PathBuf>) -> Result<Context, ContextError> {
+    let (inventory, _) = gpuarch_inventory::read_inventory(None, None, &config.daemon.snapshot)?;
     Ok(Context::new(inventory, config, hook_path))
 }
 
@@ -85,20 +93,19 @@ pub fn load_context(config: Config, hook_path: Option<PathBuf>) -> Result<Contex
 /// thread costs a container start about 0.45 ms of CPU and as much wall
 /// time on a VM (its start and the wake-up of the thread that waits for
 /// it), so only what can hang gets one.
-pub fn load_context_within(config: Config, hook_path: Option<PathBuf>) -> Result<Context, String> {
+pub fn load_context_within(
+    config: Config,
+    hook_path: Option<PathBuf>,
+) -> Result<Context, ContextError> {
     use gpuarch_inventory::GpuInventory;
     let inventory = match gpuarch_inventory::snapshot_source(None, &config.daemon.snapshot) {
-        Some(path) => gpuarch_inventory::SnapshotFile::new(path)
-            .snapshot()
-            .map_err(|e| e.to_string())?,
+        Some(path) => gpuarch_inventory::SnapshotFile::new(path).snapshot()?,
         None => {
             let budget = std::time::Duration::from_millis(config.hook.timeout_ms);
             let snapshot = config.daemon.snapshot.clone();
-            budget::run(budget, move || {
-                gpuarch_inventory::read_nvml(&snapshot)
-                    .map(|(s, _)| s)
-                    .map_err(|e| e.to_string())
-            })?
+            budget::within(budget, move || {
+                gpuarch_inventory::read_nvml(&snapshot).map(|(s, _)| s)
+            })??
         }
     };
     Ok(Context::new(inventory, config, hook_path))

@@ -316,6 +316,19 @@ fn in_store(objects: Option<&Path>, dir: &Path) -> bool {
     }
 }
 
+/// Why a container's view of a package could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ViewError {
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error("cannot lay out its view in {}: {source}", dir.display())]
+    Layout {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// The per-container view of a published package: which build serves each
 /// GPU. None (with a note) when no build serves any of them yet.
 fn view(
@@ -326,7 +339,7 @@ fn view(
     plan: &Plan,
     cuda: Option<CudaVersion>,
     notes: &mut Vec<String>,
-) -> Result<Option<KernelMount>, String> {
+) -> Result<Option<KernelMount>, ViewError> {
     let mut gpus = Vec::new();
     let mut used: Vec<&Build> = Vec::new();
     // Only the store's own entries are ever mounted: a manifest naming any
@@ -397,15 +410,17 @@ fn view(
             "variant": b.variant, "dtype": b.dtype, "files": b.files,
         })).collect::<Vec<_>>(),
     });
-    let body = serde_json::to_vec_pretty(&manifest).map_err(|e| e.to_string())?;
+    let body = serde_json::to_vec_pretty(&manifest)?;
     let digest: String = Sha256::digest(&body)
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
     let dir = cfg.view_dir.join(&digest);
     if !dir.join("manifest.json").is_file() {
-        make_view(&cfg.view_dir, &dir, &body, &used)
-            .map_err(|e| format!("cannot lay out its view in {}: {e}", cfg.view_dir.display()))?;
+        make_view(&cfg.view_dir, &dir, &body, &used).map_err(|source| ViewError::Layout {
+            dir: cfg.view_dir.clone(),
+            source,
+        })?;
     }
     Ok(Some(KernelMount {
         package: name.to_owned(),

@@ -10,10 +10,10 @@ use std::time::Duration;
 use gpuarch_core::arch::{CodeKind, Target};
 use serde_json::json;
 
-use crate::command::{self, RunError, Vars};
+use crate::command::{self, Vars};
 use crate::spec::{BuildSpec, Package, sha256_hex};
 use crate::store::{self, BuildError, BuildInfo, Entry, Meta, Outcome, Store};
-use crate::toolchain::{self, CompileError, Nvrtc};
+use crate::toolchain::{self, Nvrtc};
 
 /// One variant that does not serve an arch, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,7 +55,7 @@ pub struct Builder {
     pub store: Store,
     cuda_dirs: Vec<PathBuf>,
     timeout: Duration,
-    nvrtc: OnceLock<Result<Nvrtc, String>>,
+    nvrtc: OnceLock<Result<Nvrtc, BuildError>>,
     /// Keys of command programs already digested, by path.
     programs: Mutex<BTreeMap<PathBuf, String>>,
 }
@@ -91,7 +91,7 @@ impl Builder {
     }
 
     /// NVRTC, loaded on first use.
-    pub fn nvrtc(&self) -> Result<&Nvrtc, String> {
+    pub fn nvrtc(&self) -> Result<&Nvrtc, BuildError> {
         self.nvrtc
             .get_or_init(|| Nvrtc::load(&self.cuda_dirs))
             .as_ref()
@@ -100,7 +100,7 @@ impl Builder {
 
     /// What identifies the compiler of `pkg`: `nvrtc 12.9 headers <digest>`,
     /// or `command <program> <sha256 of it>`.
-    fn toolkit(&self, pkg: &Package) -> Result<String, String> {
+    fn toolkit(&self, pkg: &Package) -> Result<String, BuildError> {
         match &pkg.spec.build {
             BuildSpec::Nvrtc { .. } => {
                 let n = self.nvrtc()?;
@@ -113,11 +113,15 @@ impl Builder {
             BuildSpec::Command { argv, .. } => {
                 let tools = toolchain::tool_dirs(&self.cuda_dirs);
                 let prog = command::program(&argv[0], &pkg.dir, &tools)?;
-                let mut known = self.programs.lock().map_err(|e| e.to_string())?;
+                let mut known = self
+                    .programs
+                    .lock()
+                    .map_err(|e| BuildError::Tool(e.to_string()))?;
                 if let Some(d) = known.get(&prog) {
                     return Ok(d.clone());
                 }
-                let data = std::fs::read(&prog).map_err(|e| format!("{}: {e}", prog.display()))?;
+                let data = std::fs::read(&prog)
+                    .map_err(|e| BuildError::Tool(format!("{}: {e}", prog.display())))?;
                 let id = format!("command {} {}", prog.display(), sha256_hex(&data));
                 known.insert(prog, id.clone());
                 Ok(id)
@@ -126,7 +130,7 @@ impl Builder {
     }
 
     /// The store key of variant `i` of `pkg` for `arch`.
-    pub fn key(&self, pkg: &Package, i: usize, arch: Target) -> Result<String, String> {
+    pub fn key(&self, pkg: &Package, i: usize, arch: Target) -> Result<String, BuildError> {
         let record = json!({
             "schema": store::SCHEMA,
             "inputs": inputs_digest(pkg, i),
@@ -168,17 +172,17 @@ impl Builder {
         let mut pending = None;
         for i in 0..pkg.spec.variants.len() {
             let name = pkg.spec.variants[i].name.clone();
-            if let Err(reason) = pkg.admits(i, arch) {
+            if let Err(why) = pkg.admits(i, arch) {
                 res.unavailable.push(Unavailable {
                     variant: name,
-                    reason,
+                    reason: why.to_string(),
                 });
                 continue;
             }
             let key = match self.key(pkg, i, arch) {
                 Ok(k) => k,
                 Err(e) => {
-                    res.error = Some(e);
+                    res.error = Some(e.to_string());
                     return res;
                 }
             };
@@ -236,8 +240,9 @@ impl Builder {
         i: usize,
         arch: Target,
     ) -> Result<Outcome, BuildError> {
-        pkg.admits(i, arch).map_err(BuildError::Rejected)?;
-        let key = self.key(pkg, i, arch).map_err(BuildError::Tool)?;
+        pkg.admits(i, arch)
+            .map_err(|e| BuildError::Rejected(e.to_string()))?;
+        let key = self.key(pkg, i, arch)?;
         self.build_keyed(pkg, i, arch, &key)
     }
 
@@ -263,7 +268,7 @@ impl Builder {
         let v = &pkg.spec.variants[i];
         match &pkg.spec.build {
             BuildSpec::Nvrtc { options, ptx } => {
-                let nvrtc = self.nvrtc().map_err(BuildError::Tool)?;
+                let nvrtc = self.nvrtc()?;
                 let mut opts: Vec<String> = v
                     .defines
                     .iter()
@@ -274,16 +279,7 @@ impl Builder {
                     .sources
                     .split_first()
                     .ok_or_else(|| BuildError::Rejected("no sources".into()))?;
-                let compile = |t: Target| {
-                    nvrtc
-                        .compile((&main.0, &main.1), headers, t, &opts)
-                        .map_err(|e| match e {
-                            CompileError::Rejected(log) => {
-                                BuildError::Rejected(log.trim_end().to_owned())
-                            }
-                            CompileError::Tool(e) => BuildError::Tool(e),
-                        })
-                };
+                let compile = |t: Target| nvrtc.compile((&main.0, &main.1), headers, t, &opts);
                 let cubin = compile(arch)?;
                 std::fs::write(out.join(format!("{}.cubin", pkg.spec.name)), cubin.code)?;
                 if *ptx {
@@ -316,12 +312,9 @@ impl Builder {
                     .map_or(self.timeout, Duration::from_secs)
                     .min(self.timeout);
                 let tools = toolchain::tool_dirs(&self.cuda_dirs);
-                command::run(argv, env, &vars, &work, &tools, timeout).map_err(|e| match e {
-                    RunError::Failed(m) => BuildError::Rejected(m),
-                    RunError::Tool(m) => BuildError::Tool(m),
-                })?;
+                command::run(argv, env, &vars, &work, &tools, timeout)?;
                 Ok(BuildInfo {
-                    toolkit: self.toolkit(pkg).map_err(BuildError::Tool)?,
+                    toolkit: self.toolkit(pkg)?,
                     min_driver_cuda: None,
                 })
             }

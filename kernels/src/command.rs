@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 
 use gpuarch_core::arch::Target;
 
+use crate::error::BuildError;
+
 /// At most this much of a failed build's output is kept.
 const MAX_LOG: usize = 16 << 10;
 
@@ -40,8 +42,9 @@ impl Vars {
         ]
     }
 
-    /// `${NAME}` replaced by its value; an unknown name is an error.
-    pub fn expand(&self, s: &str) -> Result<String, String> {
+    /// `${NAME}` replaced by its value; an unknown name is the package's
+    /// error, so the build is refused.
+    pub fn expand(&self, s: &str) -> Result<String, BuildError> {
         let pairs = self.pairs();
         let mut out = String::new();
         let mut rest = s;
@@ -50,12 +53,11 @@ impl Vars {
             let after = &rest[i + 2..];
             let j = after
                 .find('}')
-                .ok_or_else(|| format!("unclosed ${{ in {s:?}"))?;
+                .ok_or_else(|| BuildError::Rejected(format!("unclosed ${{ in {s:?}")))?;
             let name = &after[..j];
-            let v = pairs
-                .iter()
-                .find(|(k, _)| *k == name)
-                .ok_or_else(|| format!("unknown variable ${{{name}}} in {s:?}"))?;
+            let v = pairs.iter().find(|(k, _)| *k == name).ok_or_else(|| {
+                BuildError::Rejected(format!("unknown variable ${{{name}}} in {s:?}"))
+            })?;
             out.push_str(&v.1);
             rest = &after[j + 1..];
         }
@@ -64,20 +66,11 @@ impl Vars {
     }
 }
 
-/// How a command build ended badly.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RunError {
-    /// It ran and failed: exit status and the tail of its output.
-    Failed(String),
-    /// It could not be started, or ran past its time.
-    Tool(String),
-}
-
 /// Resolve `argv[0]`: a path with a `/` as given (relative to the sources),
 /// a bare name on `path`. The program runs as gpuarchd's user, root: one
 /// that another user owns or could write is refused
 /// ([`gpuarch_fs::trust`]).
-fn resolve(prog: &str, src: &Path, path: &[PathBuf]) -> Result<PathBuf, RunError> {
+fn resolve(prog: &str, src: &Path, path: &[PathBuf]) -> Result<PathBuf, BuildError> {
     let found = if prog.contains('/') {
         src.join(prog)
     } else {
@@ -85,7 +78,7 @@ fn resolve(prog: &str, src: &Path, path: &[PathBuf]) -> Result<PathBuf, RunError
             .map(|d| d.join(prog))
             .find(|p| p.is_file())
             .ok_or_else(|| {
-                RunError::Tool(format!(
+                BuildError::Tool(format!(
                     "{prog} not found on the build PATH ({})",
                     path.iter()
                         .map(|p| p.display().to_string())
@@ -95,7 +88,7 @@ fn resolve(prog: &str, src: &Path, path: &[PathBuf]) -> Result<PathBuf, RunError
             })?
     };
     gpuarch_fs::trust::check(&found)
-        .map_err(|e| RunError::Tool(format!("build program {prog}: {e}")))?;
+        .map_err(|e| BuildError::Tool(format!("build program {prog}: {e}")))?;
     Ok(found)
 }
 
@@ -109,10 +102,8 @@ pub fn build_path(tool_dirs: &[PathBuf]) -> Vec<PathBuf> {
 }
 
 /// The program `argv[0]` names, for the build key (its content is digested).
-pub fn program(argv0: &str, src: &Path, tool_dirs: &[PathBuf]) -> Result<PathBuf, String> {
-    resolve(argv0, src, &build_path(tool_dirs)).map_err(|e| match e {
-        RunError::Failed(m) | RunError::Tool(m) => m,
-    })
+pub fn program(argv0: &str, src: &Path, tool_dirs: &[PathBuf]) -> Result<PathBuf, BuildError> {
+    resolve(argv0, src, &build_path(tool_dirs))
 }
 
 /// Run one build. `work` is an empty directory; outputs go to `vars.out`.
@@ -123,17 +114,16 @@ pub fn run(
     work: &Path,
     tool_dirs: &[PathBuf],
     timeout: Duration,
-) -> Result<String, RunError> {
+) -> Result<String, BuildError> {
     let expanded: Vec<String> = argv
         .iter()
         .map(|a| vars.expand(a))
-        .collect::<Result<_, _>>()
-        .map_err(RunError::Failed)?;
+        .collect::<Result<_, _>>()?;
     let path = build_path(tool_dirs);
     let prog = resolve(&expanded[0], &vars.src, &path)?;
-    let path_var = std::env::join_paths(&path).map_err(|e| RunError::Tool(e.to_string()))?;
+    let path_var = std::env::join_paths(&path).map_err(|e| BuildError::Tool(e.to_string()))?;
     let log_path = work.join("build.log");
-    let log = std::fs::File::create(&log_path).map_err(|e| RunError::Tool(e.to_string()))?;
+    let log = std::fs::File::create(&log_path).map_err(|e| BuildError::Tool(e.to_string()))?;
     let mut cmd = Command::new(&prog);
     cmd.args(&expanded[1..])
         .current_dir(work)
@@ -143,18 +133,21 @@ pub fn run(
         .env("TMPDIR", work)
         .env("LANG", "C")
         .stdin(Stdio::null())
-        .stdout(log.try_clone().map_err(|e| RunError::Tool(e.to_string()))?)
+        .stdout(
+            log.try_clone()
+                .map_err(|e| BuildError::Tool(e.to_string()))?,
+        )
         .stderr(log)
         .process_group(0);
     for (k, v) in vars.pairs() {
         cmd.env(k, v);
     }
     for (k, v) in env {
-        cmd.env(k, vars.expand(v).map_err(RunError::Failed)?);
+        cmd.env(k, vars.expand(v)?);
     }
     let mut child = cmd
         .spawn()
-        .map_err(|e| RunError::Tool(format!("cannot run {}: {e}", prog.display())))?;
+        .map_err(|e| BuildError::Tool(format!("cannot run {}: {e}", prog.display())))?;
     let start = Instant::now();
     let status = loop {
         match child.try_wait() {
@@ -162,14 +155,14 @@ pub fn run(
             Ok(None) if start.elapsed() >= timeout => {
                 kill_group(child.id());
                 let _ = child.wait();
-                return Err(RunError::Tool(format!(
+                return Err(BuildError::Tool(format!(
                     "{} ran past its {} s limit and was killed",
                     expanded[0],
                     timeout.as_secs()
                 )));
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-            Err(e) => return Err(RunError::Tool(e.to_string())),
+            Err(e) => return Err(BuildError::Tool(e.to_string())),
         }
     };
     // Whatever the command left running in its group goes with it.
@@ -188,7 +181,7 @@ pub fn run(
     if status.success() {
         Ok(text)
     } else {
-        Err(RunError::Failed(format!(
+        Err(BuildError::Rejected(format!(
             "{} exited with {status}: {}",
             expanded[0],
             text.trim_end()

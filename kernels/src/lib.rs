@@ -1,6 +1,7 @@
 //! gpuarch-kernels: kernel packages, their builds, and the store that keeps
 //! them.
 //!
+//! - [`error`]: how a build fails, for every backend;
 //! - [`spec`]: `kernel.yaml` packages and where they are found;
 //! - [`toolchain`]: NVRTC (through cudarc) and the CUDA headers and tools;
 //! - [`command`]: the `command` backend;
@@ -11,6 +12,7 @@
 
 pub mod build;
 pub mod command;
+pub mod error;
 pub mod inspect;
 pub mod publish;
 pub mod spec;

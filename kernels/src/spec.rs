@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use gpuarch_core::arch::Target;
 use gpuarch_core::config::valid_package_name as valid_name;
 use gpuarch_core::features::Feature;
-use gpuarch_core::requirement::Requirement;
+use gpuarch_core::requirement::{Requirement, RequirementError};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -284,27 +284,25 @@ impl Package {
     }
 
     /// Whether variant `i` may serve `arch`, or why not.
-    pub fn admits(&self, i: usize, arch: Target) -> Result<(), String> {
+    pub fn admits(&self, i: usize, arch: Target) -> Result<(), NotAdmitted> {
         let v = &self.spec.variants[i];
         if let Some(Some(r)) = self.ranges.get(i)
             && !r.admits(arch.cap)
         {
-            return Err(format!(
-                "variant {} is for capability {}",
-                v.name,
-                v.capability.as_deref().unwrap_or_default()
-            ));
+            return Err(NotAdmitted::Capability {
+                variant: v.name.clone(),
+                range: v.capability.clone().unwrap_or_default(),
+            });
         }
         for f in &v.requires {
             if let Ok(f) = f.parse::<Feature>()
                 && !f.supported_on(arch.cap)
             {
-                return Err(format!(
-                    "variant {} requires {f} (capability {}), which {} lacks",
-                    v.name,
-                    f.gate(),
-                    arch
-                ));
+                return Err(NotAdmitted::Feature {
+                    variant: v.name.clone(),
+                    feature: f,
+                    arch,
+                });
             }
         }
         Ok(())
@@ -321,12 +319,22 @@ impl Package {
 
 /// A capability range such as `>=8.0` or `>=7.5,<9.0`: `gpuarchctl
 /// match` terms without the `arch` key.
-fn capability_range(s: &str) -> Result<Requirement, String> {
+fn capability_range(s: &str) -> Result<Requirement, RequirementError> {
     let terms: Vec<String> = s.split(',').map(|t| format!("arch{}", t.trim())).collect();
-    terms
-        .join(",")
-        .parse::<Requirement>()
-        .map_err(|e| e.to_string())
+    terms.join(",").parse::<Requirement>()
+}
+
+/// Why a variant may not serve an arch.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotAdmitted {
+    #[error("variant {variant} is for capability {range}")]
+    Capability { variant: String, range: String },
+    #[error("variant {variant} requires {feature} (capability {}), which {arch} lacks", feature.gate())]
+    Feature {
+        variant: String,
+        feature: Feature,
+        arch: Target,
+    },
 }
 
 /// Every package in `dirs` (later directories replace earlier ones of the
@@ -414,6 +422,7 @@ mod tests {
         assert!(
             g.admits(0, sm75)
                 .unwrap_err()
+                .to_string()
                 .contains("is for capability >=8.0")
         );
         assert!(g.admits(0, Target::parse("sm_86").unwrap()).is_ok());

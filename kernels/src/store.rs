@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use gpuarch_fs::write_atomic;
 
+pub use crate::error::BuildError;
 use crate::inspect;
 use crate::spec::sha256_hex;
 
@@ -77,23 +78,25 @@ pub struct Entry {
     pub bytes: u64,
 }
 
-/// How a build ended without an entry.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum BuildError {
-    /// The compiler or command refused this build; recorded so it is not
-    /// retried until its inputs change.
-    #[error("{0}")]
-    Rejected(String),
-    /// Something around the build failed (no compiler, a full disk, a
-    /// timeout); not recorded, the next request tries again.
-    #[error("{0}")]
-    Tool(String),
-}
-
-impl From<io::Error> for BuildError {
-    fn from(e: io::Error) -> Self {
-        BuildError::Tool(e.to_string())
-    }
+/// Why a stored entry cannot be served: it is quarantined with this reason.
+#[derive(Debug, thiserror::Error)]
+pub enum EntryError {
+    #[error("{file}: {source}")]
+    Read {
+        file: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{MANIFEST}: {0}")]
+    Manifest(#[from] serde_json::Error),
+    #[error("manifest names key {0} for another directory")]
+    OtherKey(String),
+    #[error("{file}: sha256 {got} differs from the manifest's {want}")]
+    Digest {
+        file: String,
+        got: String,
+        want: String,
+    },
 }
 
 /// What a finished build request produced.
@@ -237,12 +240,15 @@ impl Store {
         Ok(())
     }
 
-    fn read_manifest(dir: &Path) -> Result<EntryManifest, String> {
-        let text = fs::read(dir.join(MANIFEST)).map_err(|e| format!("{MANIFEST}: {e}"))?;
-        serde_json::from_slice(&text).map_err(|e| format!("{MANIFEST}: {e}"))
+    fn read_manifest(dir: &Path) -> Result<EntryManifest, EntryError> {
+        let text = fs::read(dir.join(MANIFEST)).map_err(|e| EntryError::Read {
+            file: MANIFEST.to_owned(),
+            source: e,
+        })?;
+        Ok(serde_json::from_slice(&text)?)
     }
 
-    fn entry_at(dir: &Path) -> Result<Entry, String> {
+    fn entry_at(dir: &Path) -> Result<Entry, EntryError> {
         let manifest = Self::read_manifest(dir)?;
         let mbytes = fs::metadata(dir.join(MANIFEST))
             .map(|m| m.len())
@@ -256,22 +262,23 @@ impl Store {
     }
 
     /// Check every file of the entry against its manifest.
-    pub fn verify_entry(entry: &Entry) -> Result<(), String> {
+    pub fn verify_entry(entry: &Entry) -> Result<(), EntryError> {
         let m = &entry.manifest;
         if entry.dir.file_name().and_then(|n| n.to_str()) != Some(m.key.as_str()) {
-            return Err(format!(
-                "manifest names key {} for another directory",
-                m.key
-            ));
+            return Err(EntryError::OtherKey(m.key.clone()));
         }
         for (name, info) in &m.files {
-            let data = fs::read(entry.dir.join(name)).map_err(|e| format!("{name}: {e}"))?;
+            let data = fs::read(entry.dir.join(name)).map_err(|e| EntryError::Read {
+                file: name.clone(),
+                source: e,
+            })?;
             let got = sha256_hex(&data);
             if got != info.sha256 {
-                return Err(format!(
-                    "{name}: sha256 {got} differs from the manifest's {}",
-                    info.sha256
-                ));
+                return Err(EntryError::Digest {
+                    file: name.clone(),
+                    got,
+                    want: info.sha256.clone(),
+                });
             }
         }
         Ok(())
@@ -287,7 +294,7 @@ impl Store {
         match Self::entry_at(&dir).and_then(|e| Self::verify_entry(&e).map(|()| e)) {
             Ok(e) => Ok(Some(e)),
             Err(why) => {
-                self.quarantine(key, &why)?;
+                self.quarantine(key, &why.to_string())?;
                 Ok(None)
             }
         }
@@ -324,7 +331,7 @@ impl Store {
                 }
                 match Self::entry_at(&e.path()) {
                     Ok(entry) => out.push(entry),
-                    Err(why) => self.quarantine(&name, &why)?,
+                    Err(why) => self.quarantine(&name, &why.to_string())?,
                 }
             }
         }
@@ -447,7 +454,7 @@ impl Store {
         fsync_dir(shard)?;
         let _ = fs::remove_dir_all(tmp);
         self.touch(key);
-        let entry = Self::entry_at(&dest).map_err(BuildError::Tool)?;
+        let entry = Self::entry_at(&dest).map_err(|e| BuildError::Tool(e.to_string()))?;
         Ok(Outcome::Built(entry))
     }
 

@@ -12,6 +12,8 @@ use std::sync::OnceLock;
 use cudarc::nvrtc::sys;
 use gpuarch_core::arch::{CodeKind, Target};
 
+use crate::error::BuildError;
+
 /// The NVRTC sonames gpuarch loads, newest first: CUDA 13 (driver 580 and
 /// later hosts) and CUDA 12. cudarc, built for 13.0, looks both up by these
 /// names; see [`Nvrtc::load`].
@@ -114,24 +116,6 @@ pub struct Nvrtc {
     pub headers_digest: String,
 }
 
-/// What went wrong compiling.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CompileError {
-    /// The compiler refused the source for this target: its log.
-    Rejected(String),
-    /// NVRTC itself failed (out of memory, internal error).
-    Tool(String),
-}
-
-impl std::fmt::Display for CompileError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Rejected(log) => write!(f, "{}", log.trim_end()),
-            Self::Tool(e) => write!(f, "{e}"),
-        }
-    }
-}
-
 /// Output of one compilation.
 #[derive(Debug)]
 pub struct Compiled {
@@ -139,7 +123,7 @@ pub struct Compiled {
     pub log: String,
 }
 
-static LOADED: OnceLock<Result<(libloading::Library, PathBuf), String>> = OnceLock::new();
+static LOADED: OnceLock<Result<(libloading::Library, PathBuf), BuildError>> = OnceLock::new();
 
 impl Nvrtc {
     /// Find and load NVRTC and the headers. NVRTC is loaded once per
@@ -153,18 +137,18 @@ impl Nvrtc {
     /// to be the one chosen here (same `nvrtcVersion` entry point) before any
     /// call, and a different one is an error rather than a build by a
     /// compiler the key does not name.
-    pub fn load(cuda_dirs: &[PathBuf]) -> Result<Self, String> {
+    pub fn load(cuda_dirs: &[PathBuf]) -> Result<Self, BuildError> {
         let (lib, library) = LOADED
             .get_or_init(|| Self::open(cuda_dirs))
             .as_ref()
             .map_err(Clone::clone)?;
         // SAFETY: the library is loaded (above), so cudarc finds the symbol.
         if !unsafe { sys::is_culib_present() } {
-            return Err(format!(
+            return Err(BuildError::Tool(format!(
                 "NVRTC at {} was loaded but cudarc cannot find it under {}",
                 library.display(),
                 NVRTC_SONAMES.join(" or ")
-            ));
+            )));
         }
         // SAFETY: looking a symbol up runs no code; both libraries are NVRTC.
         let same = unsafe {
@@ -173,24 +157,24 @@ impl Nvrtc {
             matches!((ours, theirs), (Ok(a), Ok(b)) if *a as usize == *b as usize)
         };
         if !same {
-            return Err(format!(
+            return Err(BuildError::Tool(format!(
                 "NVRTC: gpuarch chose {} but cudarc loaded the libnvrtc.so on the library path, a different NVRTC; list that toolkit's directory first in kernels.cuda_dirs",
                 library.display()
-            ));
+            )));
         }
         let (mut major, mut minor): (c_int, c_int) = (0, 0);
         // SAFETY: two valid out-pointers.
         let r = unsafe { sys::nvrtcVersion(&mut major, &mut minor) };
         if r != sys::nvrtcResult::NVRTC_SUCCESS {
-            return Err(format!("nvrtcVersion failed: {r:?}"));
+            return Err(BuildError::Tool(format!("nvrtcVersion failed: {r:?}")));
         }
         let include = find(cuda_dirs, "cuda_runtime", "include", "cuda_fp16.h")
             .and_then(|p| p.parent().map(Path::to_path_buf))
             .ok_or_else(|| {
-                "CUDA headers (cuda_fp16.h) not found: install the nvidia-cuda-runtime wheel or a CUDA toolkit, or list its directory in kernels.cuda_dirs".to_owned()
+                BuildError::Tool("CUDA headers (cuda_fp16.h) not found: install the nvidia-cuda-runtime wheel or a CUDA toolkit, or list its directory in kernels.cuda_dirs".to_owned())
             })?;
-        let headers_digest =
-            digest_dir(&include).map_err(|e| format!("{}: {e}", include.display()))?;
+        let headers_digest = digest_dir(&include)
+            .map_err(|e| BuildError::Tool(format!("{}: {e}", include.display())))?;
         Ok(Self {
             library: library.clone(),
             version: format!("{major}.{minor}"),
@@ -199,7 +183,7 @@ impl Nvrtc {
         })
     }
 
-    fn open(cuda_dirs: &[PathBuf]) -> Result<(libloading::Library, PathBuf), String> {
+    fn open(cuda_dirs: &[PathBuf]) -> Result<(libloading::Library, PathBuf), BuildError> {
         let mut tried = Vec::new();
         let in_roots = |roots: &[PathBuf]| -> Vec<PathBuf> {
             roots
@@ -234,7 +218,7 @@ impl Nvrtc {
                 Err(e) => tried.push(format!("{}: {e}", c.display())),
             }
         }
-        Err(format!(
+        Err(BuildError::Tool(format!(
             "NVRTC ({}) not found: install a CUDA 12 or 13 toolkit or the nvidia-cuda-nvrtc wheel, or list its directory in kernels.cuda_dirs{}",
             NVRTC_SONAMES.join(" or "),
             if tried.is_empty() {
@@ -242,7 +226,7 @@ impl Nvrtc {
             } else {
                 format!(" (tried {})", tried.join("; "))
             }
-        ))
+        )))
     }
 
     /// Compile `main` (with `headers` available to `#include "..."`) for
@@ -253,10 +237,10 @@ impl Nvrtc {
         headers: &[(String, Vec<u8>)],
         target: Target,
         options: &[String],
-    ) -> Result<Compiled, CompileError> {
+    ) -> Result<Compiled, BuildError> {
         let cstr = |b: &[u8], what: &str| {
             CString::new(b.to_vec())
-                .map_err(|_| CompileError::Rejected(format!("{what} contains a NUL byte")))
+                .map_err(|_| BuildError::Rejected(format!("{what} contains a NUL byte")))
         };
         let src = cstr(main.1, main.0)?;
         let name = cstr(main.0.as_bytes(), "source name")?;
@@ -300,7 +284,7 @@ impl Nvrtc {
         let r = unsafe { sys::nvrtcCompileProgram(prog.0, optr.len() as c_int, optr.as_ptr()) };
         let log = prog.log();
         if r == sys::nvrtcResult::NVRTC_ERROR_COMPILATION {
-            return Err(CompileError::Rejected(log));
+            return Err(BuildError::Rejected(log.trim_end().to_owned()));
         }
         check(r, "nvrtcCompileProgram")?;
         let code = match target.kind {
@@ -317,13 +301,13 @@ impl Nvrtc {
     }
 }
 
-fn check(r: sys::nvrtcResult, what: &str) -> Result<(), CompileError> {
+fn check(r: sys::nvrtcResult, what: &str) -> Result<(), BuildError> {
     if r == sys::nvrtcResult::NVRTC_SUCCESS {
         return Ok(());
     }
     // SAFETY: nvrtcGetErrorString returns a static string for any result.
     let msg = unsafe { CStr::from_ptr(sys::nvrtcGetErrorString(r)) };
-    Err(CompileError::Tool(format!(
+    Err(BuildError::Tool(format!(
         "{what}: {}",
         msg.to_string_lossy()
     )))
@@ -348,7 +332,7 @@ impl Program {
         }
     }
 
-    fn output(&self, size: SizeFn, get: GetFn, what: &str) -> Result<Vec<u8>, CompileError> {
+    fn output(&self, size: SizeFn, get: GetFn, what: &str) -> Result<Vec<u8>, BuildError> {
         let mut n = 0usize;
         // SAFETY: live program, valid out-pointer.
         check(unsafe { size(self.0, &mut n) }, what)?;

@@ -21,7 +21,7 @@
 
 use std::time::{Duration, Instant};
 
-use gpuarch_tests::engines::{IMAGE, engines};
+use gpuarch_tests::engines::{IMAGE, engines, missing};
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -37,12 +37,9 @@ fn timed(f: impl FnOnce() -> std::process::Output) -> Duration {
 }
 
 fn main() {
-    let e = match engines() {
-        Ok(e) => e,
-        Err(why) => {
-            eprintln!("cannot run: {why}");
-            std::process::exit(2);
-        }
+    let Some(e) = engines() else {
+        eprintln!("cannot run: {}", missing().unwrap_or_default());
+        std::process::exit(2);
     };
     let _turn = e.lock();
     // ENV_FILES=1: with runtime.env_files, to see what those cost.

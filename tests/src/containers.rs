@@ -40,10 +40,7 @@ pub fn missing(tools: &[&str]) -> Option<String> {
 #[macro_export]
 macro_rules! require_containers {
     ($($tool:expr),*) => {
-        if let Some(why) = $crate::containers::missing(&[$($tool),*]) {
-            $crate::skip(&why);
-            return;
-        }
+        $crate::require!($crate::containers::missing(&[$($tool),*]))
     };
 }
 

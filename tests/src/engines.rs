@@ -92,18 +92,12 @@ extern "C" fn stop_at_exit() {
     }
 }
 
-/// The engines, started on first use; `None` (with the reason) where they
-/// cannot run.
-pub fn engines() -> Result<&'static Engines, String> {
-    static E: OnceLock<Result<Engines, String>> = OnceLock::new();
-    E.get_or_init(|| {
-        if let Some(why) = missing() {
-            return Err(why);
-        }
-        Ok(Engines::start())
-    })
-    .as_ref()
-    .map_err(Clone::clone)
+/// The engines, started on first use; `None` where they cannot run
+/// ([`missing`] says why).
+pub fn engines() -> Option<&'static Engines> {
+    static E: OnceLock<Option<Engines>> = OnceLock::new();
+    E.get_or_init(|| missing().is_none().then(Engines::start))
+        .as_ref()
 }
 
 fn docker_cli() -> PathBuf {

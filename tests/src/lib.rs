@@ -84,6 +84,20 @@ pub fn skip(why: &str) {
     eprintln!("SKIPPED: {why}");
 }
 
+/// Return from the test when `why` (an `Option<String>`, such as
+/// [`cannot_run`]'s) says it cannot run: through [`skip`], a failure where
+/// every test must run, a SKIPPED line elsewhere. Each test file's own
+/// `require!` names its prerequisites and calls this one.
+#[macro_export]
+macro_rules! require {
+    ($why:expr) => {
+        if let Some(why) = $why {
+            $crate::skip(&why);
+            return;
+        }
+    };
+}
+
 /// Paths of built artifacts.
 #[derive(Debug)]
 pub struct Artifacts {
@@ -121,6 +135,8 @@ pub fn artifacts() -> &'static Artifacts {
                 "gpuarch-fake-nvml",
                 "-p",
                 "gpuarch-daemon",
+                "-p",
+                "gpuarch-ctl",
                 "-p",
                 "gpuarch-hook",
                 "-p",

@@ -28,10 +28,7 @@ fn missing(tools: &[&str]) -> Option<String> {
 
 macro_rules! require {
     ($($tool:expr),*) => {
-        if let Some(why) = missing(&["dbus-daemon" $(, $tool)*]) {
-            gpuarch_tests::skip(&why);
-            return;
-        }
+        gpuarch_tests::require!(missing(&["dbus-daemon" $(, $tool)*]))
     };
 }
 

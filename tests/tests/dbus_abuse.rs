@@ -22,13 +22,10 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 macro_rules! require {
     () => {
         let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(why) = cannot_run(
+        gpuarch_tests::require!(cannot_run(
             ": only root may own io.gpuarch1 under the shipped bus policy",
             &["dbus-daemon", "setpriv"],
-        ) {
-            gpuarch_tests::skip(&why);
-            return;
-        }
+        ))
     };
 }
 

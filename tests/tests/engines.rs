@@ -14,18 +14,16 @@ use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use gpuarch_tests::engines::{Engines, IMAGE, engines};
+use gpuarch_tests::engines::{Engines, IMAGE, engines, missing};
 
 const GPU1_UUID: &str = "GPU-0ce1cf70-9353-208e-0e37-0746dc707745";
 
 fn get() -> Option<&'static Engines> {
-    match engines() {
-        Ok(e) => Some(e),
-        Err(why) => {
-            gpuarch_tests::skip(&why);
-            None
-        }
+    let e = engines();
+    if e.is_none() {
+        gpuarch_tests::skip(&missing().unwrap_or_default());
     }
+    e
 }
 
 fn text(b: &[u8]) -> String {

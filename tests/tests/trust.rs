@@ -39,13 +39,10 @@ fn wait_for(p: &Path, limit: Duration) -> bool {
 
 #[test]
 fn a_package_another_user_owns_is_never_built() {
-    if let Some(why) = cannot_run(
+    gpuarch_tests::require!(cannot_run(
         ": only root may own io.gpuarch1 and give files away",
         &["dbus-daemon", "chown"],
-    ) {
-        gpuarch_tests::skip(&why);
-        return;
-    }
+    ));
     let mut node = Node::new("2080ti-3090", Policy::Shipped);
     let pkgs = node.path("packages");
     let pkg = pkgs.join("evil");
@@ -96,10 +93,7 @@ fn a_package_another_user_owns_is_never_built() {
 
 #[test]
 fn the_shim_never_runs_another_users_runtime_nor_obeys_a_writable_config() {
-    if let Some(why) = cannot_run(": to give files away", &["chown", "runc"]) {
-        gpuarch_tests::skip(&why);
-        return;
-    }
+    gpuarch_tests::require!(cannot_run(": to give files away", &["chown", "runc"]));
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("MARKER");
     let script = dir.path().join("runtime.sh");

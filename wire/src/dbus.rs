@@ -209,6 +209,9 @@ impl std::fmt::Display for JobState {
     }
 }
 
+/// Variables and their values, as `Plan` answers them (`a{ss}`).
+pub type Env = BTreeMap<String, String>;
+
 /// `io.gpuarch1.Inventory`.
 #[proxy(
     interface = "io.gpuarch1.Inventory",
@@ -217,9 +220,9 @@ impl std::fmt::Display for JobState {
 )]
 pub trait Inventory {
     fn list_devices(&self) -> zbus::Result<Vec<DeviceRecord>>;
-    /// The env a container with those GPUs gets, and why (two out args:
-    /// written out, not aliased, so the macro sees them as two).
-    fn plan(&self, devices: &[&str]) -> zbus::Result<(BTreeMap<String, String>, Vec<String>)>;
+    /// The env a container with those GPUs gets, and why: two out args (a
+    /// tuple written out; an alias of the tuple would be one struct).
+    fn plan(&self, devices: &[&str]) -> zbus::Result<(Env, Vec<String>)>;
     #[zbus(name = "Match")]
     fn match_devices(&self, requirement: &str) -> zbus::Result<Vec<String>>;
     #[zbus(property)]

@@ -546,13 +546,13 @@ fn toml_find(v: &toml::Value, key: &str, suffix: &str, at: &str, found: &mut Vec
     }
 }
 
-fn read_toml(file: &Path) -> Result<Option<toml::Value>, String> {
+fn read_toml(file: &Path) -> Result<Option<toml::Value>> {
     match std::fs::read_to_string(file) {
         Ok(text) => toml::from_str(&text)
             .map(Some)
-            .map_err(|e| format!("{}: not TOML: {}", file.display(), e.message())),
+            .map_err(|e| anyhow::anyhow!("{}: not TOML: {}", file.display(), e.message())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{}: {e}", file.display())),
+        Err(e) => Err(anyhow::Error::new(e).context(file.display().to_string())),
     }
 }
 
@@ -633,7 +633,7 @@ fn crio(root: &Path) -> Vec<Check> {
         let doc = match read_toml(f) {
             Ok(Some(d)) => d,
             Ok(None) => continue,
-            Err(e) => return vec![fail(NAME, e, "correct the file")],
+            Err(e) => return vec![fail(NAME, format!("{e:#}"), "correct the file")],
         };
         let mut found = Vec::new();
         toml_find(&doc, "runtime_path", "gpuarch-runtime", "", &mut found);

@@ -59,6 +59,7 @@ fn precreate() -> ExitCode {
             // it alone runs under the budget.
             let hook_path = std::env::current_exe().ok();
             gpuarch_hook::load_context_within(cfg, hook_path)
+                .map_err(|e| e.to_string())
                 .and_then(|ctx| gpuarch_hook::precreate(&bytes, &ctx).map_err(|e| e.to_string()))
         }
     };
@@ -130,10 +131,12 @@ fn in_container(which: Stage) -> ExitCode {
                 // that never answers): the whole stage runs under the
                 // budget.
                 let budget = Duration::from_millis(cfg.hook.timeout_ms);
-                budget::run(budget, move || {
-                    let ctx = gpuarch_hook::load_context(cfg, None)?;
+                budget::within(budget, move || {
+                    let ctx = gpuarch_hook::load_context(cfg, None).map_err(|e| e.to_string())?;
                     stage::run(which, &state, &ctx).map_err(|e| e.to_string())
                 })
+                .map_err(|e| e.to_string())
+                .and_then(|r| r)
             }
         },
     };

@@ -59,10 +59,12 @@ fn main() -> ExitCode {
                 // Only NVML can hang here (the bundle is the engine's, the
                 // rest gpuarch's own files): it alone runs under the budget.
                 let env_files = cfg.runtime.env_files;
-                gpuarch_hook::load_context_within(cfg, hook).and_then(|mut ctx| {
-                    ctx.env_files = env_files;
-                    shim::rewrite_bundle(&bundle, &ctx).map_err(|e| e.to_string())
-                })
+                gpuarch_hook::load_context_within(cfg, hook)
+                    .map_err(|e| e.to_string())
+                    .and_then(|mut ctx| {
+                        ctx.env_files = env_files;
+                        shim::rewrite_bundle(&bundle, &ctx).map_err(|e| e.to_string())
+                    })
             }
         };
         match result {

@@ -79,7 +79,7 @@ fn call_of(mode: &str, i: u64) -> (&'static str, &'static str, Body) {
     }
 }
 
-async fn one(conn: &zbus::Connection, mode: &str, i: u64) -> Result<(), String> {
+async fn one(conn: &zbus::Connection, mode: &str, i: u64) -> Result<(), zbus::Error> {
     let (iface, member, body) = call_of(mode, i);
     let dest = Some("io.gpuarch1");
     let path = "/io/gpuarch1";
@@ -102,12 +102,17 @@ async fn one(conn: &zbus::Connection, mode: &str, i: u64) -> Result<(), String> 
                 .await
         }
     };
-    match r {
-        Ok(_) => Ok(()),
-        Err(zbus::Error::MethodError(name, _, _)) => Err(name.to_string()),
+    r.map(|_| ())
+}
+
+/// How a failed call is tallied: the D-Bus error's name, or the client's
+/// own failure.
+fn tally_name(e: &zbus::Error) -> String {
+    match e {
+        zbus::Error::MethodError(name, _, _) => name.to_string(),
         // Refused by the bus itself (its policy or limits).
-        Err(zbus::Error::FDO(e)) => Err(zbus::DBusError::name(e.as_ref()).to_string()),
-        Err(e) => Err(format!("client: {e}")),
+        zbus::Error::FDO(e) => zbus::DBusError::name(e.as_ref()).to_string(),
+        e => format!("client: {e}"),
     }
 }
 
@@ -147,7 +152,7 @@ fn main() {
                     t.max = t.max.max(took);
                     match r {
                         Ok(()) => t.ok += 1,
-                        Err(name) => *t.errors.entry(name).or_default() += 1,
+                        Err(e) => *t.errors.entry(tally_name(&e)).or_default() += 1,
                     }
                     i += workers as u64;
                 }
