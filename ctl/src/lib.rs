@@ -25,6 +25,9 @@ pub fn one_line(e: &anyhow::Error) -> String {
     gpuarch_core::one_line(e.as_ref())
 }
 
+/// Why `reload` has no `--offline` form.
+const RELOAD_IS_THE_DAEMONS: &str =
+    "reload asks gpuarchd to re-read NVML and its config; there is nothing to reload --offline";
 /// Why the kernel cache's commands have no `--offline` form.
 const CACHE_IS_THE_DAEMONS: &str =
     "the kernel cache is gpuarchd's: this command asks it, and has no --offline form";
@@ -32,6 +35,7 @@ const CACHE_IS_THE_DAEMONS: &str =
 /// Run a parsed command line; the returned byte is the exit status.
 pub fn run(cli: &Cli) -> Result<u8> {
     let mut out = String::new();
+    let daemon = |offline: &str| Source::daemon(cli, offline);
     let code = match &cli.cmd {
         // Questions that need no GPU and no daemon.
         Cmd::Arch(a) => cmd::arch::run(cli.json, a, &mut out)?,
@@ -50,35 +54,13 @@ pub fn run(cli: &Cli) -> Result<u8> {
         }
         Cmd::Plan(args) => cmd::plan::run(cli, &Source::of(cli)?, args, &mut out)?,
         // What only gpuarchd can do.
-        Cmd::Reload => cmd::reload::run(
-            cli.json,
-            Source::daemon(
-                cli,
-                "reload asks gpuarchd to re-read NVML and its config; there is nothing to reload --offline",
-            )?,
-            &mut out,
-        )?,
-        Cmd::Prewarm(args) => cmd::prewarm::run(
-            cli.json,
-            Source::daemon(cli, CACHE_IS_THE_DAEMONS)?,
-            args,
-            &mut out,
-        )?,
-        Cmd::Kernels => cmd::kernels::run(
-            cli.json,
-            Source::daemon(cli, CACHE_IS_THE_DAEMONS)?,
-            &mut out,
-        )?,
-        Cmd::Gc => cmd::gc::run(
-            cli.json,
-            Source::daemon(cli, CACHE_IS_THE_DAEMONS)?,
-            &mut out,
-        )?,
-        Cmd::Verify => cmd::verify::run(
-            cli.json,
-            Source::daemon(cli, CACHE_IS_THE_DAEMONS)?,
-            &mut out,
-        )?,
+        Cmd::Reload => cmd::reload::run(cli.json, daemon(RELOAD_IS_THE_DAEMONS)?, &mut out)?,
+        Cmd::Prewarm(args) => {
+            cmd::prewarm::run(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, args, &mut out)?
+        }
+        Cmd::Kernels => cmd::kernels::run(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, &mut out)?,
+        Cmd::Gc => cmd::gc::run(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, &mut out)?,
+        Cmd::Verify => cmd::verify::run(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, &mut out)?,
     };
     print!("{out}");
     Ok(code)

@@ -41,6 +41,9 @@ pub enum BusError {
         "gpuarchd did not answer within {0} s (is it hung? see journalctl -u gpuarchd); {HINT}"
     )]
     Timeout(u64),
+    /// An answer that does not make a device.
+    #[error("gpuarchd answered oddly: {0}")]
+    BadDevice(#[from] gpuarch_wire::dbus::BadDevice),
     /// Anything else: a broken connection, an answer of the wrong type.
     #[error("{what}: {source}")]
     Other {
@@ -142,11 +145,7 @@ impl Daemon {
                 devices: list
                     .into_iter()
                     .map(TryInto::try_into)
-                    .collect::<Result<_, _>>()
-                    .map_err(|err| BusError::Other {
-                        what: "devices",
-                        source: zbus::Error::Failure(format!("gpuarchd answered oddly: {err}")),
-                    })?,
+                    .collect::<Result<_, _>>()?,
             })
         })
         .map_err(Into::into)

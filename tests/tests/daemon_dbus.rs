@@ -883,6 +883,36 @@ fn prewarm_verify_and_gc_through_gpuarchctl() {
     let o = node.ctl(None, &["gc"]);
     assert!(all_text(&o).contains("freed 0 B"), "{}", all_text(&o));
     assert_eq!(node.ctl(Some(&[]), &["gc"]).status.code(), Some(2));
+
+    // A store that cannot be read is an error, not an empty cache: a shard
+    // that is a file breaks the scan.
+    let shard = node.path("cache/objects/zz");
+    std::fs::write(&shard, b"").unwrap();
+    for args in [&["kernels"][..], &["verify"], &["--json", "kernels"]] {
+        let o = node.ctl(None, args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", all_text(&o));
+        assert!(
+            all_text(&o).contains("reading the kernel cache: Not a directory"),
+            "{args:?}: {}",
+            all_text(&o)
+        );
+        assert!(o.stdout.is_empty(), "{args:?}: {}", all_text(&o));
+    }
+    std::fs::remove_file(&shard).unwrap();
+    let o = node.ctl(None, &["kernels"]);
+    assert!(all_text(&o).contains("4 builds"), "{}", all_text(&o));
+
+    // The cache's commands are gpuarchd's: --offline is refused, not
+    // quietly sent to the daemon.
+    for cmd in ["kernels", "verify", "gc", "prewarm"] {
+        let o = node.ctl(None, &["--offline", cmd]);
+        assert_eq!(o.status.code(), Some(2), "{cmd}: {}", all_text(&o));
+        assert!(
+            all_text(&o).contains("the kernel cache is gpuarchd's"),
+            "{cmd}: {}",
+            all_text(&o)
+        );
+    }
     node.stop();
 }
 
