@@ -23,7 +23,7 @@
 //!   build_timeout_s: 600                   # default: limit of one build
 //!   cuda_dirs: []                          # default: NVRTC/headers searched elsewhere
 //!   spool_dir: /run/gpuarch/kernel-requests
-//!   view_dir: /run/gpuarch/kernel-views
+//!   view_dir: null      # default: <cache_dir>/views, on the store's filesystem
 //! daemon:
 //!   refresh_interval_s: 60   # default: seconds between NVML reads (1 to 86400)
 //!   nvml_timeout_ms: 10000   # default: budget of one NVML read (1 to 600000)
@@ -284,9 +284,12 @@ pub struct KernelsConfig {
     /// Where the hook leaves a request for a build it found missing, for
     /// gpuarchd to build. Default `/run/gpuarch/kernel-requests`.
     pub spool_dir: PathBuf,
-    /// Where the hook lays out each container's view of a package (its
-    /// `manifest.json` and mount points). Default `/run/gpuarch/kernel-views`.
-    pub view_dir: PathBuf,
+    /// Where the hook lays out each container's view of a package: its
+    /// `manifest.json` and hard links of the builds' files, so that a
+    /// package is one mount. Default (null): `<cache_dir>/views`. It must be
+    /// on the store's filesystem for hard links; elsewhere each build is
+    /// bound on its own, one mount more per build (see [`Self::view_dir`]).
+    pub view_dir: Option<PathBuf>,
 }
 
 impl Default for KernelsConfig {
@@ -304,20 +307,31 @@ impl Default for KernelsConfig {
             build_timeout_s: 600,
             cuda_dirs: Vec::new(),
             spool_dir: PathBuf::from("/run/gpuarch/kernel-requests"),
-            view_dir: PathBuf::from("/run/gpuarch/kernel-views"),
+            view_dir: None,
         }
     }
 }
 
 impl KernelsConfig {
+    /// Where views are laid out: `view_dir`, else `<cache_dir>/views`.
+    pub fn view_dir(&self) -> PathBuf {
+        self.view_dir
+            .clone()
+            .unwrap_or_else(|| self.cache_dir.join("views"))
+    }
+
     /// Every path of the section, with its key, for the absolute-path check.
     fn paths(&self) -> Vec<(String, &PathBuf)> {
         let mut v = vec![
             ("kernels.mount_root".to_owned(), &self.mount_root),
             ("kernels.cache_dir".to_owned(), &self.cache_dir),
             ("kernels.spool_dir".to_owned(), &self.spool_dir),
-            ("kernels.view_dir".to_owned(), &self.view_dir),
         ];
+        v.extend(
+            self.view_dir
+                .iter()
+                .map(|p| ("kernels.view_dir".to_owned(), p)),
+        );
         v.extend(
             self.package_dirs
                 .iter()

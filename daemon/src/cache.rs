@@ -300,7 +300,11 @@ impl Cache {
         }
         let me = self.clone();
         let touched: Vec<String> = touched.into_iter().collect();
-        let _ = tokio::task::spawn_blocking(move || me.publish(Some(&touched))).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            me.publish(Some(&touched));
+            me.sweep_views(&me.mounted().views);
+        })
+        .await;
         if let Ok(mut s) = state.lock() {
             if failed.is_empty() {
                 s.state = JobState::Done;
@@ -359,17 +363,31 @@ impl Cache {
         Ok(())
     }
 
-    /// Keys of store entries bind-mounted in any mount namespace now.
+    /// Keys of store entries mounted in any mount namespace now: bound on
+    /// their own, or linked into a mounted view.
     pub fn in_use(&self) -> HashSet<String> {
-        let objects = self.builder.store.root().join("objects");
-        let keys = match StoreFs::locate(&objects) {
-            Some(fs) => mounted_keys(&fs),
-            None => HashSet::new(),
-        };
+        let keys = self.mounted().keys;
         if let Ok(mut c) = self.in_use_seen.lock() {
             *c = Some((std::time::Instant::now(), keys.clone()));
         }
         keys
+    }
+
+    /// What the containers of this host mount of the cache now.
+    pub fn mounted(&self) -> Mounted {
+        let objects = self.builder.store.root().join("objects");
+        match StoreFs::locate(&objects) {
+            Some(fs) => mounted(&fs, StoreFs::locate(&self.cfg.view_dir()).as_ref()),
+            None => Mounted::default(),
+        }
+    }
+
+    /// Remove the views no container mounts and none has made for
+    /// [`VIEW_GRACE`] (a hook that made one may not have mounted it yet).
+    /// A view holds hard links: an evicted build's space is freed with the
+    /// last view linking it.
+    pub fn sweep_views(&self, mounted_views: &HashSet<String>) -> usize {
+        sweep(&self.cfg.view_dir(), mounted_views)
     }
 
     /// [`Cache::in_use`] as of a scan at most [`IN_USE_TTL`] old, for the
@@ -385,9 +403,18 @@ impl Cache {
         self.in_use()
     }
 
-    /// Evict above the limit (never pinned or mounted entries); republish.
+    /// Evict above the limit (never pinned or mounted entries), sweep the
+    /// views no container mounts; republish.
     pub fn gc(&self) -> std::io::Result<store::GcReport> {
-        let r = self.builder.store.gc(&self.in_use())?;
+        let mounted = self.mounted();
+        if let Ok(mut c) = self.in_use_seen.lock() {
+            *c = Some((std::time::Instant::now(), mounted.keys.clone()));
+        }
+        let r = self.builder.store.gc(&mounted.keys)?;
+        let swept = self.sweep_views(&mounted.views);
+        if swept > 0 {
+            info!("kernel cache: removed {swept} views no container mounts");
+        }
         if !r.evicted.is_empty() {
             info!(
                 "kernel cache: evicted {} entries, {} bytes",
@@ -545,12 +572,18 @@ fn first_line(s: &str) -> &str {
 /// once made every scan take 100 s.
 pub const MOUNTINFO_MAX_BYTES: u64 = 256 * 1024;
 
+/// A view no container mounts is kept this long after it was made: the
+/// hook that made it may not have mounted it yet.
+pub const VIEW_GRACE: Duration = Duration::from_secs(600);
+
 /// Where the store's `objects/` is, as mountinfo names it: the filesystem's
 /// device (`major:minor`) and the directory's path within that filesystem.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreFs {
     pub dev: String,
     pub root: String,
+    /// The directory as this process names it.
+    pub path: String,
 }
 
 impl StoreFs {
@@ -578,6 +611,7 @@ impl StoreFs {
                     Self {
                         dev: (*dev).to_owned(),
                         root: root.display().to_string(),
+                        path: real.display().to_string(),
                     },
                 ));
             }
@@ -608,20 +642,62 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Store keys that are the root of a mount in any mount namespace: read
-/// from `/proc/<pid>/mountinfo`, one process per namespace. A mount counts
-/// only when it is of the store's own filesystem and its root is exactly
-/// an entry of the store's `objects/` (not any path that ends the same:
-/// another user's namespace cannot pin an entry with a look-alike). A
+/// What the containers of a host mount of the kernel cache.
+#[derive(Debug, Default)]
+pub struct Mounted {
+    /// Store keys: entries bound on their own, and entries linked into a
+    /// mounted view.
+    pub keys: HashSet<String>,
+    /// Views (their directory names) that are mounted.
+    pub views: HashSet<String>,
+}
+
+/// Remove the views under `dir` that are not in `mounted` and are older
+/// than [`VIEW_GRACE`]; how many were removed. Only view names (64 hex
+/// digits) are touched: the hook's temp directories finish or are its own.
+fn sweep(dir: &Path, mounted: &HashSet<String>) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let fresh = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age < VIEW_GRACE));
+        if !valid_view(&name) || fresh || mounted.contains(&name) {
+            continue;
+        }
+        if std::fs::remove_dir_all(e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// A view's name: 64 hex digits (the hook's sha256).
+fn valid_view(name: &str) -> bool {
+    name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// What is mounted of the store in any mount namespace, read from
+/// `/proc/<pid>/mountinfo`, one process per namespace. A mount counts only
+/// when it is of the store's own filesystem and its root is exactly an
+/// entry of the store's `objects/` (not any path that ends the same:
+/// another user's namespace cannot pin an entry with a look-alike), or,
+/// when `views` is given, exactly a view of that directory on its
+/// filesystem; a mounted view's entries are those its manifest names. A
 /// namespace with a mount table over [`MOUNTINFO_MAX_BYTES`] is skipped.
-pub fn mounted_keys(store: &StoreFs) -> HashSet<String> {
+pub fn mounted(store: &StoreFs, views: Option<&StoreFs>) -> Mounted {
     use std::io::Read;
-    let mut keys = HashSet::new();
+    let mut found = Mounted::default();
     let mut seen_ns = HashSet::new();
     let Ok(procs) = std::fs::read_dir("/proc") else {
-        return keys;
+        return found;
     };
     let prefix = format!("{}/", store.root.trim_end_matches('/'));
+    let view_prefix = views.map(|v| (v, format!("{}/", v.root.trim_end_matches('/'))));
     let mut text = String::new();
     for p in procs.flatten() {
         let name = p.file_name();
@@ -653,6 +729,14 @@ pub fn mounted_keys(store: &StoreFs) -> HashSet<String> {
             let (Some(dev), Some(root)) = (f.next(), f.next()) else {
                 continue;
             };
+            if let Some((v, vp)) = &view_prefix
+                && dev == v.dev
+                && let Some(name) = unescape(root).strip_prefix(vp.as_str())
+                && valid_view(name)
+            {
+                found.views.insert(name.to_owned());
+                continue;
+            }
             if dev != store.dev {
                 continue;
             }
@@ -662,11 +746,27 @@ pub fn mounted_keys(store: &StoreFs) -> HashSet<String> {
                 continue;
             };
             if store::valid_key(k) && k.starts_with(shard) {
-                keys.insert(k.to_owned());
+                found.keys.insert(k.to_owned());
             }
         }
     }
-    keys
+    if let Some(v) = views {
+        let dir = Path::new(&v.path);
+        for name in &found.views {
+            found.keys.extend(view_keys(&dir.join(name)));
+        }
+    }
+    found
+}
+
+/// The store keys a view links, from its manifest; none when it cannot be
+/// read (a view the hook is still making is not mounted yet).
+fn view_keys(view: &Path) -> Vec<String> {
+    std::fs::read(view.join("manifest.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<gpuarch_wire::manifest::View>(&b).ok())
+        .map(|v| v.builds.into_iter().map(|b| b.key).collect())
+        .unwrap_or_default()
 }
 
 /// Watch the package directories and the spool; `tx` gets a unit per
@@ -847,6 +947,23 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    /// Root, to make mount namespaces; else false, after a SKIPPED line, or
+    /// a failure where every test must run (CI=true or
+    /// GPUARCH_TEST_REQUIRE_ALL=1).
+    fn may_make_namespaces() -> bool {
+        if nix::unistd::Uid::effective().is_root() {
+            return true;
+        }
+        let why = "needs root to make a mount namespace";
+        if std::env::var("CI").is_ok_and(|v| v == "true")
+            || std::env::var("GPUARCH_TEST_REQUIRE_ALL").is_ok_and(|v| v == "1")
+        {
+            panic!("cannot run (CI=true or GPUARCH_TEST_REQUIRE_ALL=1): {why}");
+        }
+        eprintln!("SKIPPED: {why}");
+        false
+    }
+
     /// Run `script` in a new mount namespace, wait until it touched
     /// `ready`, and return the process (kill it to end the namespace).
     fn in_namespace(script: &str, ready: &Path) -> std::process::Child {
@@ -876,14 +993,7 @@ mod tests {
     /// namespace with an enormous mount table is skipped, not read.
     #[test]
     fn an_entry_mounted_in_another_namespace_is_in_use() {
-        if !nix::unistd::Uid::effective().is_root() {
-            let why = "needs root to make a mount namespace";
-            if std::env::var("CI").is_ok_and(|v| v == "true")
-                || std::env::var("GPUARCH_TEST_REQUIRE_ALL").is_ok_and(|v| v == "1")
-            {
-                panic!("cannot run (CI=true or GPUARCH_TEST_REQUIRE_ALL=1): {why}");
-            }
-            eprintln!("SKIPPED: {why}");
+        if !may_make_namespaces() {
             return;
         }
         let tmp = tempfile::tempdir().unwrap();
@@ -900,10 +1010,10 @@ mod tests {
             &format!("mount --bind {} {}", entry.display(), target.display()),
             &tmp.path().join("ready"),
         );
-        assert!(mounted_keys(&fs).contains(&key));
+        assert!(mounted(&fs, None).keys.contains(&key));
         child.kill().unwrap();
         child.wait().unwrap();
-        assert!(!mounted_keys(&fs).contains(&key));
+        assert!(!mounted(&fs, None).keys.contains(&key));
 
         // Look-alikes: the same path tail on a tmpfs, and elsewhere on the
         // store's own filesystem.
@@ -922,7 +1032,7 @@ mod tests {
         );
         let mut child = in_namespace(&script, &tmp.path().join("ready2"));
         assert!(
-            !mounted_keys(&fs).contains(&key),
+            !mounted(&fs, None).keys.contains(&key),
             "a look-alike pinned the entry"
         );
         child.kill().unwrap();
@@ -941,11 +1051,86 @@ mod tests {
         );
         let mut child = in_namespace(&script, &tmp.path().join("ready3"));
         let t0 = std::time::Instant::now();
-        let keys = mounted_keys(&fs);
+        let keys = mounted(&fs, None).keys;
         let took = t0.elapsed();
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(!keys.contains(&key), "a 5,000-mount namespace was read");
         assert!(took < Duration::from_secs(2), "the scan took {took:?}");
+    }
+
+    /// A mounted view pins the entries its manifest names; a view no one
+    /// mounts is swept once past its grace period, a fresh one is not.
+    #[test]
+    fn a_mounted_view_pins_its_builds_and_unmounted_old_views_are_swept() {
+        if !may_make_namespaces() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let key = "cd".repeat(32);
+        let objects = tmp.path().join("store/objects");
+        std::fs::create_dir_all(objects.join("cd").join(&key)).unwrap();
+        let views = tmp.path().join("store/views");
+        let (mounted_view, old_view, fresh_view) = ("a".repeat(64), "b".repeat(64), "c".repeat(64));
+        for v in [&mounted_view, &old_view, &fresh_view] {
+            std::fs::create_dir_all(views.join(v)).unwrap();
+        }
+        let view = gpuarch_wire::manifest::View {
+            package: "saxpy".into(),
+            version: "1".into(),
+            gpus: Vec::new(),
+            builds: vec![gpuarch_wire::manifest::ViewBuild {
+                dir: "sm_86".into(),
+                arch: "sm_86".into(),
+                variant: "fp32".into(),
+                dtype: None,
+                files: Vec::new(),
+                key: key.clone(),
+            }],
+        };
+        std::fs::write(
+            views.join(&mounted_view).join("manifest.json"),
+            serde_json::to_vec(&view).unwrap(),
+        )
+        .unwrap();
+        let target = tmp.path().join("target");
+        std::fs::create_dir_all(&target).unwrap();
+        let fs = StoreFs::locate(&objects).unwrap();
+        let vfs = StoreFs::locate(&views).unwrap();
+        assert!(mounted(&fs, Some(&vfs)).keys.is_empty());
+
+        let mut child = in_namespace(
+            &format!(
+                "mount --bind -o ro {} {}",
+                views.join(&mounted_view).display(),
+                target.display()
+            ),
+            &tmp.path().join("ready"),
+        );
+        let m = mounted(&fs, Some(&vfs));
+        assert!(m.keys.contains(&key), "{m:?}");
+        assert_eq!(m.views, HashSet::from([mounted_view.clone()]));
+
+        // Age the unmounted one past the grace period; keep the fresh one.
+        let old = std::time::SystemTime::now() - VIEW_GRACE - Duration::from_secs(60);
+        std::fs::File::open(views.join(&old_view))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        std::fs::File::open(views.join(&mounted_view))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let cfg = KernelsConfig {
+            cache_dir: tmp.path().join("store"),
+            ..KernelsConfig::default()
+        };
+        assert_eq!(sweep(&cfg.view_dir(), &m.views), 1);
+        assert!(!views.join(&old_view).exists());
+        assert!(views.join(&mounted_view).exists(), "mounted: kept");
+        assert!(views.join(&fresh_view).exists(), "fresh: kept");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(mounted(&fs, Some(&vfs)).keys.is_empty());
     }
 }

@@ -334,7 +334,11 @@ fn start_kernels(cache: Arc<cache::Cache>) -> Option<notify::RecommendedWatcher>
     let watcher = cache::watch(&cache.cfg, tx);
     tokio::spawn(async move {
         let c = cache.clone();
-        let _ = tokio::task::spawn_blocking(move || c.publish(None)).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            c.publish(None);
+            c.sweep_views(&c.mounted().views);
+        })
+        .await;
         if cache.cfg.prewarm {
             match cache.tasks(&[], &[]) {
                 Ok(t) if !t.is_empty() => {

@@ -246,6 +246,7 @@ pub(crate) mod tests {
     use crate::context::SAFE_PATH;
     use gpuarch_core::config::{Config, EnvConfig};
     use gpuarch_core::snapshot::Snapshot;
+    use std::path::Path;
     use std::path::PathBuf;
 
     pub(crate) fn host() -> Snapshot {
@@ -433,12 +434,9 @@ pub(crate) mod tests {
         assert_eq!(c["mounts"].as_array().unwrap().len(), 3);
     }
 
-    #[test]
-    fn published_builds_are_mounted_per_gpu_and_a_miss_is_requested() {
-        let tmp = tempfile::tempdir().unwrap();
-        let build75 = tmp.path().join("cache/objects/ab/sm75");
-        std::fs::create_dir_all(&build75).unwrap();
-        let root = tmp.path().join("mount");
+    /// `root/saxpy/manifest.json` as gpuarchd publishes it, its one build
+    /// (sm_75) in `build75`.
+    fn published(root: &Path, build75: &Path) {
         std::fs::create_dir_all(root.join("saxpy")).unwrap();
         std::fs::write(
             root.join("saxpy/manifest.json"),
@@ -454,7 +452,7 @@ pub(crate) mod tests {
                     variant: "fp32".into(),
                     dtype: Some("float32".into()),
                     key: "sm75".into(),
-                    dir: build75.clone(),
+                    dir: build75.to_owned(),
                     files: vec!["saxpy.cubin".into()],
                     toolkit: "nvrtc 13.0".into(),
                 }],
@@ -464,10 +462,20 @@ pub(crate) mod tests {
             .unwrap(),
         )
         .unwrap();
+    }
+
+    #[test]
+    fn published_builds_are_mounted_per_gpu_and_a_miss_is_requested() {
+        let tmp = tempfile::tempdir().unwrap();
+        let build75 = tmp.path().join("cache/objects/ab/sm75");
+        std::fs::create_dir_all(&build75).unwrap();
+        let root = tmp.path().join("mount");
+        std::fs::write(build75.join("saxpy.cubin"), b"cubin").unwrap();
+        published(&root, &build75);
         let mut cfg = Config::default();
         cfg.kernels.mount_root = root;
         cfg.kernels.spool_dir = tmp.path().join("spool");
-        cfg.kernels.view_dir = tmp.path().join("views");
+        cfg.kernels.view_dir = Some(tmp.path().join("views"));
         cfg.kernels.cache_dir = tmp.path().join("cache");
         let cx = ctx(cfg);
 
@@ -486,19 +494,25 @@ pub(crate) mod tests {
             "{notes}"
         );
 
-        // Both GPUs: the sm_75 build is mounted for GPU 0; GPU 1 is missing.
+        // Both GPUs: the sm_75 build serves GPU 0; GPU 1 is missing. The
+        // view holds hard links of the build's files: one mount in all.
         let mut c = config(&["NVIDIA_VISIBLE_DEVICES=0,1"]);
         let plan = edit(&mut c, &cx).unwrap();
         let mounts = c["mounts"].as_array().unwrap();
-        assert_eq!(mounts.len(), 3, "{mounts:?}");
+        assert_eq!(mounts.len(), 2, "{mounts:?}");
         assert_eq!(mounts[1]["destination"], "/opt/gpuarch/kernels/saxpy");
-        assert_eq!(mounts[2]["destination"], "/opt/gpuarch/kernels/saxpy/sm_75");
-        assert_eq!(mounts[2]["source"], build75.to_str().unwrap());
         let view = std::path::PathBuf::from(mounts[1]["source"].as_str().unwrap());
-        assert!(view.starts_with(tmp.path().join("views")) && view.join("sm_75").is_dir());
+        assert!(view.starts_with(tmp.path().join("views")));
+        let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+        assert_eq!(
+            ino(&view.join("sm_75/saxpy.cubin")),
+            ino(&build75.join("saxpy.cubin")),
+            "a hard link of the store's file"
+        );
         let m: serde_json::Value =
             serde_json::from_slice(&std::fs::read(view.join("manifest.json")).unwrap()).unwrap();
         assert_eq!(m["gpus"][0]["files"][0], "sm_75/saxpy.cubin");
+        assert_eq!(m["builds"][0]["key"], "sm75");
         assert!(
             m["gpus"][1]["missing"]
                 .as_str()
@@ -517,6 +531,55 @@ pub(crate) mod tests {
         assert_eq!(
             std::fs::read_dir(tmp.path().join("views")).unwrap().count(),
             1
+        );
+        // A build rebuilt under the same key (new files, new inodes) gets a
+        // new view, never the old one's files.
+        std::fs::remove_file(build75.join("saxpy.cubin")).unwrap();
+        std::fs::write(build75.join("saxpy.cubin"), b"rebuilt").unwrap();
+        let mut c3 = config(&["NVIDIA_VISIBLE_DEVICES=0,1"]);
+        edit(&mut c3, &cx).unwrap();
+        let view3 = std::path::PathBuf::from(c3["mounts"][1]["source"].as_str().unwrap());
+        assert_ne!(view3, view);
+        assert_eq!(
+            std::fs::read(view3.join("sm_75/saxpy.cubin")).unwrap(),
+            b"rebuilt"
+        );
+    }
+
+    /// Views off the store's filesystem cannot hold hard links of its
+    /// files: each build is then bound on its own, and a note says why.
+    #[test]
+    fn views_off_the_stores_filesystem_bind_each_build() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir_in("/dev/shm").unwrap();
+        assert_ne!(
+            std::fs::metadata(tmp.path()).unwrap().dev(),
+            std::fs::metadata(elsewhere.path()).unwrap().dev(),
+            "this test needs /dev/shm on another filesystem than the temp dir"
+        );
+        let build75 = tmp.path().join("cache/objects/ab/sm75");
+        std::fs::create_dir_all(&build75).unwrap();
+        std::fs::write(build75.join("saxpy.cubin"), b"cubin").unwrap();
+        let root = tmp.path().join("mount");
+        published(&root, &build75);
+        let mut cfg = Config::default();
+        cfg.kernels.mount_root = root;
+        cfg.kernels.spool_dir = tmp.path().join("spool");
+        cfg.kernels.view_dir = Some(elsewhere.path().join("views"));
+        cfg.kernels.cache_dir = tmp.path().join("cache");
+        let mut c = config(&["NVIDIA_VISIBLE_DEVICES=0"]);
+        let plan = edit(&mut c, &ctx(cfg)).unwrap();
+        let mounts = c["mounts"].as_array().unwrap();
+        assert_eq!(mounts.len(), 3, "{mounts:?}");
+        assert_eq!(mounts[2]["destination"], "/opt/gpuarch/kernels/saxpy/sm_75");
+        assert_eq!(mounts[2]["source"], build75.to_str().unwrap());
+        let notes = plan.notes.join("\n");
+        assert!(
+            notes.contains(
+                "is not on the kernel store's filesystem, so each build is one more mount"
+            ),
+            "{notes}"
         );
     }
 

@@ -10,10 +10,13 @@
 //! A manifest gpuarchd publishes also lists `builds`: one per arch, each a
 //! directory of the kernel store. Then the container gets exactly the
 //! builds that serve its GPUs: the package directory it sees is a view made
-//! here (under `kernels.view_dir`, named by the sha256 of its manifest, so
-//! identical views are shared) holding a `manifest.json` that maps each GPU,
-//! by container index and UUID, to its file and variant, with each build
-//! mounted read-only on a directory named by its arch. A GPU with no build
+//! here (under `kernels.view_dir`, named by the sha256 of its manifest and
+//! of the files it links, so identical views are shared) holding a
+//! `manifest.json` that maps each GPU, by container index and UUID, to its
+//! file and variant, and per build a directory named by its arch holding
+//! hard links of the build's files: one read-only mount per package. A view
+//! directory off the store's filesystem cannot link: each build is then
+//! mounted read-only on its directory instead. A GPU with no build
 //! of its own arch is a miss: a request file `<package>@<arch>` goes into
 //! `kernels.spool_dir` for gpuarchd to build, and the container starts now
 //! with what there is.
@@ -28,7 +31,7 @@ use std::path::{Path, PathBuf};
 use gpuarch_core::arch::{CodeKind, CudaVersion, Target};
 use gpuarch_core::config::{KernelsConfig, valid_package_name as valid_name};
 use gpuarch_core::plan::Plan;
-use gpuarch_wire::manifest as wire;
+use gpuarch_wire::manifest::{self as wire, Serves, View, ViewBuild, ViewGpu};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -99,6 +102,8 @@ pub struct Build {
     pub dtype: Option<String>,
     pub dir: PathBuf,
     pub files: Vec<String>,
+    /// The store entry's key.
+    pub key: String,
 }
 
 /// Why a package's manifest could not be used.
@@ -137,6 +142,7 @@ fn read_build(b: wire::Build) -> Result<Build, ManifestError> {
         dtype: b.dtype,
         dir: b.dir,
         files: b.files.into_iter().filter(|f| valid_name(f)).collect(),
+        key: b.key,
     })
 }
 
@@ -327,6 +333,12 @@ pub enum ViewError {
         #[source]
         source: std::io::Error,
     },
+    #[error("a build to link into {}: {source}", dir.display())]
+    Build {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// The per-container view of a published package: which build serves each
@@ -368,31 +380,30 @@ fn view(
             .filter(|b| b.arch.kind == CodeKind::Sass && b.arch.check(cap, cuda, None).runs)
             .filter(|b| b.dir.is_dir())
             .max_by_key(|b| b.arch);
-        let mut entry = json!({
-            "index": i,
-            "uuid": g.uuid,
-            "host_index": g.index,
-            "compute_capability": cap.to_string(),
-        });
-        match best {
+        let serves = match best {
             Some(b) => {
-                entry["arch"] = json!(b.arch.to_string());
-                entry["variant"] = json!(b.variant);
-                entry["dtype"] = json!(b.dtype);
-                entry["dir"] = json!(b.arch.to_string());
-                entry["files"] = json!(
-                    b.files
-                        .iter()
-                        .map(|f| format!("{}/{f}", b.arch))
-                        .collect::<Vec<_>>()
-                );
                 if !used.iter().any(|u| u.arch == b.arch) {
                     used.push(b);
                 }
+                Serves::Build {
+                    arch: b.arch.to_string(),
+                    variant: b.variant.clone(),
+                    dtype: b.dtype.clone(),
+                    dir: b.arch.to_string(),
+                    files: b.files.iter().map(|f| format!("{}/{f}", b.arch)).collect(),
+                }
             }
-            None => entry["missing"] = json!(format!("no build runs on {} yet", g.label())),
-        }
-        gpus.push(entry);
+            None => Serves::Missing {
+                missing: format!("no build runs on {} yet", g.label()),
+            },
+        };
+        gpus.push(ViewGpu {
+            index: i,
+            uuid: g.uuid.clone(),
+            host_index: g.index,
+            compute_capability: cap.to_string(),
+            serves,
+        });
     }
     if used.is_empty() {
         notes.push(format!(
@@ -401,41 +412,135 @@ fn view(
         return Ok(None);
     }
     used.sort_by_key(|b| b.arch);
-    let manifest = json!({
-        "package": name,
-        "version": version,
-        "gpus": gpus,
-        "builds": used.iter().map(|b| json!({
-            "dir": b.arch.to_string(), "arch": b.arch.to_string(),
-            "variant": b.variant, "dtype": b.dtype, "files": b.files,
-        })).collect::<Vec<_>>(),
-    });
+    let manifest = View {
+        package: name.to_owned(),
+        version: version.to_owned(),
+        gpus,
+        builds: used
+            .iter()
+            .map(|b| ViewBuild {
+                dir: b.arch.to_string(),
+                arch: b.arch.to_string(),
+                variant: b.variant.clone(),
+                dtype: b.dtype.clone(),
+                files: b.files.clone(),
+                key: b.key.clone(),
+            })
+            .collect(),
+    };
     let body = serde_json::to_vec_pretty(&manifest)?;
-    let digest: String = Sha256::digest(&body)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let dir = cfg.view_dir.join(&digest);
+    let view_dir = cfg.view_dir();
+    let mount = |source: PathBuf, linked: bool| KernelMount {
+        package: name.to_owned(),
+        source,
+        libraries: Vec::new(),
+        builds: if linked {
+            Vec::new()
+        } else {
+            used.iter()
+                .map(|b| (b.arch.to_string(), b.dir.clone()))
+                .collect()
+        },
+    };
+    // Linked: the builds' files are hard links in the view, one mount in
+    // all. That needs the views on the store's filesystem: told from the
+    // two directories' devices, not by trying a link on every start.
+    if same_filesystem(&view_dir, &cfg.cache_dir.join("objects")) {
+        // The view is named by its manifest and by the identity of every
+        // file linked in, so a build rebuilt under the same key (new
+        // inodes) gets a new view rather than the old one's files.
+        let ids = linked_ids(&used).map_err(|source| ViewError::Build {
+            dir: view_dir.clone(),
+            source,
+        })?;
+        let dir = view_dir.join(digest(&body, Some(&ids)));
+        if !dir.join("manifest.json").is_file() {
+            make_view(&view_dir, &dir, &body, &used, true).map_err(|source| ViewError::Layout {
+                dir: view_dir.clone(),
+                source,
+            })?;
+        }
+        return Ok(Some(mount(dir, true)));
+    }
+    notes.push(format!(
+        "kernel package {name}: {} is not on the kernel store's filesystem, so each build is one more mount; leave kernels.view_dir unset (it is then {}/views)",
+        view_dir.display(),
+        cfg.cache_dir.display()
+    ));
+    // Bound: one empty mount point per build, each store entry bound on
+    // its own (a mount each).
+    let dir = view_dir.join(digest(&body, None));
     if !dir.join("manifest.json").is_file() {
-        make_view(&cfg.view_dir, &dir, &body, &used).map_err(|source| ViewError::Layout {
-            dir: cfg.view_dir.clone(),
+        make_view(&view_dir, &dir, &body, &used, false).map_err(|source| ViewError::Layout {
+            dir: view_dir.clone(),
             source,
         })?;
     }
-    Ok(Some(KernelMount {
-        package: name.to_owned(),
-        source: dir,
-        libraries: Vec::new(),
-        builds: used
-            .iter()
-            .map(|b| (b.arch.to_string(), b.dir.clone()))
-            .collect(),
-    }))
+    Ok(Some(mount(dir, false)))
+}
+
+/// Whether `views` (created if missing) is on the filesystem of `objects`.
+fn same_filesystem(views: &Path, objects: &Path) -> bool {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let _ = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(views);
+    match (std::fs::metadata(views), std::fs::metadata(objects)) {
+        (Ok(v), Ok(o)) => v.dev() == o.dev(),
+        _ => false,
+    }
+}
+
+/// A view's name: the sha256 of its manifest and, for a linked view, of the
+/// identities of the files linked in.
+fn digest(body: &[u8], ids: Option<&[(u64, u64)]>) -> String {
+    let mut h = Sha256::new();
+    h.update(body);
+    match ids {
+        Some(ids) => {
+            h.update(b"\0linked");
+            for (dev, ino) in ids {
+                h.update(dev.to_le_bytes());
+                h.update(ino.to_le_bytes());
+            }
+        }
+        None => h.update(b"\0bound"),
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Device and inode of every file of `used`, in order; each must be a
+/// regular file (a store entry holds nothing else).
+fn linked_ids(used: &[&Build]) -> std::io::Result<Vec<(u64, u64)>> {
+    use std::os::unix::fs::MetadataExt;
+    let mut ids = Vec::new();
+    for b in used {
+        for f in &b.files {
+            let m = std::fs::symlink_metadata(b.dir.join(f))?;
+            if !m.is_file() {
+                return Err(std::io::Error::other(format!(
+                    "{} is not a regular file",
+                    b.dir.join(f).display()
+                )));
+            }
+            ids.push((m.dev(), m.ino()));
+        }
+    }
+    Ok(ids)
 }
 
 /// Write the view in a temp directory and rename it into place; a view
-/// another hook made meanwhile is as good as ours.
-fn make_view(root: &Path, dir: &Path, body: &[u8], used: &[&Build]) -> std::io::Result<()> {
+/// another hook made meanwhile is as good as ours. `link`: each build's
+/// directory holds hard links of its files (the view directory must be on
+/// the store's filesystem); else it is an empty mount point.
+fn make_view(
+    root: &Path,
+    dir: &Path,
+    body: &[u8],
+    used: &[&Build],
+    link: bool,
+) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -453,7 +558,13 @@ fn make_view(root: &Path, dir: &Path, body: &[u8], used: &[&Build]) -> std::io::
     let res = (|| {
         std::fs::write(tmp.join("manifest.json"), body)?;
         for b in used {
-            std::fs::create_dir(tmp.join(b.arch.to_string()))?;
+            let sub = tmp.join(b.arch.to_string());
+            std::fs::create_dir(&sub)?;
+            if link {
+                for f in &b.files {
+                    std::fs::hard_link(b.dir.join(f), sub.join(f))?;
+                }
+            }
         }
         match std::fs::rename(&tmp, dir) {
             Ok(()) => Ok(()),

@@ -89,6 +89,67 @@ pub struct HandMade {
     pub libraries: Vec<String>,
 }
 
+/// What a container sees at `/opt/gpuarch/kernels/<package>/manifest.json`
+/// of a published package: which build serves each of its GPUs. The hook
+/// writes it into the container's view; gpuarchd reads the `key`s of a
+/// mounted view to keep those builds from eviction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct View {
+    pub package: String,
+    pub version: String,
+    /// One per GPU of the container, in CUDA order.
+    pub gpus: Vec<ViewGpu>,
+    /// The builds in the view, one directory each.
+    pub builds: Vec<ViewBuild>,
+}
+
+/// One GPU of the container and what serves it. (`serves` is flattened,
+/// which serde cannot combine with refusing unknown fields.)
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ViewGpu {
+    /// Its CUDA index inside the container.
+    pub index: usize,
+    pub uuid: String,
+    /// Its NVML index on the host.
+    pub host_index: u32,
+    pub compute_capability: String,
+    #[serde(flatten)]
+    pub serves: Serves,
+}
+
+/// The build that serves a GPU, or why none does yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Serves {
+    Build {
+        arch: String,
+        variant: String,
+        dtype: Option<String>,
+        /// The build's directory in the view.
+        dir: String,
+        /// Its files, relative to the view (`sm_86/saxpy.cubin`).
+        files: Vec<String>,
+    },
+    Missing {
+        missing: String,
+    },
+}
+
+/// One build in a view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ViewBuild {
+    /// Its directory in the view (the arch: `sm_86`).
+    pub dir: String,
+    pub arch: String,
+    pub variant: String,
+    pub dtype: Option<String>,
+    pub files: Vec<String>,
+    /// The store entry it is (the store's key).
+    pub key: String,
+}
+
 /// Either shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Manifest {
