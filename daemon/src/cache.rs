@@ -654,14 +654,28 @@ pub struct Mounted {
 
 /// Remove the views under `dir` that are not in `mounted` and are older
 /// than [`VIEW_GRACE`]; how many were removed. Only view names (64 hex
-/// digits) are touched: the hook's temp directories finish or are its own.
+/// digits) are touched, and what an earlier sweep set aside: the hook's
+/// temp directories finish or are its own. A hook reusing a view renews
+/// its time first, and a view is judged again once set aside, so a view
+/// being handed to a container now is kept.
 fn sweep(dir: &Path, mounted: &HashSet<String>) -> usize {
+    // One sweep at a time (after a job and on GC they may overlap): one
+    // must not remove what another set aside to judge again.
+    static ONE: Mutex<()> = Mutex::new(());
+    let _one = ONE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
     let mut removed = 0;
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
+        // Set aside by a sweep that did not finish (gpuarchd stopped).
+        if name.starts_with(".sweep-") {
+            let _ = std::fs::remove_dir_all(e.path());
+            continue;
+        }
         let fresh = e
             .metadata()
             .and_then(|m| m.modified())
@@ -669,7 +683,21 @@ fn sweep(dir: &Path, mounted: &HashSet<String>) -> usize {
         if !valid_view(&name) || fresh || mounted.contains(&name) {
             continue;
         }
-        if std::fs::remove_dir_all(e.path()).is_ok() {
+        // Out of the hook's sight first, then judged again: a hook that
+        // reuses a view renews its time before handing it to the runtime,
+        // so one renewed meanwhile goes back.
+        let gone = dir.join(format!(".sweep-{name}"));
+        if std::fs::rename(e.path(), &gone).is_err() {
+            continue;
+        }
+        let renewed = std::fs::metadata(&gone)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age < VIEW_GRACE));
+        if renewed {
+            let _ = std::fs::rename(&gone, e.path());
+            continue;
+        }
+        if std::fs::remove_dir_all(&gone).is_ok() {
             removed += 1;
         }
     }
@@ -1125,7 +1153,10 @@ mod tests {
             cache_dir: tmp.path().join("store"),
             ..KernelsConfig::default()
         };
+        // What a sweep that did not finish set aside goes too.
+        std::fs::create_dir_all(views.join(".sweep-dead")).unwrap();
         assert_eq!(sweep(&cfg.view_dir(), &m.views), 1);
+        assert!(!views.join(".sweep-dead").exists());
         assert!(!views.join(&old_view).exists());
         assert!(views.join(&mounted_view).exists(), "mounted: kept");
         assert!(views.join(&fresh_view).exists(), "fresh: kept");

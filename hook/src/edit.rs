@@ -524,10 +524,23 @@ pub(crate) mod tests {
             "{:?}",
             plan.notes
         );
-        // The same GPUs again share the view.
+        // The same GPUs again share the view, and renew its time (gpuarchd
+        // sweeps views no one mounts once that is 10 minutes old).
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::open(&view)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
         let mut c2 = config(&["NVIDIA_VISIBLE_DEVICES=0,1"]);
         edit(&mut c2, &cx).unwrap();
         assert_eq!(c2["mounts"][1]["source"], mounts[1]["source"]);
+        let age = std::fs::metadata(&view)
+            .unwrap()
+            .modified()
+            .unwrap()
+            .elapsed()
+            .unwrap();
+        assert!(age < std::time::Duration::from_secs(60), "{age:?}");
         assert_eq!(
             std::fs::read_dir(tmp.path().join("views")).unwrap().count(),
             1

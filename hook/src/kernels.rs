@@ -454,7 +454,10 @@ fn view(
             source,
         })?;
         let dir = view_dir.join(digest(&body, Some(&ids)));
-        if !dir.join("manifest.json").is_file() {
+        // A view made before is reused, its time renewed: gpuarchd sweeps
+        // views no container mounts once that time is 10 minutes old, and
+        // this one is about to be mounted.
+        if !(dir.join("manifest.json").is_file() && renew(&dir)) {
             make_view(&view_dir, &dir, &body, &used, true).map_err(|source| ViewError::Layout {
                 dir: view_dir.clone(),
                 source,
@@ -477,6 +480,13 @@ fn view(
         })?;
     }
     Ok(Some(mount(dir, false)))
+}
+
+/// Set `dir`'s modification time to now; false when it is gone.
+fn renew(dir: &Path) -> bool {
+    std::fs::File::open(dir)
+        .and_then(|f| f.set_modified(std::time::SystemTime::now()))
+        .is_ok()
 }
 
 /// Whether `views` (created if missing) is on the filesystem of `objects`.
