@@ -157,11 +157,12 @@ pub fn artifacts() -> &'static Artifacts {
 }
 
 /// The NVIDIA wheels `scripts/test` unpacks (NVRTC, headers, ptxas,
-/// cuobjdump); None, with the reason printed, when absent.
+/// cuobjdump); None when absent, through [`skip`] (a failure where every
+/// test must run).
 pub fn cuda_dir() -> Option<PathBuf> {
     let found = gpuarch_kernels::toolchain::local_wheels(&workspace_root());
     if found.is_none() {
-        eprintln!("SKIPPED: no NVRTC wheel under .local/cuda (scripts/test installs it)");
+        skip("no NVRTC wheel under .local/cuda (scripts/test installs it)");
     }
     found
 }
