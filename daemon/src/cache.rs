@@ -757,9 +757,12 @@ pub fn mounted(store: &StoreFs, views: Option<&StoreFs>) -> Mounted {
             let (Some(dev), Some(root)) = (f.next(), f.next()) else {
                 continue;
             };
+            // The view itself, or one package of it (a container with
+            // mounts of its own under the kernels' directory).
             if let Some((v, vp)) = &view_prefix
                 && dev == v.dev
-                && let Some(name) = unescape(root).strip_prefix(vp.as_str())
+                && let Some(rest) = unescape(root).strip_prefix(vp.as_str())
+                && let name = rest.split('/').next().unwrap_or_default()
                 && valid_view(name)
             {
                 found.views.insert(name.to_owned());
@@ -787,14 +790,29 @@ pub fn mounted(store: &StoreFs, views: Option<&StoreFs>) -> Mounted {
     found
 }
 
-/// The store keys a view links, from its manifest; none when it cannot be
-/// read (a view the hook is still making is not mounted yet).
+/// The store keys a view links, from its packages' manifests
+/// (`<view>/<package>/manifest.json`, or `<view>/manifest.json` for a
+/// one-package view an older hook made); none from one that cannot be read
+/// (a view the hook is still making is not mounted yet).
 fn view_keys(view: &Path) -> Vec<String> {
-    std::fs::read(view.join("manifest.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<gpuarch_wire::manifest::View>(&b).ok())
-        .map(|v| v.builds.into_iter().map(|b| b.key).collect())
-        .unwrap_or_default()
+    let keys = |manifest: &Path| -> Vec<String> {
+        std::fs::read(manifest)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<gpuarch_wire::manifest::View>(&b).ok())
+            .map(|v| v.builds.into_iter().map(|b| b.key).collect())
+            .unwrap_or_default()
+    };
+    let own = view.join("manifest.json");
+    if own.is_file() {
+        return keys(&own);
+    }
+    let Ok(packages) = std::fs::read_dir(view) else {
+        return Vec::new();
+    };
+    packages
+        .flatten()
+        .flat_map(|p| keys(&p.path().join("manifest.json")))
+        .collect()
 }
 
 /// Watch the package directories and the spool; `tx` gets a unit per
@@ -1087,57 +1105,78 @@ mod tests {
         assert!(took < Duration::from_secs(2), "the scan took {took:?}");
     }
 
-    /// A mounted view pins the entries its manifest names; a view no one
-    /// mounts is swept once past its grace period, a fresh one is not.
+    /// A mounted view pins the entries its packages' manifests name, and
+    /// so does one package of a view mounted alone; a view no one mounts
+    /// is swept once past its grace period, a fresh one is not.
     #[test]
     fn a_mounted_view_pins_its_builds_and_unmounted_old_views_are_swept() {
         if !may_make_namespaces() {
             return;
         }
         let tmp = tempfile::tempdir().unwrap();
-        let key = "cd".repeat(32);
+        let [key, key2, key3] = ["cd", "ce", "cf"].map(|k| k.repeat(32));
         let objects = tmp.path().join("store/objects");
-        std::fs::create_dir_all(objects.join("cd").join(&key)).unwrap();
+        for k in [&key, &key2, &key3] {
+            std::fs::create_dir_all(objects.join(&k[..2]).join(k)).unwrap();
+        }
         let views = tmp.path().join("store/views");
-        let (mounted_view, old_view, fresh_view) = ("a".repeat(64), "b".repeat(64), "c".repeat(64));
-        for v in [&mounted_view, &old_view, &fresh_view] {
+        let (mounted_view, old_view, fresh_view, part_view) = (
+            "a".repeat(64),
+            "b".repeat(64),
+            "c".repeat(64),
+            "d".repeat(64),
+        );
+        for v in [&mounted_view, &old_view, &fresh_view, &part_view] {
             std::fs::create_dir_all(views.join(v)).unwrap();
         }
-        let view = gpuarch_wire::manifest::View {
-            package: "saxpy".into(),
-            version: "1".into(),
-            gpus: Vec::new(),
-            builds: vec![gpuarch_wire::manifest::ViewBuild {
-                dir: "sm_86".into(),
-                arch: "sm_86".into(),
-                variant: "fp32".into(),
-                dtype: None,
-                files: Vec::new(),
-                key: key.clone(),
-            }],
+        let package = |view: &str, package: &str, key: &str| {
+            let m = gpuarch_wire::manifest::View {
+                package: package.into(),
+                version: "1".into(),
+                gpus: Vec::new(),
+                builds: vec![gpuarch_wire::manifest::ViewBuild {
+                    dir: "sm_86".into(),
+                    arch: "sm_86".into(),
+                    variant: "fp32".into(),
+                    dtype: None,
+                    files: Vec::new(),
+                    key: key.to_owned(),
+                }],
+            };
+            let dir = views.join(view).join(package);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("manifest.json"), serde_json::to_vec(&m).unwrap()).unwrap();
         };
-        std::fs::write(
-            views.join(&mounted_view).join("manifest.json"),
-            serde_json::to_vec(&view).unwrap(),
-        )
-        .unwrap();
-        let target = tmp.path().join("target");
+        package(&mounted_view, "saxpy", &key);
+        package(&mounted_view, "rotary", &key2);
+        package(&part_view, "saxpy", &key3);
+        let (target, target2) = (tmp.path().join("target"), tmp.path().join("target2"));
         std::fs::create_dir_all(&target).unwrap();
+        std::fs::create_dir_all(&target2).unwrap();
         let fs = StoreFs::locate(&objects).unwrap();
         let vfs = StoreFs::locate(&views).unwrap();
         assert!(mounted(&fs, Some(&vfs)).keys.is_empty());
 
         let mut child = in_namespace(
             &format!(
-                "mount --bind -o ro {} {}",
+                "mount --bind -o ro {} {} && mount --bind -o ro {} {}",
                 views.join(&mounted_view).display(),
-                target.display()
+                target.display(),
+                views.join(&part_view).join("saxpy").display(),
+                target2.display()
             ),
             &tmp.path().join("ready"),
         );
         let m = mounted(&fs, Some(&vfs));
-        assert!(m.keys.contains(&key), "{m:?}");
-        assert_eq!(m.views, HashSet::from([mounted_view.clone()]));
+        assert_eq!(
+            m.keys,
+            HashSet::from([key.clone(), key2.clone(), key3.clone()]),
+            "{m:?}"
+        );
+        assert_eq!(
+            m.views,
+            HashSet::from([mounted_view.clone(), part_view.clone()])
+        );
 
         // Age the unmounted one past the grace period; keep the fresh one.
         let old = std::time::SystemTime::now() - VIEW_GRACE - Duration::from_secs(60);

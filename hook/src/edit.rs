@@ -7,7 +7,7 @@ use gpuarch_core::plan::{self, Plan};
 use serde_json::{Value, json};
 
 use crate::context::Context;
-use crate::kernels::{self, KernelMount};
+use crate::kernels::{self, Kernels};
 use crate::stage;
 
 #[derive(Debug, thiserror::Error)]
@@ -77,38 +77,24 @@ fn list_at<'a>(config: &'a mut Value, key: &str) -> Result<&'a mut Vec<Value>, H
         .ok_or(HookError::Shape("a list field that is not a list"))
 }
 
-/// Add the kernel mounts; returns how many were added. A destination the
-/// container already mounts is left to the container, with a note.
+/// Add the kernel mounts (see [`Kernels::binds`]); returns how many
+/// packages they show. The container's own mounts win.
 pub fn apply_mounts(
     config: &mut Value,
-    mounts: &[KernelMount],
+    kernels: &Kernels,
     notes: &mut Vec<String>,
 ) -> Result<usize, HookError> {
-    if mounts.is_empty() {
+    if kernels.is_empty() {
         return Ok(0);
     }
-    let mut added = 0;
     let list = list_at(config, "mounts")?;
-    for m in mounts {
-        let dest = m.destination();
-        if list
-            .iter()
-            .any(|e| e.get("destination").and_then(Value::as_str) == Some(dest.as_str()))
-        {
-            notes.push(format!(
-                "{dest} is already mounted by the container: kernel package {} not mounted",
-                m.package
-            ));
-            continue;
-        }
-        list.extend(m.to_oci());
-        added += 1;
-        notes.push(format!(
-            "kernel package {} mounted read-only at {dest}",
-            m.package
-        ));
-    }
-    Ok(added)
+    let existing: Vec<&str> = list
+        .iter()
+        .filter_map(|e| e.get("destination").and_then(Value::as_str))
+        .collect();
+    let (binds, shown) = kernels.binds(&existing, notes);
+    list.extend(binds.iter().map(kernels::Bind::to_oci));
+    Ok(shown.len())
 }
 
 /// Add our `createContainer` hook entry unless one is there already.
@@ -143,13 +129,13 @@ pub fn edit(config: &mut Value, ctx: &Context) -> Result<Plan, HookError> {
     if plan.is_noop() {
         return Ok(plan);
     }
-    let (mounts, notes) = kernels::discover(
+    let (kernels, notes) = kernels::discover(
         &ctx.config.kernels,
         &plan,
         &ctx.inventory.cuda_driver_version,
     );
     plan.notes.extend(notes);
-    if apply_mounts(config, &mounts, &mut plan.notes)? > 0 {
+    if apply_mounts(config, &kernels, &mut plan.notes)? > 0 {
         plan.add_kernels_dir(kernels::CONTAINER_DIR, &view, &ctx.config.env);
     }
     apply_env(config, &plan)?;
@@ -159,7 +145,7 @@ pub fn edit(config: &mut Value, ctx: &Context) -> Result<Plan, HookError> {
     // that do not get the config's env. The shim writes those itself
     // before the runtime starts, unless a mount in the config would cover
     // them (then only the stage, which runs after the mounts, can).
-    let why = if mounts.iter().any(|m| !m.libraries.is_empty()) {
+    let why = if kernels.packages.iter().any(|m| !m.libraries.is_empty()) {
         Some("mounted libraries need ldconfig inside the container")
     } else if ctx.env_files && env_files_hidden(config) {
         Some("runtime.env_files, and a mount over /run or /etc would hide files written now")
@@ -495,22 +481,25 @@ pub(crate) mod tests {
         );
 
         // Both GPUs: the sm_75 build serves GPU 0; GPU 1 is missing. The
-        // view holds hard links of the build's files: one mount in all.
+        // container's view holds hard links of the build's files: one
+        // mount in all, of the whole kernels directory.
         let mut c = config(&["NVIDIA_VISIBLE_DEVICES=0,1"]);
         let plan = edit(&mut c, &cx).unwrap();
         let mounts = c["mounts"].as_array().unwrap();
         assert_eq!(mounts.len(), 2, "{mounts:?}");
-        assert_eq!(mounts[1]["destination"], "/opt/gpuarch/kernels/saxpy");
+        assert_eq!(mounts[1]["destination"], "/opt/gpuarch/kernels");
+        assert_eq!(mounts[1]["options"][1], "ro");
         let view = std::path::PathBuf::from(mounts[1]["source"].as_str().unwrap());
         assert!(view.starts_with(tmp.path().join("views")));
         let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
         assert_eq!(
-            ino(&view.join("sm_75/saxpy.cubin")),
+            ino(&view.join("saxpy/sm_75/saxpy.cubin")),
             ino(&build75.join("saxpy.cubin")),
             "a hard link of the store's file"
         );
         let m: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(view.join("manifest.json")).unwrap()).unwrap();
+            serde_json::from_slice(&std::fs::read(view.join("saxpy/manifest.json")).unwrap())
+                .unwrap();
         assert_eq!(m["gpus"][0]["files"][0], "sm_75/saxpy.cubin");
         assert_eq!(m["builds"][0]["key"], "sm75");
         assert!(
@@ -554,7 +543,7 @@ pub(crate) mod tests {
         let view3 = std::path::PathBuf::from(c3["mounts"][1]["source"].as_str().unwrap());
         assert_ne!(view3, view);
         assert_eq!(
-            std::fs::read(view3.join("sm_75/saxpy.cubin")).unwrap(),
+            std::fs::read(view3.join("saxpy/sm_75/saxpy.cubin")).unwrap(),
             b"rebuilt"
         );
     }
@@ -585,6 +574,14 @@ pub(crate) mod tests {
         let plan = edit(&mut c, &ctx(cfg)).unwrap();
         let mounts = c["mounts"].as_array().unwrap();
         assert_eq!(mounts.len(), 3, "{mounts:?}");
+        assert_eq!(mounts[1]["destination"], "/opt/gpuarch/kernels");
+        let view = Path::new(mounts[1]["source"].as_str().unwrap());
+        assert!(view.join("saxpy/manifest.json").is_file());
+        assert_eq!(
+            std::fs::read_dir(view.join("saxpy/sm_75")).unwrap().count(),
+            0,
+            "an empty mount point"
+        );
         assert_eq!(mounts[2]["destination"], "/opt/gpuarch/kernels/saxpy/sm_75");
         assert_eq!(mounts[2]["source"], build75.to_str().unwrap());
         let notes = plan.notes.join("\n");
@@ -594,6 +591,106 @@ pub(crate) mod tests {
             ),
             "{notes}"
         );
+    }
+
+    /// One view holds the published packages and a mount point for each
+    /// hand-made one; a container that mounts its own things under the
+    /// kernels' directory keeps them, and gets each package on its own.
+    #[test]
+    fn one_view_for_every_package_and_the_containers_own_mounts_win() {
+        let tmp = tempfile::tempdir().unwrap();
+        let build75 = tmp.path().join("cache/objects/ab/sm75");
+        std::fs::create_dir_all(&build75).unwrap();
+        std::fs::write(build75.join("saxpy.cubin"), b"cubin").unwrap();
+        let root = tmp.path().join("mount");
+        published(&root, &build75);
+        std::fs::create_dir_all(root.join("both")).unwrap();
+        std::fs::write(
+            root.join("both/manifest.json"),
+            r#"{"targets": ["sm_75", "sm_86"]}"#,
+        )
+        .unwrap();
+        let mut cfg = Config::default();
+        cfg.kernels.mount_root = root.clone();
+        cfg.kernels.spool_dir = tmp.path().join("spool");
+        cfg.kernels.view_dir = Some(tmp.path().join("views"));
+        cfg.kernels.cache_dir = tmp.path().join("cache");
+        let cx = ctx(cfg);
+        let dests = |c: &Value| -> Vec<(String, String)> {
+            c["mounts"].as_array().unwrap()[1..]
+                .iter()
+                .map(|m| {
+                    (
+                        m["destination"].as_str().unwrap().to_owned(),
+                        m["source"].as_str().unwrap().to_owned(),
+                    )
+                })
+                .collect()
+        };
+
+        let mut c = config(&["NVIDIA_VISIBLE_DEVICES=0"]);
+        let plan = edit(&mut c, &cx).unwrap();
+        let got = dests(&c);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0].0, "/opt/gpuarch/kernels");
+        let view = Path::new(&got[0].1);
+        assert!(view.join("saxpy/sm_75/saxpy.cubin").is_file());
+        assert_eq!(std::fs::read_dir(view.join("both")).unwrap().count(), 0);
+        assert_eq!(
+            got[1],
+            (
+                "/opt/gpuarch/kernels/both".to_owned(),
+                root.join("both").display().to_string()
+            )
+        );
+        let notes = plan.notes.join("\n");
+        for p in ["both", "saxpy"] {
+            assert!(
+                notes.contains(&format!(
+                    "kernel package {p} mounted read-only at /opt/gpuarch/kernels/{p}"
+                )),
+                "{notes}"
+            );
+        }
+
+        // The container mounts its own `both`: kept; saxpy comes on its own.
+        let mut c = config(&["NVIDIA_VISIBLE_DEVICES=0"]);
+        c["mounts"].as_array_mut().unwrap().push(
+            json!({"destination": "/opt/gpuarch/kernels/both/", "type": "bind", "source": "/srv/both"}),
+        );
+        let plan = edit(&mut c, &cx).unwrap();
+        let got = dests(&c);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0].0, "/opt/gpuarch/kernels/both/");
+        assert_eq!(got[1].0, "/opt/gpuarch/kernels/saxpy");
+        assert_eq!(Path::new(&got[1].1), view.join("saxpy"));
+        assert!(
+            plan.notes.join("\n").contains(
+                "/opt/gpuarch/kernels/both is already mounted by the container: kernel package both not mounted"
+            ),
+            "{:?}",
+            plan.notes
+        );
+        assert_eq!(
+            plan.env_get("GPUARCH_KERNELS_DIR"),
+            Some("/opt/gpuarch/kernels")
+        );
+
+        // It mounts the directory itself: none of ours.
+        let mut c = config(&["NVIDIA_VISIBLE_DEVICES=0"]);
+        c["mounts"].as_array_mut().unwrap().push(
+            json!({"destination": "/opt/gpuarch/kernels", "type": "bind", "source": "/srv/k"}),
+        );
+        let plan = edit(&mut c, &cx).unwrap();
+        assert_eq!(dests(&c).len(), 1);
+        assert!(
+            plan.notes.join("\n").contains(
+                "/opt/gpuarch/kernels is already mounted by the container: no kernel packages mounted"
+            ),
+            "{:?}",
+            plan.notes
+        );
+        assert_eq!(plan.env_get("GPUARCH_KERNELS_DIR"), None);
     }
 
     #[test]

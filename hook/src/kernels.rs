@@ -9,15 +9,19 @@
 //!
 //! A manifest gpuarchd publishes also lists `builds`: one per arch, each a
 //! directory of the kernel store. Then the container gets exactly the
-//! builds that serve its GPUs: the package directory it sees is a view made
-//! here (under `kernels.view_dir`, named by the sha256 of its manifest and
-//! of the files it links, so identical views are shared) holding a
-//! `manifest.json` that maps each GPU, by container index and UUID, to its
-//! file and variant, and per build a directory named by its arch holding
-//! hard links of the build's files: one read-only mount per package. A view
-//! directory off the store's filesystem cannot link: each build is then
-//! mounted read-only on its directory instead. A GPU with no build
-//! of its own arch is a miss: a request file `<package>@<arch>` goes into
+//! builds that serve its GPUs, through one directory made here for it: the
+//! container's view (under `kernels.view_dir`, named by the sha256 of what
+//! it holds, so containers given the same GPUs share one). The view holds,
+//! per published package, a `manifest.json` that maps each GPU, by
+//! container index and UUID, to its file and variant, and per build a
+//! directory named by its arch holding hard links of the build's files.
+//! The whole view is one read-only mount at `/opt/gpuarch/kernels`; a
+//! hand-made package is bound on its own on an empty directory of the view.
+//! A view directory off the store's filesystem cannot link: each build is
+//! then bound read-only on its directory instead. A container that mounts
+//! something of its own under `/opt/gpuarch/kernels` gets each package
+//! bound on its own (its own mounts win). A GPU with no build of its own
+//! arch is a miss: a request file `<package>@<arch>` goes into
 //! `kernels.spool_dir` for gpuarchd to build, and the container starts now
 //! with what there is.
 //!
@@ -42,15 +46,21 @@ pub const CONTAINER_DIR: &str = "/opt/gpuarch/kernels";
 pub const MAX_PACKAGES: usize = 256;
 const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 
-/// One read-only bind mount of a package.
+/// One package as a container gets it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelMount {
     pub package: String,
+    /// Its directory: the package under the mount root (hand-made), or
+    /// its directory in the container's view (published).
     pub source: PathBuf,
     /// Library directories, relative to the package (`lib`).
     pub libraries: Vec<String>,
-    /// Store builds mounted inside it: (subdirectory, source).
+    /// Store builds bound inside it: (subdirectory, source). Empty when the
+    /// view holds hard links of their files.
     pub builds: Vec<(String, PathBuf)>,
+    /// Whether `source` is in the container's view, so that mounting the
+    /// view shows it.
+    pub in_view: bool,
 }
 
 impl KernelMount {
@@ -65,22 +75,109 @@ impl KernelMount {
             .map(|l| format!("{}/{l}", self.destination()))
             .collect()
     }
+}
 
-    /// The OCI `mounts` entries: the package, then each build in it.
-    pub fn to_oci(&self) -> Vec<Value> {
-        let bind = |dest: String, source: &Path| {
-            json!({
-                "destination": dest,
-                "type": "bind",
-                "source": source,
-                "options": ["rbind", "ro", "nosuid", "nodev", "noexec"],
-            })
-        };
-        let mut v = vec![bind(self.destination(), &self.source)];
-        for (sub, src) in &self.builds {
-            v.push(bind(format!("{}/{sub}", self.destination()), src));
+/// The kernel packages for one container.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Kernels {
+    /// The container's view: every published package that serves it, and
+    /// an empty directory for each hand-made one. None when no published
+    /// package serves it.
+    pub view: Option<PathBuf>,
+    /// Sorted by name.
+    pub packages: Vec<KernelMount>,
+}
+
+/// One read-only bind mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bind {
+    pub source: PathBuf,
+    pub destination: String,
+}
+
+impl Bind {
+    /// The OCI `mounts` entry.
+    pub fn to_oci(&self) -> Value {
+        json!({
+            "destination": self.destination,
+            "type": "bind",
+            "source": self.source,
+            "options": ["rbind", "ro", "nosuid", "nodev", "noexec"],
+        })
+    }
+}
+
+impl Kernels {
+    pub fn is_empty(&self) -> bool {
+        self.packages.is_empty()
+    }
+
+    /// The binds, in mount order, that show these packages in a container
+    /// whose own mounts have `existing` destinations, and the packages they
+    /// show; a note for each package left out and each shown.
+    ///
+    /// The view is one bind at [`CONTAINER_DIR`], then each hand-made
+    /// package and each bound build on its directory in it. A container
+    /// that mounts anything under [`CONTAINER_DIR`] itself gets each
+    /// package on its own instead, and none whose directory it mounts; one
+    /// that mounts [`CONTAINER_DIR`] gets none.
+    pub fn binds(
+        &self,
+        existing: &[&str],
+        notes: &mut Vec<String>,
+    ) -> (Vec<Bind>, Vec<&KernelMount>) {
+        let mut binds = Vec::new();
+        let mut shown = Vec::new();
+        if self.packages.is_empty() {
+            return (binds, shown);
         }
-        v
+        let norm = |d: &str| d.trim_end_matches('/').to_owned();
+        let existing: Vec<String> = existing.iter().map(|d| norm(d)).collect();
+        if existing.iter().any(|d| d == CONTAINER_DIR) {
+            notes.push(format!(
+                "{CONTAINER_DIR} is already mounted by the container: no kernel packages mounted"
+            ));
+            return (binds, shown);
+        }
+        let prefix = format!("{CONTAINER_DIR}/");
+        let whole = match &self.view {
+            Some(v) if !existing.iter().any(|d| d.starts_with(&prefix)) => Some(v),
+            _ => None,
+        };
+        if let Some(view) = whole {
+            binds.push(Bind {
+                source: view.clone(),
+                destination: CONTAINER_DIR.to_owned(),
+            });
+        }
+        for p in &self.packages {
+            let dest = p.destination();
+            if existing.contains(&dest) {
+                notes.push(format!(
+                    "{dest} is already mounted by the container: kernel package {} not mounted",
+                    p.package
+                ));
+                continue;
+            }
+            if whole.is_none() || !p.in_view {
+                binds.push(Bind {
+                    source: p.source.clone(),
+                    destination: dest.clone(),
+                });
+            }
+            for (sub, src) in &p.builds {
+                binds.push(Bind {
+                    source: src.clone(),
+                    destination: format!("{dest}/{sub}"),
+                });
+            }
+            notes.push(format!(
+                "kernel package {} mounted read-only at {dest}",
+                p.package
+            ));
+            shown.push(p);
+        }
+        (binds, shown)
     }
 }
 
@@ -195,28 +292,25 @@ pub fn read_manifest(manifest: &Path) -> Result<Manifest, ManifestError> {
     }
 }
 
-/// The packages under `root` that serve every GPU of `plan`, and a note for
-/// each package skipped and why. A missing `root` is no packages.
-pub fn discover(
-    cfg: &KernelsConfig,
-    plan: &Plan,
-    driver_cuda: &str,
-) -> (Vec<KernelMount>, Vec<String>) {
+/// The packages under `root` that serve every GPU of `plan`, laid out for
+/// the container (see [`Kernels`]), and a note for each package skipped
+/// and why. A missing `root` is no packages.
+pub fn discover(cfg: &KernelsConfig, plan: &Plan, driver_cuda: &str) -> (Kernels, Vec<String>) {
     let root = cfg.mount_root.as_path();
-    let mut mounts = Vec::new();
+    let mut handmade = Vec::new();
     let mut notes = Vec::new();
     if plan.gpus.is_empty() {
-        return (mounts, notes);
+        return (Kernels::default(), notes);
     }
     let entries = match std::fs::read_dir(root) {
         Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (mounts, notes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (Kernels::default(), notes),
         Err(e) => {
             notes.push(format!(
                 "no kernel mounts: cannot list {}: {e}",
                 root.display()
             ));
-            return (mounts, notes);
+            return (Kernels::default(), notes);
         }
     };
     let cuda = CudaVersion::parse(driver_cuda).ok();
@@ -239,6 +333,8 @@ pub fn discover(
         names.truncate(MAX_PACKAGES);
     }
     names.sort();
+    let objects = store_objects(cfg);
+    let mut published = Vec::new();
     for name in names {
         let dir = root.join(&name);
         let man = match read_manifest(&dir.join("manifest.json")) {
@@ -249,8 +345,17 @@ pub fn discover(
             }
         };
         if let Some(builds) = &man.builds {
-            match view(cfg, &name, &man.version, builds, plan, cuda, &mut notes) {
-                Ok(Some(m)) => mounts.push(m),
+            match serving(
+                cfg,
+                objects.as_deref(),
+                &name,
+                &man.version,
+                builds,
+                plan,
+                cuda,
+                &mut notes,
+            ) {
+                Ok(Some(s)) => published.push(s),
                 Ok(None) => {}
                 Err(e) => notes.push(format!("kernel package {name} not mounted: {e}")),
             }
@@ -265,11 +370,12 @@ pub fn discover(
                 .any(|t| t.check(g.compute_capability, cuda, None).runs)
         });
         match unserved {
-            None => mounts.push(KernelMount {
+            None => handmade.push(KernelMount {
                 package: name,
                 source: dir,
                 libraries,
                 builds: Vec::new(),
+                in_view: false,
             }),
             Some(g) => notes.push(format!(
                 "kernel package {name} not mounted: no build in it runs on {}",
@@ -277,7 +383,89 @@ pub fn discover(
             )),
         }
     }
-    (mounts, notes)
+    // Linked: the builds' files are hard links in the view, one mount in
+    // all. That needs the view on the store's filesystem: told from the two
+    // directories' devices, once, not by trying a link.
+    let view_dir = cfg.view_dir();
+    let linked =
+        !published.is_empty() && same_filesystem(&view_dir, &cfg.cache_dir.join("objects"));
+    if linked {
+        // The view is named by the identity of every file linked in too,
+        // so a build rebuilt under the same key (new inodes) gets a new
+        // view rather than the old one's files.
+        published.retain_mut(|p| match linked_ids(&p.used) {
+            Ok(ids) => {
+                p.ids = ids;
+                true
+            }
+            Err(e) => {
+                notes.push(format!(
+                    "kernel package {} not mounted: a build to link: {e}",
+                    p.name
+                ));
+                false
+            }
+        });
+    } else if !published.is_empty() {
+        notes.push(format!(
+            "{} is not on the kernel store's filesystem, so each build is one more mount; leave kernels.view_dir unset (it is then {}/views)",
+            view_dir.display(),
+            cfg.cache_dir.display()
+        ));
+    }
+    if published.is_empty() {
+        return (
+            Kernels {
+                view: None,
+                packages: handmade,
+            },
+            notes,
+        );
+    }
+    let view = match lay_out(&view_dir, &published, &handmade, linked) {
+        Ok(v) => v,
+        Err(source) => {
+            let e = ViewError::Layout {
+                dir: view_dir,
+                source,
+            };
+            let names: Vec<&str> = published.iter().map(|p| p.name.as_str()).collect();
+            notes.push(format!(
+                "kernel packages {} not mounted: {e}",
+                names.join(", ")
+            ));
+            return (
+                Kernels {
+                    view: None,
+                    packages: handmade,
+                },
+                notes,
+            );
+        }
+    };
+    let mut packages = handmade;
+    packages.extend(published.into_iter().map(|p| KernelMount {
+        source: view.join(&p.name),
+        libraries: Vec::new(),
+        builds: if linked {
+            Vec::new()
+        } else {
+            p.used
+                .iter()
+                .map(|b| (b.arch.to_string(), b.dir.clone()))
+                .collect()
+        },
+        in_view: true,
+        package: p.name,
+    }));
+    packages.sort_by(|a, b| a.package.cmp(&b.package));
+    (
+        Kernels {
+            view: Some(view),
+            packages,
+        },
+        notes,
+    )
 }
 
 /// Leave a request for a build of `package` for `arch`; an existing request
@@ -322,7 +510,7 @@ fn in_store(objects: Option<&Path>, dir: &Path) -> bool {
     }
 }
 
-/// Why a container's view of a package could not be made.
+/// Why the packages of the store could not be laid out for a container.
 #[derive(Debug, thiserror::Error)]
 pub enum ViewError {
     #[error("{0}")]
@@ -333,33 +521,38 @@ pub enum ViewError {
         #[source]
         source: std::io::Error,
     },
-    #[error("a build to link into {}: {source}", dir.display())]
-    Build {
-        dir: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
 }
 
-/// The per-container view of a published package: which build serves each
-/// GPU. None (with a note) when no build serves any of them yet.
-fn view(
+/// A published package that serves the container: its view manifest and
+/// the builds it uses.
+struct Serving {
+    name: String,
+    /// `manifest.json` as the container sees it.
+    body: Vec<u8>,
+    used: Vec<Build>,
+    /// Device and inode of each file of `used`, when linked.
+    ids: Vec<(u64, u64)>,
+}
+
+/// Which build of a published package serves each GPU. None (with a note)
+/// when no build serves any of them yet.
+#[allow(clippy::too_many_arguments)]
+fn serving(
     cfg: &KernelsConfig,
+    objects: Option<&Path>,
     name: &str,
     version: &str,
     builds: &[Build],
     plan: &Plan,
     cuda: Option<CudaVersion>,
     notes: &mut Vec<String>,
-) -> Result<Option<KernelMount>, ViewError> {
+) -> Result<Option<Serving>, ViewError> {
     let mut gpus = Vec::new();
     let mut used: Vec<&Build> = Vec::new();
     // Only the store's own entries are ever mounted: a manifest naming any
     // other directory (a host path, a symlink out of the store) is refused.
-    let (builds, outside): (Vec<&Build>, Vec<&Build>) = builds.iter().partition({
-        let objects = store_objects(cfg);
-        move |b| in_store(objects.as_deref(), &b.dir)
-    });
+    let (builds, outside): (Vec<&Build>, Vec<&Build>) =
+        builds.iter().partition(|b| in_store(objects, &b.dir));
     for b in outside {
         notes.push(format!(
             "{name}: build {} not used: {} is not an entry of the store {}",
@@ -428,58 +621,29 @@ fn view(
             })
             .collect(),
     };
-    let body = serde_json::to_vec_pretty(&manifest)?;
-    let view_dir = cfg.view_dir();
-    let mount = |source: PathBuf, linked: bool| KernelMount {
-        package: name.to_owned(),
-        source,
-        libraries: Vec::new(),
-        builds: if linked {
-            Vec::new()
-        } else {
-            used.iter()
-                .map(|b| (b.arch.to_string(), b.dir.clone()))
-                .collect()
-        },
-    };
-    // Linked: the builds' files are hard links in the view, one mount in
-    // all. That needs the views on the store's filesystem: told from the
-    // two directories' devices, not by trying a link on every start.
-    if same_filesystem(&view_dir, &cfg.cache_dir.join("objects")) {
-        // The view is named by its manifest and by the identity of every
-        // file linked in, so a build rebuilt under the same key (new
-        // inodes) gets a new view rather than the old one's files.
-        let ids = linked_ids(&used).map_err(|source| ViewError::Build {
-            dir: view_dir.clone(),
-            source,
-        })?;
-        let dir = view_dir.join(digest(&body, Some(&ids)));
-        // A view made before is reused, its time renewed: gpuarchd sweeps
-        // views no container mounts once that time is 10 minutes old, and
-        // this one is about to be mounted.
-        if !(dir.join("manifest.json").is_file() && renew(&dir)) {
-            make_view(&view_dir, &dir, &body, &used, true).map_err(|source| ViewError::Layout {
-                dir: view_dir.clone(),
-                source,
-            })?;
-        }
-        return Ok(Some(mount(dir, true)));
+    Ok(Some(Serving {
+        name: name.to_owned(),
+        body: serde_json::to_vec_pretty(&manifest)?,
+        used: used.into_iter().cloned().collect(),
+        ids: Vec::new(),
+    }))
+}
+
+/// The container's view in `views`: made, or an identical one reused.
+fn lay_out(
+    views: &Path,
+    published: &[Serving],
+    handmade: &[KernelMount],
+    linked: bool,
+) -> std::io::Result<PathBuf> {
+    let dir = views.join(digest(published, handmade, linked));
+    // A view made before is reused, its time renewed: gpuarchd sweeps
+    // views no container mounts once that time is 10 minutes old, and this
+    // one is about to be mounted.
+    if !renew(&dir) {
+        make_view(views, &dir, published, handmade, linked)?;
     }
-    notes.push(format!(
-        "kernel package {name}: {} is not on the kernel store's filesystem, so each build is one more mount; leave kernels.view_dir unset (it is then {}/views)",
-        view_dir.display(),
-        cfg.cache_dir.display()
-    ));
-    // Bound: one empty mount point per build, each store entry bound on
-    // its own (a mount each).
-    let dir = view_dir.join(digest(&body, None));
-    if !dir.join("manifest.json").is_file() {
-        make_view(&view_dir, &dir, &body, &used, false).map_err(|source| ViewError::Layout {
-            dir: view_dir.clone(),
-            source,
-        })?;
-    }
-    Ok(Some(mount(dir, false)))
+    Ok(dir)
 }
 
 /// Set `dir`'s modification time to now; false when it is gone.
@@ -502,36 +666,45 @@ fn same_filesystem(views: &Path, objects: &Path) -> bool {
     }
 }
 
-/// A view's name: the sha256 of its manifest and, for a linked view, of the
-/// identities of the files linked in.
-fn digest(body: &[u8], ids: Option<&[(u64, u64)]>) -> String {
+/// A view's name: the sha256 of everything it holds: each package's name
+/// and manifest, the identities of the files linked in (for a linked
+/// view), and the hand-made packages' names (their mount points).
+fn digest(published: &[Serving], handmade: &[KernelMount], linked: bool) -> String {
     let mut h = Sha256::new();
-    h.update(body);
-    match ids {
-        Some(ids) => {
-            h.update(b"\0linked");
-            for (dev, ino) in ids {
-                h.update(dev.to_le_bytes());
-                h.update(ino.to_le_bytes());
-            }
+    let mut part = |bytes: &[u8]| {
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    part(if linked { b"linked" } else { b"bound" });
+    for p in published {
+        part(p.name.as_bytes());
+        part(&p.body);
+        for (dev, ino) in &p.ids {
+            part(&dev.to_le_bytes());
+            part(&ino.to_le_bytes());
         }
-        None => h.update(b"\0bound"),
+    }
+    part(b"hand-made");
+    for m in handmade {
+        part(m.package.as_bytes());
     }
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Device and inode of every file of `used`, in order; each must be a
 /// regular file (a store entry holds nothing else).
-fn linked_ids(used: &[&Build]) -> std::io::Result<Vec<(u64, u64)>> {
+fn linked_ids(used: &[Build]) -> std::io::Result<Vec<(u64, u64)>> {
     use std::os::unix::fs::MetadataExt;
     let mut ids = Vec::new();
     for b in used {
         for f in &b.files {
-            let m = std::fs::symlink_metadata(b.dir.join(f))?;
+            let path = b.dir.join(f);
+            let m = std::fs::symlink_metadata(&path)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
             if !m.is_file() {
                 return Err(std::io::Error::other(format!(
                     "{} is not a regular file",
-                    b.dir.join(f).display()
+                    path.display()
                 )));
             }
             ids.push((m.dev(), m.ino()));
@@ -541,14 +714,16 @@ fn linked_ids(used: &[&Build]) -> std::io::Result<Vec<(u64, u64)>> {
 }
 
 /// Write the view in a temp directory and rename it into place; a view
-/// another hook made meanwhile is as good as ours. `link`: each build's
-/// directory holds hard links of its files (the view directory must be on
-/// the store's filesystem); else it is an empty mount point.
+/// another hook made meanwhile is as good as ours. Per published package,
+/// its manifest and a directory per build, holding hard links of the
+/// build's files when `link` (the view directory must be on the store's
+/// filesystem), else empty (a mount point); per hand-made package, an
+/// empty directory (its mount point).
 fn make_view(
     root: &Path,
     dir: &Path,
-    body: &[u8],
-    used: &[&Build],
+    published: &[Serving],
+    handmade: &[KernelMount],
     link: bool,
 ) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
@@ -566,19 +741,26 @@ fn make_view(
     ));
     std::fs::create_dir(&tmp)?;
     let res = (|| {
-        std::fs::write(tmp.join("manifest.json"), body)?;
-        for b in used {
-            let sub = tmp.join(b.arch.to_string());
-            std::fs::create_dir(&sub)?;
-            if link {
-                for f in &b.files {
-                    std::fs::hard_link(b.dir.join(f), sub.join(f))?;
+        for p in published {
+            let pkg = tmp.join(&p.name);
+            std::fs::create_dir(&pkg)?;
+            std::fs::write(pkg.join("manifest.json"), &p.body)?;
+            for b in &p.used {
+                let sub = pkg.join(b.arch.to_string());
+                std::fs::create_dir(&sub)?;
+                if link {
+                    for f in &b.files {
+                        std::fs::hard_link(b.dir.join(f), sub.join(f))?;
+                    }
                 }
             }
         }
+        for m in handmade {
+            std::fs::create_dir(tmp.join(&m.package))?;
+        }
         match std::fs::rename(&tmp, dir) {
             Ok(()) => Ok(()),
-            Err(_) if dir.join("manifest.json").is_file() => Ok(()),
+            Err(_) if dir.is_dir() => Ok(()),
             Err(e) => Err(e),
         }
     })();

@@ -256,7 +256,8 @@ fn prestart_rootfs(state: &State, rootfs: &Path) -> Result<PathBuf, StageError> 
 }
 
 /// Whether an earlier step (precreate, the shim) already put kernel mounts
-/// in the config.
+/// in the config (the view at `/opt/gpuarch/kernels`, or packages under
+/// it), or the container mounts something of its own there.
 fn has_kernel_mounts(config: &serde_json::Value) -> bool {
     let prefix = format!("{}/", kernels::CONTAINER_DIR);
     config
@@ -266,7 +267,9 @@ fn has_kernel_mounts(config: &serde_json::Value) -> bool {
             ms.iter().any(|m| {
                 m.get("destination")
                     .and_then(serde_json::Value::as_str)
-                    .is_some_and(|d| d.starts_with(&prefix))
+                    .is_some_and(|d| {
+                        d.trim_end_matches('/') == kernels::CONTAINER_DIR || d.starts_with(&prefix)
+                    })
             })
         })
 }
@@ -283,50 +286,43 @@ fn mount_kernels(
     ctx: &Context,
     notes: &mut Vec<String>,
 ) -> Result<Vec<KernelMount>, StageError> {
-    let (mounts, found) = kernels::discover(
+    let (kernels, found) = kernels::discover(
         &ctx.config.kernels,
         plan,
         &ctx.inventory.cuda_driver_version,
     );
     notes.extend(found);
-    if mounts.is_empty() {
-        return Ok(mounts);
+    if kernels.is_empty() {
+        return Ok(Vec::new());
     }
     if stage != Stage::CreateContainer {
         notes.push(format!(
             "{} kernel package(s) not mounted: only the createContainer stage mounts them",
-            mounts.len()
+            kernels.packages.len()
         ));
         return Ok(Vec::new());
     }
+    // Nothing of the container's own is under the kernels' directory (or
+    // this would not be called): the view, then what goes inside it.
+    let mut said = Vec::new();
+    let (binds, shown) = kernels.binds(&[], &mut said);
     // Every mount is read-only from the moment it is visible; one that fails
     // takes the ones made before it down again, so a failed stage leaves
     // the container as it found it.
     let mut made = Vec::new();
-    let mut bind = |src: &Path, dest: &Path| -> Result<(), StageError> {
-        made.push(root.bind_read_only(src, dest)?);
-        Ok(())
-    };
-    let result = mounts.iter().try_for_each(|m| {
-        let dest = m.destination();
-        bind(&m.source, Path::new(&dest))?;
-        for (sub, src) in &m.builds {
-            bind(src, &Path::new(&dest).join(sub))?;
-        }
-        notes.push(format!(
-            "mounted kernel package {} read-only at {dest}",
-            m.package
-        ));
-        Ok(())
+    let result = binds.iter().try_for_each(|b| {
+        made.push(root.bind_read_only(&b.source, Path::new(&b.destination))?);
+        Ok::<_, StageError>(())
     });
     if let Err(e) = result {
-        // Innermost first: a build's mount sits on its package's view.
+        // Innermost first: a build's mount sits on the view.
         for m in made.into_iter().rev() {
             let _ = m.undo();
         }
         return Err(e);
     }
-    Ok(mounts)
+    notes.extend(said);
+    Ok(shown.into_iter().cloned().collect())
 }
 
 /// Library directories (as the container sees them) of the kernel packages

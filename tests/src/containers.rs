@@ -17,13 +17,15 @@ use crate::{artifacts, cannot_run, fixture, which, workspace_root};
 const BUSYBOX: &str = "/bin/busybox";
 /// What a container runs unless its scene says otherwise: its env, the env
 /// file, the kernel packages (their names, manifests and files, and which
-/// of their directories it could write), its loader cache; `@@@` between.
+/// of their directories it could write), its loader cache, the mount points
+/// at and under the kernel directory; `@@@` between.
 pub const SCRIPT: &str = "env; echo @@@; cat /run/gpuarch/env 2>/dev/null; echo @@@; \
      ls /opt/gpuarch/kernels 2>/dev/null; cat /opt/gpuarch/kernels/*/manifest.json 2>/dev/null; \
      echo ===; find /opt/gpuarch/kernels -type f 2>/dev/null | sort; \
      set --; for d in /opt/gpuarch/kernels/*/ /opt/gpuarch/kernels/*/*/; do set -- \"$@\" \"${d}x\"; done; \
      touch \"$@\" 2>/dev/null; for f in \"$@\"; do [ -e \"$f\" ] && echo WRITABLE ${f%x}; done; echo @@@; \
-     cat /etc/ld.so.cache 2>/dev/null; true";
+     cat /etc/ld.so.cache 2>/dev/null; echo @@@; \
+     cut -d' ' -f5,6 /proc/self/mountinfo | grep '^/opt/gpuarch/kernels'; true";
 
 /// `None` when this machine can run the test; else the reason it cannot.
 pub fn missing(tools: &[&str]) -> Option<String> {
@@ -100,6 +102,10 @@ pub struct Seen {
     /// The mounted packages, their manifests, `===`, their files.
     pub kernels: String,
     pub ld_cache: String,
+    /// Mount points at or under `/opt/gpuarch/kernels`, in mount order.
+    pub kernel_mounts: Vec<String>,
+    /// Those of them not mounted read-only.
+    pub kernel_mounts_writable: Vec<String>,
 }
 
 impl Seen {
@@ -116,12 +122,22 @@ impl Seen {
         let env_file = parts.next().unwrap_or("").to_owned();
         let kernels = parts.next().unwrap_or("").to_owned();
         let ld_cache = parts.next().unwrap_or("").to_owned();
+        let (mut kernel_mounts, mut kernel_mounts_writable) = (Vec::new(), Vec::new());
+        for l in parts.next().unwrap_or("").lines() {
+            let (point, options) = l.split_once(' ').unwrap_or((l, ""));
+            if !options.split(',').any(|o| o == "ro") {
+                kernel_mounts_writable.push(point.to_owned());
+            }
+            kernel_mounts.push(point.to_owned());
+        }
         Self {
             out,
             env,
             env_file,
             kernels,
             ld_cache,
+            kernel_mounts,
+            kernel_mounts_writable,
         }
     }
 
@@ -140,14 +156,15 @@ impl Seen {
         self
     }
 
-    /// The manifests of the mounted kernel packages, by package.
+    /// The manifests of the mounted kernel packages that name their
+    /// package (all published ones do), by package.
     pub fn manifests(&self) -> BTreeMap<String, Value> {
         let json = self.kernels.split("===").next().unwrap_or("");
         let start = json.find('{').unwrap_or(json.len());
         serde_json::Deserializer::from_str(&json[start..])
             .into_iter::<Value>()
             .map(|v| v.unwrap())
-            .map(|v| (v["package"].as_str().unwrap().to_owned(), v))
+            .filter_map(|v| Some((v["package"].as_str()?.to_owned(), v)))
             .collect()
     }
 
@@ -173,6 +190,7 @@ impl Seen {
     pub fn untouched(&self) {
         no_gpuarch_env(&self.env, "container");
         assert!(self.env_file.is_empty(), "env file: {}", self.env_file);
+        assert!(self.kernel_mounts.is_empty(), "{:?}", self.kernel_mounts);
     }
 }
 

@@ -611,6 +611,115 @@ fn kernel_scene() -> (Scene, PathBuf) {
     (s, root)
 }
 
+/// A published package (builds in a store) beside hand-made ones: the
+/// container gets one read-only view of the kernel directory, and each
+/// hand-made package bound on its empty directory in it, through the shim
+/// (the config's mounts, made by runc and crun) and through the
+/// createContainer hook alone (made by the hook). Nothing of it is
+/// writable, the library still reaches the loader cache, and the host's
+/// rootfs is untouched.
+#[test]
+fn published_and_hand_made_packages_share_one_view() {
+    require!("runc", "crun", "gcc", "unshare");
+    let (mut s, root) = kernel_scene();
+    let key = "ab".repeat(32);
+    let build = s.path().join("cache/objects/ab").join(&key);
+    std::fs::create_dir_all(&build).unwrap();
+    std::fs::write(build.join("saxpy.cubin"), b"cubin 86").unwrap();
+    std::fs::create_dir_all(root.join("saxpy")).unwrap();
+    std::fs::write(
+        root.join("saxpy/manifest.json"),
+        json!({
+            "schema": 2, "package": "saxpy", "version": "1", "description": "",
+            "targets": ["sm_86"],
+            "builds": [{"arch": "sm_86", "variant": "fp32", "dtype": "float32", "key": key,
+                        "dir": build, "files": ["saxpy.cubin"], "toolkit": "nvrtc 13.0"}],
+            "unavailable": [], "pending": []
+        })
+        .to_string(),
+    )
+    .unwrap();
+    // The 3090 (8.6) runs sm_80 SASS: fa2 serves it too.
+    s.config_yaml = format!(
+        "kernels:\n  mount_root: {}\n  cache_dir: {}\n  spool_dir: {}\n",
+        root.display(),
+        s.path().join("cache").display(),
+        s.path().join("spool").display()
+    );
+    let check = |how: &str, seen: &Seen| {
+        seen.ok();
+        assert_eq!(
+            seen.kernel_mounts,
+            [
+                "/opt/gpuarch/kernels",
+                "/opt/gpuarch/kernels/demo",
+                "/opt/gpuarch/kernels/fa2"
+            ],
+            "{how}"
+        );
+        assert!(
+            seen.kernels.starts_with("demo\nfa2\nsaxpy\n"),
+            "{how}: {}",
+            seen.kernels
+        );
+        for f in [
+            "/opt/gpuarch/kernels/saxpy/sm_86/saxpy.cubin",
+            "/opt/gpuarch/kernels/demo/sm_86/demo.cubin",
+            "/opt/gpuarch/kernels/fa2/lib/libgpuarchdemo.so.1",
+        ] {
+            assert!(seen.files().contains(f), "{how}: {f}: {}", seen.kernels);
+        }
+        assert_eq!(
+            seen.manifests()["saxpy"]["gpus"][0]["arch"],
+            "sm_86",
+            "{how}"
+        );
+        assert!(
+            !seen.kernels.contains("WRITABLE"),
+            "{how}: {}",
+            seen.kernels
+        );
+        assert!(
+            seen.kernel_mounts_writable.is_empty(),
+            "{how}: {:?}",
+            seen.kernel_mounts_writable
+        );
+        assert!(
+            seen.ld_cache
+                .contains("/opt/gpuarch/kernels/fa2/lib/libgpuarchdemo.so.1"),
+            "{how}: loader cache {:?}\nstderr: {}",
+            seen.ld_cache,
+            seen.stderr()
+        );
+        // The mounts lived in the container's namespace only.
+        assert!(
+            !s.rootfs().join("opt/gpuarch/kernels/saxpy").exists(),
+            "{how}"
+        );
+        assert!(!root.join("demo/x").exists(), "{how}: source written");
+        let _ = std::fs::remove_file(s.rootfs().join("etc/ld.so.cache"));
+    };
+    for runtime in ["runc", "crun"] {
+        check(
+            &format!("{runtime} behind the shim"),
+            &s.shim(runtime, &["NVIDIA_VISIBLE_DEVICES=1"]),
+        );
+        let hooks = json!({ "createContainer": s.hook_entry("create-container") });
+        let b = s.bundle_with(runtime, &["NVIDIA_VISIBLE_DEVICES=1"], Some(hooks));
+        check(
+            &format!("{runtime} with the createContainer hook alone"),
+            &s.run_bundle(runtime, &b, false),
+        );
+    }
+    // Both ways and both runtimes shared one view.
+    let views: Vec<_> = std::fs::read_dir(s.path().join("cache/views"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(views.len(), 1, "{views:?}");
+}
+
 /// Another container sharing the volume at /opt swaps /opt/gpuarch with a
 /// decoy in a `renameat2(RENAME_EXCHANGE)` loop while GPU containers start
 /// with the createContainer hook (issue 17, break 1). The hook once bound
@@ -880,6 +989,9 @@ fn the_daemon_prewarms_and_each_container_gets_the_builds_for_its_gpus() {
         assert!(files.contains(f), "{f} missing: {files}");
     }
     assert!(!seen.kernels.contains("WRITABLE"), "{}", seen.kernels);
+    // Three packages, one mount: the container's view, read-only.
+    assert_eq!(seen.kernel_mounts, ["/opt/gpuarch/kernels"]);
+    assert!(seen.kernel_mounts_writable.is_empty());
     let m = seen.manifests();
     let gpu = &m["rmsnorm"]["gpus"][0];
     assert_eq!(gpu["index"], 0);
@@ -902,6 +1014,7 @@ fn the_daemon_prewarms_and_each_container_gets_the_builds_for_its_gpus() {
         "{files}"
     );
     assert!(!seen.kernels.contains("WRITABLE"), "{}", seen.kernels);
+    assert_eq!(seen.kernel_mounts, ["/opt/gpuarch/kernels"]);
     let m = seen.manifests();
     let gpus = m["rmsnorm"]["gpus"].as_array().unwrap();
     assert_eq!(

@@ -212,6 +212,11 @@ fn verify(what: &str, i: usize, kind: Kind, seen: &Seen, uuids: &[String]) {
     if kind == Kind::PlanOnly {
         assert!(files.trim().is_empty(), "{}: {files}", ctx());
     }
+    // All its packages through one read-only mount, the container's view.
+    if !files.trim().is_empty() {
+        assert_eq!(seen.kernel_mounts, ["/opt/gpuarch/kernels"], "{}", ctx());
+        assert!(seen.kernel_mounts_writable.is_empty(), "{}", ctx());
+    }
     assert!(!files.contains("WRITABLE"), "{}: {files}", ctx());
     for f in files.lines().filter(|l| !l.is_empty()) {
         // /opt/gpuarch/kernels/PKG/manifest.json or .../PKG/ARCH/FILE
