@@ -171,11 +171,16 @@ impl Kernels {
                     destination: format!("{dest}/{sub}"),
                 });
             }
-            notes.push(format!(
-                "kernel package {} mounted read-only at {dest}",
-                p.package
-            ));
             shown.push(p);
+        }
+        if !shown.is_empty() {
+            let names: Vec<&str> = shown.iter().map(|p| p.package.as_str()).collect();
+            notes.push(format!(
+                "kernel packages mounted read-only in {CONTAINER_DIR} ({} mount{}): {}",
+                binds.len(),
+                if binds.len() == 1 { "" } else { "s" },
+                names.join(", ")
+            ));
         }
         (binds, shown)
     }
@@ -347,7 +352,7 @@ pub fn discover(cfg: &KernelsConfig, plan: &Plan, driver_cuda: &str) -> (Kernels
         if let Some(builds) = &man.builds {
             match serving(
                 cfg,
-                objects.as_deref(),
+                &objects,
                 &name,
                 &man.version,
                 builds,
@@ -496,17 +501,41 @@ fn request(cfg: &KernelsConfig, package: &str, arch: Target, notes: &mut Vec<Str
     }
 }
 
-/// The store's `objects/`, every symlink resolved; None when it is absent.
-fn store_objects(cfg: &KernelsConfig) -> Option<PathBuf> {
-    cfg.cache_dir.join("objects").canonicalize().ok()
+/// The store's `objects/` as configured, and with every symlink resolved
+/// (None when it is absent).
+struct Objects {
+    configured: PathBuf,
+    real: Option<PathBuf>,
 }
 
-/// Whether `dir` is, once every symlink is resolved, an entry under
-/// `objects` (from [`store_objects`]).
-fn in_store(objects: Option<&Path>, dir: &Path) -> bool {
-    match (dir.canonicalize(), objects) {
-        (Ok(d), Some(objects)) => d.starts_with(objects) && d != objects,
-        _ => false,
+fn store_objects(cfg: &KernelsConfig) -> Objects {
+    let configured = cfg.cache_dir.join("objects");
+    let real = configured.canonicalize().ok();
+    Objects { configured, real }
+}
+
+/// Whether `dir` is, once every symlink is resolved, an entry under the
+/// store's `objects/`. A manifest gpuarchd published names entries as
+/// `<objects as configured>/<xx>/<key>`: that is an entry when neither of
+/// the last two is a symlink (two `lstat`s, where resolving the whole path
+/// costs one `readlink` per component, per build, per container start);
+/// any other path is resolved in full.
+fn in_store(objects: &Objects, dir: &Path) -> bool {
+    use std::path::Component;
+    let Some(real) = &objects.real else {
+        return false;
+    };
+    if let Ok(rest) = dir.strip_prefix(&objects.configured) {
+        let parts: Vec<Component> = rest.components().collect();
+        if let [Component::Normal(shard), Component::Normal(_)] = parts[..] {
+            let plain_dir =
+                |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_dir());
+            return plain_dir(&objects.configured.join(shard)) && plain_dir(dir);
+        }
+    }
+    match dir.canonicalize() {
+        Ok(d) => d.starts_with(real) && d != *real,
+        Err(_) => false,
     }
 }
 
@@ -539,7 +568,7 @@ struct Serving {
 #[allow(clippy::too_many_arguments)]
 fn serving(
     cfg: &KernelsConfig,
-    objects: Option<&Path>,
+    objects: &Objects,
     name: &str,
     version: &str,
     builds: &[Build],
@@ -788,7 +817,7 @@ mod tests {
         let link = cfg.cache_dir.join("objects/ab/link");
         std::os::unix::fs::symlink(&outside, &link).unwrap();
         let objects = store_objects(&cfg);
-        let in_store = |d: &Path| in_store(objects.as_deref(), d);
+        let in_store = |d: &Path| in_store(&objects, d);
         assert!(in_store(&entry));
         assert!(!in_store(&outside));
         assert!(!in_store(&link), "a symlink out of the store");
@@ -799,5 +828,23 @@ mod tests {
         assert!(!in_store(&cfg.cache_dir.join("objects/ab/../../..")));
         assert!(!in_store(Path::new("/etc")));
         assert!(!in_store(&cfg.cache_dir.join("objects/ab/missing")));
+        // A shard that is a symlink out of the store.
+        std::fs::create_dir_all(outside.join("abce")).unwrap();
+        std::os::unix::fs::symlink(&outside, cfg.cache_dir.join("objects/cd")).unwrap();
+        assert!(!in_store(&cfg.cache_dir.join("objects/cd/abce")));
+        assert!(!in_store(&cfg.cache_dir.join("objects/cd/../ab/abcd/..")));
+
+        // The store reached through a symlink: entries named either way.
+        let via = tmp.path().join("via");
+        std::os::unix::fs::symlink(&cfg.cache_dir, &via).unwrap();
+        let linked = KernelsConfig {
+            cache_dir: via.clone(),
+            ..KernelsConfig::default()
+        };
+        let objects = store_objects(&linked);
+        assert!(super::in_store(&objects, &via.join("objects/ab/abcd")));
+        assert!(super::in_store(&objects, &entry));
+        assert!(!super::in_store(&objects, &via.join("objects/ab/link")));
+        assert!(!super::in_store(&objects, &via.join("objects/cd/abce")));
     }
 }

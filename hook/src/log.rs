@@ -150,7 +150,8 @@ pub fn plan(plan: &gpuarch_core::plan::Plan) {
     } else {
         LogLevel::Debug
     };
-    plan.notes.iter().for_each(|n| emit(level, n));
+    let notes: Vec<&str> = plan.notes.iter().map(String::as_str).collect();
+    emit_all(level, &notes);
 }
 
 /// Detail: only with `level: debug` ("no GPU requested" and the like).
@@ -184,26 +185,38 @@ pub fn fatal(msg: &str) {
 }
 
 fn emit(level: LogLevel, msg: &str) {
+    emit_all(level, &[msg]);
+}
+
+/// Each of `msgs` a line. To a file they go in one `write` (a line each
+/// cost an open and a write of its own: on a disk filesystem most of what
+/// the notes of a container start cost).
+fn emit_all(level: LogLevel, msgs: &[&str]) {
     let mut s = state();
-    if level > s.level {
+    if level > s.level || msgs.is_empty() {
         return;
     }
     let program = s.program;
     match sink(&mut s) {
-        Sink::Stderr => eprintln!("{program}: {msg}"),
-        Sink::Journal if s.journal_installed => match level {
+        Sink::Stderr => msgs.iter().for_each(|msg| eprintln!("{program}: {msg}")),
+        Sink::Journal if s.journal_installed => msgs.iter().for_each(|msg| match level {
             LogLevel::Error => tracing::error!("{msg}"),
             LogLevel::Warn => tracing::warn!("{msg}"),
             LogLevel::Info => tracing::info!("{msg}"),
             LogLevel::Debug => tracing::debug!("{msg}"),
-        },
+        }),
         Sink::Journal | Sink::Syslog => {
-            if syslog(level, program, msg).is_err() {
-                let _ = to_file(&s.file, s.max_bytes, level, program, msg);
+            let failed: Vec<&str> = msgs
+                .iter()
+                .copied()
+                .filter(|msg| syslog(level, program, msg).is_err())
+                .collect();
+            if !failed.is_empty() {
+                let _ = to_file(&s.file, s.max_bytes, level, program, &failed);
             }
         }
         Sink::File => {
-            let _ = to_file(&s.file, s.max_bytes, level, program, msg);
+            let _ = to_file(&s.file, s.max_bytes, level, program, msgs);
         }
     }
 }
@@ -243,7 +256,7 @@ fn open_append(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
-/// One line, in one `write`, to `path`; past `max_bytes` the file is first
+/// A line per message, all in one `write`, to `path`; past `max_bytes` the file is first
 /// renamed to `<path>.1`. Hooks of many containers append at once: the
 /// rename happens under an exclusive lock and only while `path` is still
 /// the file that was found too big.
@@ -252,7 +265,7 @@ fn to_file(
     max_bytes: u64,
     level: LogLevel,
     program: &str,
-    msg: &str,
+    msgs: &[&str],
 ) -> std::io::Result<()> {
     let mut f = open_append(path)?;
     if f.metadata()?.len() >= max_bytes {
@@ -268,13 +281,19 @@ fn to_file(
         drop(held);
         f = open_append(path)?;
     }
-    let line = format!(
-        "{} {program}[{}] {}: {msg}\n",
+    let head = format!(
+        "{} {program}[{}] {}: ",
         humantime::format_rfc3339_seconds(std::time::SystemTime::now()),
         std::process::id(),
         level_word(level)
     );
-    f.write_all(line.as_bytes())
+    let mut lines = String::new();
+    for msg in msgs {
+        lines.push_str(&head);
+        lines.push_str(msg);
+        lines.push('\n');
+    }
+    f.write_all(lines.as_bytes())
 }
 
 /// A line in runc's own log format, which containerd's shim and podman
@@ -326,7 +345,7 @@ mod tests {
                 4096,
                 LogLevel::Info,
                 "t",
-                &format!("line {i} {}", "x".repeat(40)),
+                &[&format!("line {i} {}", "x".repeat(40))],
             )
             .unwrap();
         }
@@ -342,6 +361,16 @@ mod tests {
                 .ends_with(&format!("line 199 {}", "x".repeat(40)))
         );
         assert!(last.contains(" t["), "{last}");
+        // A batch: one line each, each with its own head.
+        to_file(&f, 1 << 20, LogLevel::Warn, "t", &["a", "b", "c"]).unwrap();
+        let text = std::fs::read_to_string(&f).unwrap();
+        let tail: Vec<&str> = text.lines().rev().take(3).collect();
+        for (line, m) in tail.iter().zip(["c", "b", "a"]) {
+            assert!(
+                line.contains(" t[") && line.ends_with(&format!("] warn: {m}")),
+                "{line}"
+            );
+        }
     }
 
     #[test]
@@ -350,7 +379,7 @@ mod tests {
         let target = d.path().join("elsewhere");
         std::fs::write(&target, "").unwrap();
         std::os::unix::fs::symlink(&target, d.path().join("g.log")).unwrap();
-        assert!(to_file(&d.path().join("g.log"), 4096, LogLevel::Info, "t", "m").is_err());
+        assert!(to_file(&d.path().join("g.log"), 4096, LogLevel::Info, "t", &["m"]).is_err());
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "");
     }
 
