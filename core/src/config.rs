@@ -284,9 +284,9 @@ pub struct KernelsConfig {
     /// Where the hook leaves a request for a build it found missing, for
     /// gpuarchd to build. Default `/run/gpuarch/kernel-requests`.
     pub spool_dir: PathBuf,
-    /// Where the hook lays out each container's view of a package: its
-    /// `manifest.json` and hard links of the builds' files, so that a
-    /// package is one mount. Default (null): `<cache_dir>/views`. It must be
+    /// Where the hook lays out each container's view of its packages:
+    /// their `manifest.json` and hard links of the builds' files, so that
+    /// all of them are one mount. Default (null): `<cache_dir>/views`. It must be
     /// on the store's filesystem for hard links; elsewhere each build is
     /// bound on its own, one mount more per build (see [`Self::view_dir`]).
     pub view_dir: Option<PathBuf>,
