@@ -635,6 +635,25 @@ impl FromStr for CudaVersion {
     }
 }
 
+impl Serialize for CudaVersion {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for CudaVersion {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // YAML reads `12.8` as a number: take its text either way.
+        let v = serde_yaml::Value::deserialize(d)?;
+        let s = match &v {
+            serde_yaml::Value::String(s) => s.clone(),
+            serde_yaml::Value::Number(n) => n.to_string(),
+            _ => return Err(serde::de::Error::custom("a CUDA version such as \"12.8\"")),
+        };
+        Self::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -380,6 +380,11 @@ pub struct EnvConfig {
     pub override_existing: bool,
     /// Variables never to inject. Default: none.
     pub disable: BTreeSet<EnvVar>,
+    /// The CUDA toolkit to build arch lists for when the container says
+    /// none (no `CUDA_VERSION`, no `NVIDIA_REQUIRE_CUDA`, no annotation
+    /// `io.gpuarch.cuda-version`). Default: none, and then each GPU's exact
+    /// capability (see [`crate::toolkit`]).
+    pub cuda_version: Option<crate::arch::CudaVersion>,
 }
 
 /// A config that could not be read, with where in the file.
@@ -476,6 +481,18 @@ mod tests {
                 .contains("kernels.package_dirs must be absolute"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_default_toolkit_is_a_cuda_version_quoted_or_not() {
+        use crate::arch::CudaVersion;
+        for text in ["env:\n  cuda_version: \"12.8\"\n", "env:\n  cuda_version: 12.8\n"] {
+            let c = Config::from_yaml(text).unwrap();
+            assert_eq!(c.env.cuda_version, Some(CudaVersion::new(12, 8)), "{text}");
+        }
+        let e = Config::from_yaml("env:\n  cuda_version: twelve\n").unwrap_err();
+        assert_eq!(e.location.map(|l| l.0), Some(2), "{e}");
+        assert!(e.reason.contains("twelve"), "{e}");
     }
 
     #[test]

@@ -13,7 +13,9 @@
 //! - [`plan`]: what a container gets (env and notes);
 //! - [`requirement`]: the `Match` grammar (`arch>=8.0,feature=bf16`);
 //! - [`config`]: the parts of `/etc/gpuarch/config.yaml` the Plan obeys;
-//! - [`env`]: the names of the variables gpuarch injects.
+//! - [`env`]: the names of the variables gpuarch injects;
+//! - [`toolkit`]: which architectures each CUDA release builds, and the
+//!   container's own toolkit.
 
 pub mod arch;
 pub mod config;
@@ -24,6 +26,7 @@ pub mod plan;
 pub mod requirement;
 pub mod select;
 pub mod snapshot;
+pub mod toolkit;
 
 /// An error and its causes in one line, as gpuarch's programs print them.
 /// gpuarch's errors mostly carry their cause in their message already, so

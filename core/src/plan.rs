@@ -12,6 +12,7 @@ use crate::features::Feature;
 use crate::oci::ContainerView;
 use crate::select::{self, AssignedGpu, Selection, Source};
 use crate::snapshot::Snapshot;
+use crate::toolkit::{self, Toolkit};
 
 /// What a container gets.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -180,10 +181,85 @@ pub fn plan_devices(
     ))
 }
 
-/// The hints for GPUs of these capabilities, given in CUDA order.
+/// The hints for GPUs of these capabilities, given in CUDA order, with
+/// arch lists of their exact capabilities.
 pub fn hints(caps: &[ComputeCapability]) -> Vec<(EnvVar, String)> {
+    hints_for(caps, None).0
+}
+
+/// The arch lists' entries for toolkit `tk`: for torch, per GPU the best
+/// target `tk` builds that runs there ([`toolkit::best`]); for FlashInfer,
+/// which adds an arch-specific suffix to each entry itself (so only the
+/// GPU's own architecture runs), the GPU's own architecture when `tk`
+/// builds it, else nothing. Each entry that is not the GPU's own
+/// capability has a note.
+fn arch_lists(
+    distinct: &BTreeSet<ComputeCapability>,
+    tk: &Toolkit,
+    notes: &mut Vec<String>,
+) -> (Option<String>, Option<String>) {
+    use std::collections::BTreeMap;
+    let v = tk.version;
+    let from = format!("CUDA {v} ({})", tk.source);
+    // Entry -> whether as PTX too.
+    let mut torch: BTreeMap<ComputeCapability, bool> = BTreeMap::new();
+    let mut flashinfer = Vec::new();
+    for &cap in distinct {
+        match toolkit::best(cap, v) {
+            toolkit::Build::Exact(c) => {
+                torch.entry(c).or_insert(false);
+                flashinfer.push(c);
+                if c != cap {
+                    notes.push(format!(
+                        "{from} names the architecture of {cap} sm_{}: the arch lists say {c}",
+                        c.digits()
+                    ));
+                }
+            }
+            toolkit::Build::Family(c) => {
+                torch.entry(c).or_insert(false);
+                notes.push(format!(
+                    "{from} cannot build sm_{}: TORCH_CUDA_ARCH_LIST has {c} for {cap} (its SASS runs there), and FLASHINFER_CUDA_ARCH_LIST leaves {cap} out (FlashInfer builds arch-specific code, which runs only on its own architecture)",
+                    cap.digits()
+                ));
+            }
+            toolkit::Build::Ptx(c) => {
+                *torch.entry(c).or_insert(true) = true;
+                notes.push(format!(
+                    "{from} cannot build for {cap} or its family: TORCH_CUDA_ARCH_LIST has {c}+PTX, which the driver JIT-compiles there, and FLASHINFER_CUDA_ARCH_LIST leaves {cap} out"
+                ));
+            }
+            toolkit::Build::None => notes.push(format!(
+                "{from} builds nothing that runs on {cap}: both arch lists leave it out"
+            )),
+        }
+    }
+    let torch: Vec<String> = torch
+        .into_iter()
+        .map(|(c, ptx)| {
+            if ptx {
+                format!("{c}+PTX")
+            } else {
+                c.to_string()
+            }
+        })
+        .collect();
+    flashinfer.sort();
+    flashinfer.dedup();
+    let flashinfer: Vec<String> = flashinfer.iter().map(ToString::to_string).collect();
+    let some = |v: Vec<String>, sep: &str| (!v.is_empty()).then(|| v.join(sep));
+    (some(torch, ";"), some(flashinfer, " "))
+}
+
+/// [`hints`], the arch lists built for toolkit `tk` when it is known, and
+/// the notes that explain them. A list with no entry left is not set.
+pub fn hints_for(
+    caps: &[ComputeCapability],
+    tk: Option<&Toolkit>,
+) -> (Vec<(EnvVar, String)>, Vec<String>) {
+    let mut notes = Vec::new();
     if caps.is_empty() {
-        return Vec::new();
+        return (Vec::new(), notes);
     }
     let distinct: BTreeSet<ComputeCapability> = caps.iter().copied().collect();
     let join = |it: &mut dyn Iterator<Item = &ComputeCapability>, sep: &str| {
@@ -191,14 +267,45 @@ pub fn hints(caps: &[ComputeCapability]) -> Vec<(EnvVar, String)> {
             .collect::<Vec<_>>()
             .join(sep)
     };
+    let (torch, flashinfer) = match tk {
+        None => (
+            Some(join(&mut distinct.iter(), ";")),
+            Some(join(&mut distinct.iter(), " ")),
+        ),
+        Some(tk) if tk.version < toolkit::OLDEST => {
+            notes.push(format!(
+                "CUDA {} ({}) is older than gpuarch's table of toolkits (CUDA {} on): the arch lists name each GPU's own capability",
+                tk.version,
+                tk.source,
+                toolkit::OLDEST
+            ));
+            (
+                Some(join(&mut distinct.iter(), ";")),
+                Some(join(&mut distinct.iter(), " ")),
+            )
+        }
+        Some(tk) => arch_lists(&distinct, tk, &mut notes),
+    };
+    for (var, list) in [
+        (EnvVar::TorchCudaArchList, &torch),
+        (EnvVar::FlashinferCudaArchList, &flashinfer),
+    ] {
+        if list.is_none() {
+            notes.push(format!(
+                "{var} not set: the container's toolkit builds for none of its GPUs"
+            ));
+        }
+    }
     let flag = |f: Feature| if f.supported_on_all(caps) { "1" } else { "0" };
     let min = distinct.first().copied().unwrap_or(caps[0]);
-    vec![
-        (EnvVar::TorchCudaArchList, join(&mut distinct.iter(), ";")),
-        (
-            EnvVar::FlashinferCudaArchList,
-            join(&mut distinct.iter(), " "),
-        ),
+    let mut env = Vec::new();
+    if let Some(t) = torch {
+        env.push((EnvVar::TorchCudaArchList, t));
+    }
+    if let Some(f) = flashinfer {
+        env.push((EnvVar::FlashinferCudaArchList, f));
+    }
+    env.extend([
         (EnvVar::CudaDeviceOrder, "PCI_BUS_ID".to_owned()),
         (EnvVar::ComputeCapabilities, join(&mut caps.iter(), ",")),
         (EnvVar::MinComputeCapability, min.to_string()),
@@ -222,7 +329,8 @@ pub fn hints(caps: &[ComputeCapability]) -> Vec<(EnvVar, String)> {
         ),
         (EnvVar::Tf32, flag(Feature::Tf32).to_owned()),
         (EnvVar::Fp8, flag(Feature::Fp8).to_owned()),
-    ]
+    ]);
+    (env, notes)
 }
 
 /// Why a feature is or is not hinted, naming the first GPU that lacks it.
@@ -275,8 +383,17 @@ fn plan_selection(sel: Selection, view: &ContainerView, cfg: &EnvConfig) -> Plan
     ));
 
     let caps: Vec<ComputeCapability> = gpus.iter().map(|g| g.compute_capability).collect();
+    let tk = toolkit::of_container(view, cfg.cuda_version, &mut notes);
+    if let Some(tk) = &tk {
+        notes.push(format!(
+            "the container's toolkit: CUDA {} (from {}); arch lists are built for it",
+            tk.version, tk.source
+        ));
+    }
+    let (hinted, why_lists) = hints_for(&caps, tk.as_ref());
+    notes.extend(why_lists);
     let mut env = Vec::new();
-    for (var, value) in hints(&caps) {
+    for (var, value) in hinted {
         let why = match var {
             EnvVar::Dtype => Some(feature_note(var, &value, Feature::Bf16, &gpus)),
             EnvVar::AttnImplementation => {
@@ -334,6 +451,115 @@ mod tests {
 
     fn cfg() -> EnvConfig {
         EnvConfig::default()
+    }
+
+    /// A GB10 (12.1) beside a B300 (10.3) and a Thor (11.0), in images of
+    /// several toolkits: the arch lists are what each toolkit can build.
+    fn blackwell_host() -> Snapshot {
+        use crate::select::tests::dev;
+        let mut h = host();
+        h.devices = vec![
+            dev(0, 0, "GPU-gb10", "NVIDIA GB10", "12.1", 0x01),
+            dev(1, 1, "GPU-b300", "NVIDIA B300 SXM6 AC", "10.3", 0x21),
+            dev(2, 2, "GPU-thor", "NVIDIA Thor", "11.0", 0x41),
+            dev(3, 3, "GPU-v100", "Tesla V100-SXM2-16GB", "7.0", 0x61),
+        ];
+        h
+    }
+
+    #[test]
+    fn arch_lists_are_built_for_the_containers_own_toolkit() {
+        let h = blackwell_host();
+        let run = |env: &[(&str, &str)], cfg: &EnvConfig| {
+            let p = plan(&ContainerView::with_env(env.to_vec()), &h, cfg);
+            let get = |k: &str| p.env_get(k).map(str::to_owned);
+            (
+                get("TORCH_CUDA_ARCH_LIST"),
+                get("FLASHINFER_CUDA_ARCH_LIST"),
+                p.notes.join("\n"),
+            )
+        };
+        // The case: GB10 under CUDA 12.8.
+        let (torch, fi, notes) = run(
+            &[("NVIDIA_VISIBLE_DEVICES", "0"), ("CUDA_VERSION", "12.8.1")],
+            &cfg(),
+        );
+        assert_eq!(torch.as_deref(), Some("12.0"));
+        assert_eq!(fi, None, "FlashInfer's 12.0a would not run on 12.1");
+        assert!(
+            notes.contains(
+                "the container's toolkit: CUDA 12.8 (from CUDA_VERSION in the container)"
+            ) && notes.contains("cannot build sm_121: TORCH_CUDA_ARCH_LIST has 12.0 for 12.1"),
+            "{notes}"
+        );
+        assert!(
+            notes.contains("FLASHINFER_CUDA_ARCH_LIST not set"),
+            "{notes}"
+        );
+        // Unknown toolkit: today's exact output, and no toolkit note.
+        let (torch, fi, notes) = run(&[("NVIDIA_VISIBLE_DEVICES", "0,1,2")], &cfg());
+        assert_eq!(torch.as_deref(), Some("10.3;11.0;12.1"));
+        assert_eq!(fi.as_deref(), Some("10.3 11.0 12.1"));
+        assert!(!notes.contains("toolkit"), "{notes}");
+        // 12.9: all exact but Thor, which it calls sm_101.
+        let (torch, fi, _) = run(
+            &[
+                ("NVIDIA_VISIBLE_DEVICES", "0,1,2"),
+                ("CUDA_VERSION", "12.9.0"),
+            ],
+            &cfg(),
+        );
+        assert_eq!(torch.as_deref(), Some("10.1;10.3;12.1"));
+        assert_eq!(fi.as_deref(), Some("10.1 10.3 12.1"));
+        // 12.8: B300 by sm_100 SASS; 12.6: Hopper's PTX for all three.
+        let (torch, fi, _) = run(
+            &[
+                ("NVIDIA_VISIBLE_DEVICES", "0,1,2"),
+                ("CUDA_VERSION", "12.8"),
+            ],
+            &cfg(),
+        );
+        assert_eq!(torch.as_deref(), Some("10.0;10.1;12.0"));
+        assert_eq!(fi.as_deref(), Some("10.1"));
+        let (torch, fi, notes) = run(
+            &[
+                ("NVIDIA_VISIBLE_DEVICES", "0,1,2"),
+                ("NVIDIA_REQUIRE_CUDA", "cuda>=12.6 brand=tesla,driver>=470"),
+            ],
+            &cfg(),
+        );
+        assert_eq!(torch.as_deref(), Some("9.0+PTX"));
+        assert_eq!(fi, None);
+        assert!(
+            notes.contains("9.0+PTX, which the driver JIT-compiles there"),
+            "{notes}"
+        );
+        // CUDA 13 dropped Volta: left out, the rest kept; from the config.
+        let with_default = EnvConfig {
+            cuda_version: Some(crate::arch::CudaVersion::new(13, 0)),
+            ..EnvConfig::default()
+        };
+        let (torch, fi, notes) = run(&[("NVIDIA_VISIBLE_DEVICES", "2,3")], &with_default);
+        assert_eq!(torch.as_deref(), Some("11.0"));
+        assert_eq!(fi.as_deref(), Some("11.0"));
+        assert!(notes.contains("builds nothing that runs on 7.0"), "{notes}");
+        assert!(
+            notes.contains("from env.cuda_version in the config"),
+            "{notes}"
+        );
+        let (torch, fi, notes) = run(&[("NVIDIA_VISIBLE_DEVICES", "3")], &with_default);
+        assert_eq!((torch, fi), (None, None));
+        assert!(notes.contains("TORCH_CUDA_ARCH_LIST not set"), "{notes}");
+        // The container's own list still wins.
+        let (torch, _, _) = run(
+            &[
+                ("NVIDIA_VISIBLE_DEVICES", "0"),
+                ("CUDA_VERSION", "12.8.1"),
+                ("TORCH_CUDA_ARCH_LIST", "12.0+PTX"),
+            ],
+            &cfg(),
+        );
+        assert_eq!(torch, None);
     }
 
     #[test]

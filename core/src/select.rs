@@ -437,7 +437,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::snapshot::MigDevice;
 
-    fn dev(index: u32, minor: u32, uuid: &str, name: &str, cc: &str, bus: u8) -> Device {
+    pub(crate) fn dev(index: u32, minor: u32, uuid: &str, name: &str, cc: &str, bus: u8) -> Device {
         Device {
             index,
             minor,
