@@ -486,7 +486,10 @@ mod tests {
     #[test]
     fn the_default_toolkit_is_a_cuda_version_quoted_or_not() {
         use crate::arch::CudaVersion;
-        for text in ["env:\n  cuda_version: \"12.8\"\n", "env:\n  cuda_version: 12.8\n"] {
+        for text in [
+            "env:\n  cuda_version: \"12.8\"\n",
+            "env:\n  cuda_version: 12.8\n",
+        ] {
             let c = Config::from_yaml(text).unwrap();
             assert_eq!(c.env.cuda_version, Some(CudaVersion::new(12, 8)), "{text}");
         }

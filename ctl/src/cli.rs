@@ -179,6 +179,16 @@ pub enum ArchCmd {
     Parse { list: String },
     /// Which gated features a compute capability has.
     Features { cap: String },
+    /// Which architectures a CUDA toolkit builds (sm_XY), and with --on,
+    /// what it builds that runs on a GPU; without a version, every release
+    /// where that changes.
+    Toolkit {
+        /// The toolkit's CUDA version (12.8, or 12.8.1 as CUDA_VERSION says it).
+        cuda: Option<String>,
+        /// A GPU's compute capability: the target this toolkit builds for it.
+        #[arg(long, value_name = "CAP", requires = "cuda")]
+        on: Option<String>,
+    },
 }
 
 #[derive(Debug, clap::Args)]

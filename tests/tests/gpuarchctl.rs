@@ -254,6 +254,58 @@ fn a_missing_nvml_library_is_named() {
     );
 }
 
+/// A GB10 in an image of CUDA 12.8, as an admin or a scheduler asks: the
+/// arch list CUDA 12.8 can build (sm_120 SASS runs on 12.1), the reason in
+/// the notes, and `arch toolkit` giving the same answer.
+#[test]
+fn a_gb10_under_cuda_12_8_gets_12_0_and_the_reason() {
+    let p = json(&ctl(
+        "blackwell-mix",
+        &[
+            "plan",
+            "--devices",
+            "0",
+            "-e",
+            "CUDA_VERSION=12.8.1",
+            "--json",
+        ],
+    ));
+    assert_eq!(p["env"]["TORCH_CUDA_ARCH_LIST"], "12.0", "{p}");
+    assert!(p["env"].get("FLASHINFER_CUDA_ARCH_LIST").is_none(), "{p}");
+    let notes = p["notes"].to_string();
+    assert!(
+        notes.contains("CUDA 12.8 (from CUDA_VERSION in the container)")
+            && notes.contains("cannot build sm_121: TORCH_CUDA_ARCH_LIST has 12.0 for 12.1"),
+        "{notes}"
+    );
+    // No toolkit named: the GPU's own capability, as before.
+    let p = json(&ctl("blackwell-mix", &["plan", "--devices", "0", "--json"]));
+    assert_eq!(p["env"]["TORCH_CUDA_ARCH_LIST"], "12.1", "{p}");
+    assert_eq!(p["env"]["FLASHINFER_CUDA_ARCH_LIST"], "12.1", "{p}");
+
+    let o = ctl_plain(&["arch", "toolkit", "12.8.1", "--on", "12.1"], &[]);
+    assert!(
+        ok(&o).contains("CUDA 12.8 for 12.1: 12.0 (SASS of its family"),
+        "{}",
+        stdout(&o)
+    );
+    let o = ctl_plain(&["arch", "toolkit", "13.0", "--on", "7.0"], &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(stdout(&o).contains("nothing it builds runs there"));
+    let t = json(&ctl_plain(&["arch", "toolkit", "--json"], &[]));
+    let has = |v: &str, a: &str| t["releases"][v].as_array().unwrap().iter().any(|x| x == a);
+    assert!(has("12.9", "12.1") && !has("12.8", "12.1"), "{t}");
+    assert!(has("12.9", "10.1") && !has("13.0", "10.1") && has("13.0", "11.0"));
+    assert!(has("12.9", "7.0") && !has("13.0", "7.0"));
+    let bad = ctl_plain(&["arch", "toolkit", "9.2"], &[]);
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).contains("older than the table"),
+        "{}",
+        stderr(&bad)
+    );
+}
+
 #[test]
 fn arch_check_answers_with_its_exit_status() {
     let yes = ctl_plain(&["arch", "check", "8.0", "--on", "8.6"], &[]);

@@ -1,5 +1,6 @@
-//! `gpuarchctl arch check|parse|features`: questions about capabilities
-//! and build targets, answered from core's rules alone.
+//! `gpuarchctl arch check|parse|features|toolkit`: questions about
+//! capabilities, build targets and toolkits, answered from core's rules
+//! alone.
 
 use std::fmt::Write as _;
 
@@ -118,5 +119,72 @@ pub fn run(json: bool, cmd: &ArchCmd, out: &mut String) -> Result<u8> {
             }
             Ok(0)
         }
+        ArchCmd::Toolkit { cuda, on } => toolkit(json, cuda.as_deref(), on.as_deref(), out),
     }
+}
+
+fn toolkit(json: bool, cuda: Option<&str>, on: Option<&str>, out: &mut String) -> Result<u8> {
+    use gpuarch_core::toolkit::{self as tk, Build};
+    let archs = |v: CudaVersion| -> Vec<String> {
+        tk::accepted(v).iter().map(ToString::to_string).collect()
+    };
+    let Some(cuda) = cuda else {
+        let releases = tk::releases();
+        if json {
+            let m: serde_json::Map<String, serde_json::Value> = releases
+                .iter()
+                .map(|v| (v.to_string(), json!(archs(*v))))
+                .collect();
+            render::json(out, &json!({ "releases": m }))?;
+        } else {
+            let rows: Vec<Vec<String>> = releases
+                .iter()
+                .map(|v| vec![format!("CUDA {v}"), archs(*v).join(" ")])
+                .collect();
+            out.push_str(&table(&rows));
+        }
+        return Ok(0);
+    };
+    // CUDA_VERSION's form (12.8.1) too: its first two numbers.
+    let two: Vec<&str> = cuda.trim().splitn(3, '.').take(2).collect();
+    let v = CudaVersion::parse(&two.join(".")).map_err(|e| anyhow!("{cuda}: {e}"))?;
+    if v < tk::OLDEST {
+        return Err(anyhow!(
+            "CUDA {v} is older than the table (CUDA {} on)",
+            tk::OLDEST
+        ));
+    }
+    let Some(on) = on else {
+        if json {
+            render::json(out, &json!({"cuda": v.to_string(), "archs": archs(v)}))?;
+        } else {
+            let _ = writeln!(out, "CUDA {v} builds: {}", archs(v).join(" "));
+        }
+        return Ok(0);
+    };
+    let device = parse_device_cap(on)?;
+    let (kind, target) = match tk::best(device, v) {
+        Build::Exact(c) => ("exact", Some(c.to_string())),
+        Build::Family(c) => ("family", Some(c.to_string())),
+        Build::Ptx(c) => ("ptx", Some(format!("{c}+PTX"))),
+        Build::None => ("none", None),
+    };
+    if json {
+        render::json(
+            out,
+            &json!({"cuda": v.to_string(), "device": device.to_string(), "build": kind, "target": target}),
+        )?;
+    } else {
+        let _ = writeln!(
+            out,
+            "CUDA {v} for {device}: {}",
+            match (kind, &target) {
+                ("exact", Some(t)) => format!("{t} (its own architecture)"),
+                ("family", Some(t)) => format!("{t} (SASS of its family, which runs there)"),
+                ("ptx", Some(t)) => format!("{t} (PTX, JIT-compiled by the driver)"),
+                _ => "nothing it builds runs there".to_owned(),
+            }
+        );
+    }
+    Ok(if target.is_some() { 0 } else { EXIT_NO })
 }
