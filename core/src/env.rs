@@ -11,6 +11,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub enum EnvVar {
     TorchCudaArchList,
     FlashinferCudaArchList,
+    FlashAttnCudaArchs,
     CudaDeviceOrder,
     ComputeCapabilities,
     MinComputeCapability,
@@ -23,9 +24,10 @@ pub enum EnvVar {
 
 impl EnvVar {
     /// Every variable, in the order they are injected.
-    pub const ALL: [EnvVar; 10] = [
+    pub const ALL: [EnvVar; 11] = [
         EnvVar::TorchCudaArchList,
         EnvVar::FlashinferCudaArchList,
+        EnvVar::FlashAttnCudaArchs,
         EnvVar::CudaDeviceOrder,
         EnvVar::ComputeCapabilities,
         EnvVar::MinComputeCapability,
@@ -40,6 +42,7 @@ impl EnvVar {
         match self {
             EnvVar::TorchCudaArchList => "TORCH_CUDA_ARCH_LIST",
             EnvVar::FlashinferCudaArchList => "FLASHINFER_CUDA_ARCH_LIST",
+            EnvVar::FlashAttnCudaArchs => "FLASH_ATTN_CUDA_ARCHS",
             EnvVar::CudaDeviceOrder => "CUDA_DEVICE_ORDER",
             EnvVar::ComputeCapabilities => "GPUARCH_COMPUTE_CAPABILITIES",
             EnvVar::MinComputeCapability => "GPUARCH_MIN_COMPUTE_CAPABILITY",

@@ -251,6 +251,71 @@ fn arch_lists(
     (some(torch, ";"), some(flashinfer, " "))
 }
 
+/// What flash-attn's build compiles for, each with the first CUDA it does
+/// so under: its setup.py knows exactly these entries of
+/// `FLASH_ATTN_CUDA_ARCHS` (`"86"` is ignored) and skips one the toolkit is
+/// too old for.
+const FLASH_ATTN_ARCHS: [(ComputeCapability, Option<(u16, u16)>); 4] = [
+    (ComputeCapability::new(8, 0), None),
+    (ComputeCapability::new(9, 0), Some((11, 8))),
+    (ComputeCapability::new(10, 0), Some((12, 8))),
+    (ComputeCapability::new(12, 0), Some((12, 8))),
+];
+
+/// `FLASH_ATTN_CUDA_ARCHS` (flash-attn's build; `80;90`): per GPU the one
+/// of [`FLASH_ATTN_ARCHS`] whose SASS runs there, which toolkit `tk` (when
+/// known) builds. None, with a note, when a GPU has none: below 8.0
+/// FlashAttention-2 does not run at all, and flash-attn's default (all
+/// four) is left to say so.
+fn flash_attn_archs(
+    distinct: &BTreeSet<ComputeCapability>,
+    tk: Option<&Toolkit>,
+    notes: &mut Vec<String>,
+) -> Option<String> {
+    let var = EnvVar::FlashAttnCudaArchs;
+    let mut picked = BTreeSet::new();
+    for &cap in distinct {
+        if !Feature::FlashAttention2.supported_on(cap) {
+            notes.push(format!(
+                "{var} not set: FlashAttention-2 needs 8.0, and {cap} is below it"
+            ));
+            return None;
+        }
+        let fits = FLASH_ATTN_ARCHS
+            .iter()
+            .filter(|(a, _)| a.major == cap.major && a.minor <= cap.minor)
+            .max_by_key(|(a, _)| *a);
+        match (fits, tk) {
+            (None, _) => {
+                notes.push(format!(
+                    "{var} not set: flash-attn builds sm_80, sm_90, sm_100 and sm_120 only, and none runs on {cap}"
+                ));
+                return None;
+            }
+            (Some((a, Some((ma, mi)))), Some(tk))
+                if tk.version < crate::arch::CudaVersion::new(*ma, *mi) =>
+            {
+                notes.push(format!(
+                    "{var} not set: flash-attn builds sm_{} for {cap} only with CUDA {ma}.{mi} or newer, and the container's is {}",
+                    a.digits(),
+                    tk.version
+                ));
+                return None;
+            }
+            (Some((a, _)), _) => {
+                picked.insert(*a);
+            }
+        }
+    }
+    Some(
+        picked
+            .iter()
+            .map(|a| a.digits())
+            .collect::<Vec<_>>()
+            .join(";"),
+    )
+}
+
 /// [`hints`], the arch lists built for toolkit `tk` when it is known, and
 /// the notes that explain them. A list with no entry left is not set.
 pub fn hints_for(
@@ -304,6 +369,9 @@ pub fn hints_for(
     }
     if let Some(f) = flashinfer {
         env.push((EnvVar::FlashinferCudaArchList, f));
+    }
+    if let Some(f) = flash_attn_archs(&distinct, tk, &mut notes) {
+        env.push((EnvVar::FlashAttnCudaArchs, f));
     }
     env.extend([
         (EnvVar::CudaDeviceOrder, "PCI_BUS_ID".to_owned()),
@@ -550,6 +618,37 @@ mod tests {
         let (torch, fi, notes) = run(&[("NVIDIA_VISIBLE_DEVICES", "3")], &with_default);
         assert_eq!((torch, fi), (None, None));
         assert!(notes.contains("TORCH_CUDA_ARCH_LIST not set"), "{notes}");
+        // flash-attn's list: only when every GPU runs one of its four.
+        let fa = |env: &[(&str, &str)]| {
+            plan(&ContainerView::with_env(env.to_vec()), &h, &cfg())
+                .env_get("FLASH_ATTN_CUDA_ARCHS")
+                .map(str::to_owned)
+        };
+        assert_eq!(
+            fa(&[("NVIDIA_VISIBLE_DEVICES", "0,1")]).as_deref(),
+            Some("100;120")
+        );
+        assert_eq!(
+            fa(&[("NVIDIA_VISIBLE_DEVICES", "2")]),
+            None,
+            "Thor: none of 80/90/100/120"
+        );
+        assert_eq!(
+            fa(&[("NVIDIA_VISIBLE_DEVICES", "0,3")]),
+            None,
+            "Volta: no FA2"
+        );
+        assert_eq!(
+            fa(&[("NVIDIA_VISIBLE_DEVICES", "0"), ("CUDA_VERSION", "12.6.3")]),
+            None,
+            "sm_120 needs CUDA 12.8 in flash-attn's build"
+        );
+        let p = plan(&nvd("1,2"), &super::tests::host(), &cfg());
+        assert_eq!(
+            p.env_get("FLASH_ATTN_CUDA_ARCHS"),
+            Some("80"),
+            "8.6 and 8.0: 80 once"
+        );
         // The container's own list still wins.
         let (torch, _, _) = run(
             &[
@@ -673,7 +772,9 @@ mod tests {
         let p = plan(&nvd("1"), &host(), &c);
         assert_eq!(p.env_get("GPUARCH_FP8"), None);
         assert_eq!(p.env_get("CUDA_DEVICE_ORDER"), None);
-        assert_eq!(p.env.len(), 7);
+        // The 3090: FLASH_ATTN_CUDA_ARCHS too, sm_80's SASS running on 8.6.
+        assert_eq!(p.env_get("FLASH_ATTN_CUDA_ARCHS"), Some("80"));
+        assert_eq!(p.env.len(), 8);
         assert!(
             p.notes
                 .iter()

@@ -428,7 +428,9 @@ mod tests {
             profile.contains(r"export TORCH_CUDA_ARCH_LIST='it'\''s mine'"),
             "{profile}"
         );
-        assert_eq!(out.env.len(), 9);
+        // The 3090 runs flash-attn's sm_80 build: FLASH_ATTN_CUDA_ARCHS too.
+        assert!(env.contains("FLASH_ATTN_CUDA_ARCHS=80\n"), "{env}");
+        assert_eq!(out.env.len(), 10);
     }
 
     #[test]
