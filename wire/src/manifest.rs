@@ -184,6 +184,64 @@ pub fn read(bytes: &[u8]) -> Result<Manifest, ManifestError> {
 
 #[cfg(test)]
 mod tests {
+    /// The view manifest as the container reads it, kept in
+    /// python/tests/fixtures/ for the Python helper's tests: a change of
+    /// the format fails here until that file (and the helper) follow.
+    /// `GPUARCH_UPDATE_GOLDEN=1` rewrites it.
+    #[test]
+    fn the_python_helpers_fixture_is_the_view_format() {
+        let view = View {
+            package: "rmsnorm".into(),
+            version: "1.0".into(),
+            gpus: vec![
+                ViewGpu {
+                    index: 0,
+                    uuid: "GPU-aaaa".into(),
+                    host_index: 0,
+                    compute_capability: "7.5".into(),
+                    serves: Serves::Build {
+                        arch: "sm_75".into(),
+                        variant: "fp16".into(),
+                        dtype: Some("float16".into()),
+                        dir: "sm_75".into(),
+                        files: vec!["sm_75/rmsnorm.cubin".into()],
+                    },
+                },
+                ViewGpu {
+                    index: 1,
+                    uuid: "GPU-bbbb".into(),
+                    host_index: 1,
+                    compute_capability: "8.6".into(),
+                    serves: Serves::Missing {
+                        missing: "no build runs on GPU 1 (NVIDIA GeForce RTX 3090, 8.6) yet".into(),
+                    },
+                },
+            ],
+            builds: vec![ViewBuild {
+                dir: "sm_75".into(),
+                arch: "sm_75".into(),
+                variant: "fp16".into(),
+                dtype: Some("float16".into()),
+                files: vec!["rmsnorm.cubin".into()],
+                key: "ab".repeat(32),
+            }],
+        };
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../python/tests/fixtures/rmsnorm/manifest.json");
+        let want = serde_json::to_string_pretty(&view).unwrap() + "\n";
+        if std::env::var("GPUARCH_UPDATE_GOLDEN").is_ok_and(|v| v == "1") {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &want).unwrap();
+        }
+        let have = std::fs::read_to_string(&path).unwrap_or_default();
+        assert_eq!(
+            have,
+            want,
+            "{} differs (GPUARCH_UPDATE_GOLDEN=1 rewrites it)",
+            path.display()
+        );
+    }
+
     use super::*;
 
     fn published() -> Published {

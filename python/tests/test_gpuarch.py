@@ -1,0 +1,154 @@
+"""The helper against the env and the kernel manifest gpuarch writes.
+
+fixtures/rmsnorm/manifest.json is the view manifest as the hook writes it:
+a Rust test (wire/src/manifest.rs) fails when the format and that file part.
+"""
+
+import os
+import shutil
+import sys
+import types
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import gpuarch  # noqa: E402
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+
+# What gpuarch sets for a container on a 2080 Ti (7.5) and a 3090 (8.6).
+TURING_AND_AMPERE = {
+    "TORCH_CUDA_ARCH_LIST": "7.5;8.6",
+    "FLASHINFER_CUDA_ARCH_LIST": "7.5 8.6",
+    "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    "GPUARCH_COMPUTE_CAPABILITIES": "7.5,8.6",
+    "GPUARCH_MIN_COMPUTE_CAPABILITY": "7.5",
+    "GPUARCH_DTYPE": "float16",
+    "GPUARCH_ATTN_IMPLEMENTATION": "sdpa",
+    "GPUARCH_TF32": "0",
+    "GPUARCH_FP8": "0",
+}
+# ... and on a 3090 alone.
+AMPERE = dict(TURING_AND_AMPERE, TORCH_CUDA_ARCH_LIST="8.6", GPUARCH_COMPUTE_CAPABILITIES="8.6",
+              GPUARCH_MIN_COMPUTE_CAPABILITY="8.6", GPUARCH_DTYPE="bfloat16",
+              GPUARCH_ATTN_IMPLEMENTATION="flash_attention_2", GPUARCH_TF32="1",
+              FLASH_ATTN_CUDA_ARCHS="80")
+
+
+@pytest.fixture
+def no_torch(monkeypatch):
+    """As if neither torch nor flash_attn were installed."""
+    real = gpuarch.importlib.util.find_spec
+    monkeypatch.setattr(gpuarch.importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("torch", "flash_attn") else real(name, *a))
+
+
+@pytest.fixture
+def fake_torch(monkeypatch):
+    """A stand-in torch module (the real one is 70 MB and not needed to
+    show the helper hands back its dtype objects), and flash_attn present."""
+    torch = types.ModuleType("torch")
+    torch.bfloat16, torch.float16 = object(), object()
+    flash_attn = types.ModuleType("flash_attn")
+    flash_attn.__spec__ = types.SimpleNamespace(name="flash_attn")
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "flash_attn", flash_attn)
+    real = gpuarch.importlib.util.find_spec
+    monkeypatch.setattr(gpuarch.importlib.util, "find_spec",
+                        lambda name, *a: object() if name in ("torch", "flash_attn") else real(name, *a))
+    return torch
+
+
+def test_outside_gpuarch_every_answer_is_the_default(no_torch):
+    assert gpuarch.dtype_name(env={}) is None
+    assert gpuarch.torch_dtype("float32", env={}) == "float32"
+    assert gpuarch.attn_implementation(env={}) == "sdpa"
+    assert gpuarch.attn_implementation("eager", env={}) == "eager"
+    p = gpuarch.plan(env={})
+    assert p["compute_capabilities"] == [] and p["dtype"] is None and p["kernels"] == {}
+    with pytest.raises(gpuarch.GpuarchError, match="GPUARCH_KERNELS_DIR is not set"):
+        gpuarch.kernel_file("rmsnorm", env={})
+
+
+def test_zonos_bf16_becomes_fp16_on_turing(fake_torch):
+    # Zonos hard-codes torch.bfloat16, which Turing lacks; the helper gives
+    # what every GPU of the container has.
+    assert gpuarch.torch_dtype(env=TURING_AND_AMPERE) is fake_torch.float16
+    assert gpuarch.torch_dtype(env=AMPERE) is fake_torch.bfloat16
+
+
+def test_without_torch_the_dtype_is_its_name(no_torch):
+    assert gpuarch.torch_dtype(env=TURING_AND_AMPERE) == "float16"
+    assert gpuarch.dtype_name(env=AMPERE) == "bfloat16"
+
+
+def test_vila_fa2_becomes_sdpa_before_ampere(fake_torch):
+    assert gpuarch.attn_implementation(env=TURING_AND_AMPERE) == "sdpa"
+    assert gpuarch.attn_implementation(env=AMPERE) == "flash_attention_2"
+
+
+def test_fa2_only_when_flash_attn_is_installed(no_torch):
+    # transformers raises ImportError for flash_attention_2 without it.
+    assert gpuarch.attn_implementation(env=AMPERE) == "sdpa"
+
+
+def test_values_gpuarch_never_writes_are_not_believed(no_torch):
+    bad = dict(AMPERE, GPUARCH_DTYPE="float64", GPUARCH_ATTN_IMPLEMENTATION="magic",
+               GPUARCH_COMPUTE_CAPABILITIES="8.6,x,9")
+    assert gpuarch.dtype_name("d", env=bad) == "d"
+    assert gpuarch.attn_implementation("a", env=bad) == "a"
+    assert gpuarch.plan(env=bad)["compute_capabilities"] == [(8, 6)]
+
+
+def kernels(tmp_path):
+    root = tmp_path / "kernels"
+    shutil.copytree(FIXTURES, root)
+    (root / "rmsnorm" / "sm_75").mkdir()
+    (root / "rmsnorm" / "sm_75" / "rmsnorm.cubin").write_bytes(b"cubin")
+    (root / "handmade").mkdir()
+    (root / "handmade" / "manifest.json").write_text('{"targets": ["sm_80"]}')
+    return dict(TURING_AND_AMPERE, GPUARCH_KERNELS_DIR=str(root)), root
+
+
+def test_kernel_file_per_gpu_and_the_reason_when_there_is_none(tmp_path):
+    env, root = kernels(tmp_path)
+    path = gpuarch.kernel_file("rmsnorm", 0, env=env)
+    assert path == str(root / "rmsnorm" / "sm_75" / "rmsnorm.cubin")
+    assert open(path, "rb").read() == b"cubin"
+    with pytest.raises(gpuarch.GpuarchError, match=r"GPU 1: no build runs on GPU 1 .* yet"):
+        gpuarch.kernel_file("rmsnorm", 1, env=env)
+    with pytest.raises(gpuarch.GpuarchError, match="no GPU 2 in this container"):
+        gpuarch.kernel_file("rmsnorm", 2, env=env)
+    with pytest.raises(gpuarch.GpuarchError, match="'flash' is not mounted"):
+        gpuarch.kernel_file("flash", 0, env=env)
+    with pytest.raises(gpuarch.GpuarchError, match="does not map files to GPUs"):
+        gpuarch.kernel_file("handmade", 0, env=env)
+    with pytest.raises(gpuarch.GpuarchError, match="not a package name"):
+        gpuarch.kernel_file("../etc", 0, env=env)
+
+
+def test_a_broken_manifest_is_a_clear_error(tmp_path):
+    env, root = kernels(tmp_path)
+    (root / "rmsnorm" / "manifest.json").write_text("{")
+    with pytest.raises(gpuarch.GpuarchError, match="not JSON"):
+        gpuarch.kernel_file("rmsnorm", 0, env=env)
+
+
+def test_plan_is_everything(tmp_path, no_torch):
+    env, root = kernels(tmp_path)
+    p = gpuarch.plan(env=env)
+    assert p["compute_capabilities"] == [(7, 5), (8, 6)]
+    assert p["min_compute_capability"] == (7, 5)
+    assert (p["dtype"], p["attn_implementation"], p["tf32"], p["fp8"]) == ("float16", "sdpa", False, False)
+    assert p["torch_cuda_arch_list"] == "7.5;8.6"
+    assert p["flash_attn_cuda_archs"] is None
+    assert sorted(p["kernels"]) == ["handmade", "rmsnorm"]
+    assert p["kernels"]["rmsnorm"]["gpus"][0]["variant"] == "fp16"
+    assert p["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def test_it_reads_the_process_env_by_default(monkeypatch, no_torch):
+    for k, v in AMPERE.items():
+        monkeypatch.setenv(k, v)
+    assert gpuarch.dtype_name() == "bfloat16"
+    assert gpuarch.plan()["flash_attn_cuda_archs"] == "80"
