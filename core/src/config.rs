@@ -8,6 +8,7 @@
 //! env:
 //!   override: false      # default: a variable the container sets is left alone
 //!   disable: []          # default: inject every variable; e.g. [GPUARCH_FP8]
+//!   enable: []           # opt-in variables: [ACCELERATE_MIXED_PRECISION]
 //! hook:
 //!   timeout_ms: 5000     # default: budget of one hook or shim invocation
 //! runtime:
@@ -380,6 +381,9 @@ pub struct EnvConfig {
     pub override_existing: bool,
     /// Variables never to inject. Default: none.
     pub disable: BTreeSet<EnvVar>,
+    /// Opt-in variables to inject ([`EnvVar::opt_in`]:
+    /// `ACCELERATE_MIXED_PRECISION`). Default: none.
+    pub enable: BTreeSet<EnvVar>,
     /// The CUDA toolkit to build arch lists for when the container says
     /// none (no `CUDA_VERSION`, no `NVIDIA_REQUIRE_CUDA`, no annotation
     /// `io.gpuarch.cuda-version`). Default: none, and then each GPU's exact
@@ -421,6 +425,20 @@ impl Config {
             return Err(ConfigError {
                 location: None,
                 reason: format!("log.file must be absolute, not {}", cfg.log.file.display()),
+            });
+        }
+        if let Some(v) = cfg.env.enable.iter().find(|v| !v.opt_in()) {
+            let opt_in: Vec<&str> = EnvVar::ALL
+                .iter()
+                .filter(|v| v.opt_in())
+                .map(|v| v.name())
+                .collect();
+            return Err(ConfigError {
+                location: None,
+                reason: format!(
+                    "env.enable: {v} is set by default (env.enable is for the opt-in ones: {})",
+                    opt_in.join(", ")
+                ),
             });
         }
         if let Some((key, p)) = cfg
@@ -479,6 +497,18 @@ mod tests {
         assert!(
             e.to_string()
                 .contains("kernels.package_dirs must be absolute"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn only_opt_in_variables_may_be_enabled() {
+        let c = Config::from_yaml("env:\n  enable: [ACCELERATE_MIXED_PRECISION]\n").unwrap();
+        assert_eq!(c.env.enable, [EnvVar::AccelerateMixedPrecision].into());
+        let e = Config::from_yaml("env:\n  enable: [GPUARCH_DTYPE]\n").unwrap_err();
+        assert!(
+            e.reason.contains("GPUARCH_DTYPE is set by default")
+                && e.reason.contains("ACCELERATE_MIXED_PRECISION"),
             "{e}"
         );
     }

@@ -12,6 +12,7 @@ pub enum EnvVar {
     TorchCudaArchList,
     FlashinferCudaArchList,
     FlashAttnCudaArchs,
+    AccelerateMixedPrecision,
     CudaDeviceOrder,
     ComputeCapabilities,
     MinComputeCapability,
@@ -24,10 +25,11 @@ pub enum EnvVar {
 
 impl EnvVar {
     /// Every variable, in the order they are injected.
-    pub const ALL: [EnvVar; 11] = [
+    pub const ALL: [EnvVar; 12] = [
         EnvVar::TorchCudaArchList,
         EnvVar::FlashinferCudaArchList,
         EnvVar::FlashAttnCudaArchs,
+        EnvVar::AccelerateMixedPrecision,
         EnvVar::CudaDeviceOrder,
         EnvVar::ComputeCapabilities,
         EnvVar::MinComputeCapability,
@@ -43,6 +45,7 @@ impl EnvVar {
             EnvVar::TorchCudaArchList => "TORCH_CUDA_ARCH_LIST",
             EnvVar::FlashinferCudaArchList => "FLASHINFER_CUDA_ARCH_LIST",
             EnvVar::FlashAttnCudaArchs => "FLASH_ATTN_CUDA_ARCHS",
+            EnvVar::AccelerateMixedPrecision => "ACCELERATE_MIXED_PRECISION",
             EnvVar::CudaDeviceOrder => "CUDA_DEVICE_ORDER",
             EnvVar::ComputeCapabilities => "GPUARCH_COMPUTE_CAPABILITIES",
             EnvVar::MinComputeCapability => "GPUARCH_MIN_COMPUTE_CAPABILITY",
@@ -52,6 +55,14 @@ impl EnvVar {
             EnvVar::Fp8 => "GPUARCH_FP8",
             EnvVar::KernelsDir => "GPUARCH_KERNELS_DIR",
         }
+    }
+
+    /// Set only when the config lists it in `env.enable`: a variable whose
+    /// reader changes numerics when it appears (accelerate, given
+    /// `ACCELERATE_MIXED_PRECISION`, trains in mixed precision where its
+    /// default is full precision), which no container should get unasked.
+    pub fn opt_in(self) -> bool {
+        matches!(self, EnvVar::AccelerateMixedPrecision)
     }
 
     pub fn from_name(name: &str) -> Option<Self> {

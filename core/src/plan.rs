@@ -397,6 +397,16 @@ pub fn hints_for(
         ),
         (EnvVar::Tf32, flag(Feature::Tf32).to_owned()),
         (EnvVar::Fp8, flag(Feature::Fp8).to_owned()),
+        // accelerate's names for the same choice as GPUARCH_DTYPE.
+        (
+            EnvVar::AccelerateMixedPrecision,
+            if Feature::Bf16.supported_on_all(caps) {
+                "bf16"
+            } else {
+                "fp16"
+            }
+            .to_owned(),
+        ),
     ]);
     (env, notes)
 }
@@ -462,8 +472,13 @@ fn plan_selection(sel: Selection, view: &ContainerView, cfg: &EnvConfig) -> Plan
     notes.extend(why_lists);
     let mut env = Vec::new();
     for (var, value) in hinted {
+        if var.opt_in() && !cfg.enable.contains(&var) {
+            continue;
+        }
         let why = match var {
-            EnvVar::Dtype => Some(feature_note(var, &value, Feature::Bf16, &gpus)),
+            EnvVar::Dtype | EnvVar::AccelerateMixedPrecision => {
+                Some(feature_note(var, &value, Feature::Bf16, &gpus))
+            }
             EnvVar::AttnImplementation => {
                 Some(feature_note(var, &value, Feature::FlashAttention2, &gpus))
             }
@@ -760,6 +775,38 @@ mod tests {
             p.notes
                 .iter()
                 .any(|n| n.contains("overrides the container's \"8.0\""))
+        );
+    }
+
+    #[test]
+    fn accelerates_mixed_precision_only_when_the_config_enables_it() {
+        assert_eq!(
+            plan(&nvd("0,1"), &host(), &cfg()).env_get("ACCELERATE_MIXED_PRECISION"),
+            None
+        );
+        let on = EnvConfig {
+            enable: [EnvVar::AccelerateMixedPrecision].into(),
+            ..cfg()
+        };
+        let p = plan(&nvd("0,1"), &host(), &on);
+        assert_eq!(p.env_get("ACCELERATE_MIXED_PRECISION"), Some("fp16"));
+        assert!(
+            p.notes
+                .iter()
+                .any(|n| n.starts_with("ACCELERATE_MIXED_PRECISION=fp16: bf16 needs")),
+            "{:?}",
+            p.notes
+        );
+        let p = plan(&nvd("1"), &host(), &on);
+        assert_eq!(p.env_get("ACCELERATE_MIXED_PRECISION"), Some("bf16"));
+        // The container's own choice stays.
+        let mine = ContainerView::with_env([
+            ("NVIDIA_VISIBLE_DEVICES", "1"),
+            ("ACCELERATE_MIXED_PRECISION", "no"),
+        ]);
+        assert_eq!(
+            plan(&mine, &host(), &on).env_get("ACCELERATE_MIXED_PRECISION"),
+            None
         );
     }
 
