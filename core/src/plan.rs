@@ -332,24 +332,24 @@ pub fn hints_for(
             .collect::<Vec<_>>()
             .join(sep)
     };
-    let (torch, flashinfer) = match tk {
-        None => (
-            Some(join(&mut distinct.iter(), ";")),
-            Some(join(&mut distinct.iter(), " ")),
-        ),
-        Some(tk) if tk.version < toolkit::OLDEST => {
-            notes.push(format!(
-                "CUDA {} ({}) is older than gpuarch's table of toolkits (CUDA {} on): the arch lists name each GPU's own capability",
-                tk.version,
-                tk.source,
-                toolkit::OLDEST
-            ));
+    let (torch, flashinfer) = match tk.filter(|tk| tk.version >= toolkit::OLDEST) {
+        Some(tk) => arch_lists(&distinct, tk, &mut notes),
+        // No toolkit known (or one older than the table): each GPU's own
+        // capability.
+        None => {
+            if let Some(tk) = tk {
+                notes.push(format!(
+                    "CUDA {} ({}) is older than gpuarch's table of toolkits (CUDA {} on): the arch lists name each GPU's own capability",
+                    tk.version,
+                    tk.source,
+                    toolkit::OLDEST
+                ));
+            }
             (
                 Some(join(&mut distinct.iter(), ";")),
                 Some(join(&mut distinct.iter(), " ")),
             )
         }
-        Some(tk) => arch_lists(&distinct, tk, &mut notes),
     };
     for (var, list) in [
         (EnvVar::TorchCudaArchList, &torch),
@@ -362,6 +362,7 @@ pub fn hints_for(
         }
     }
     let flag = |f: Feature| if f.supported_on_all(caps) { "1" } else { "0" };
+    let bf16 = Feature::Bf16.supported_on_all(caps);
     let min = distinct.first().copied().unwrap_or(caps[0]);
     let mut env = Vec::new();
     if let Some(t) = torch {
@@ -379,12 +380,7 @@ pub fn hints_for(
         (EnvVar::MinComputeCapability, min.to_string()),
         (
             EnvVar::Dtype,
-            if Feature::Bf16.supported_on_all(caps) {
-                "bfloat16"
-            } else {
-                "float16"
-            }
-            .to_owned(),
+            if bf16 { "bfloat16" } else { "float16" }.to_owned(),
         ),
         (
             EnvVar::AttnImplementation,
@@ -400,12 +396,7 @@ pub fn hints_for(
         // accelerate's names for the same choice as GPUARCH_DTYPE.
         (
             EnvVar::AccelerateMixedPrecision,
-            if Feature::Bf16.supported_on_all(caps) {
-                "bf16"
-            } else {
-                "fp16"
-            }
-            .to_owned(),
+            if bf16 { "bf16" } else { "fp16" }.to_owned(),
         ),
     ]);
     (env, notes)

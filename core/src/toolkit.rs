@@ -169,8 +169,9 @@ pub struct Toolkit {
 /// The annotation naming a container's toolkit.
 pub const ANNOTATION: &str = "io.gpuarch.cuda-version";
 
-/// `12.8.1`, `12.8`, `v12.8`: the first two numbers.
-fn loose(s: &str) -> Option<CudaVersion> {
+/// A toolkit version as images and users write it (`12.8.1`, `12.8`,
+/// `v12.8`): its first two numbers.
+pub fn parse_version(s: &str) -> Option<CudaVersion> {
     let s = s.trim().trim_start_matches(['v', 'V']);
     let mut parts = s.split('.');
     let num = |p: Option<&str>| -> Option<u16> {
@@ -208,31 +209,35 @@ pub fn of_container(
                 }
             }
         };
-    found(view.env_get("CUDA_VERSION"), Source::CudaVersionEnv, &loose)
-        .or_else(|| {
-            found(
-                view.env_get("NVIDIA_REQUIRE_CUDA"),
-                Source::NvidiaRequireCuda,
-                &|v| {
-                    v.split_whitespace()
-                        .find_map(|t| t.strip_prefix("cuda>="))
-                        .and_then(loose)
-                },
-            )
+    found(
+        view.env_get("CUDA_VERSION"),
+        Source::CudaVersionEnv,
+        &parse_version,
+    )
+    .or_else(|| {
+        found(
+            view.env_get("NVIDIA_REQUIRE_CUDA"),
+            Source::NvidiaRequireCuda,
+            &|v| {
+                v.split_whitespace()
+                    .find_map(|t| t.strip_prefix("cuda>="))
+                    .and_then(parse_version)
+            },
+        )
+    })
+    .or_else(|| {
+        found(
+            view.annotations.get(ANNOTATION).map(String::as_str),
+            Source::Annotation,
+            &parse_version,
+        )
+    })
+    .or_else(|| {
+        default.map(|version| Toolkit {
+            version,
+            source: Source::Config,
         })
-        .or_else(|| {
-            found(
-                view.annotations.get(ANNOTATION).map(String::as_str),
-                Source::Annotation,
-                &loose,
-            )
-        })
-        .or_else(|| {
-            default.map(|version| Toolkit {
-                version,
-                source: Source::Config,
-            })
-        })
+    })
 }
 
 #[cfg(test)]
@@ -346,7 +351,7 @@ mod tests {
             "{notes:?}"
         );
         for bad in ["", "12", "12.x", "1234.5", "12.8.1-rc", "12..8"] {
-            assert_eq!(loose(bad), None, "{bad:?}");
+            assert_eq!(parse_version(bad), None, "{bad:?}");
         }
     }
 }

@@ -58,9 +58,6 @@ pub struct KernelMount {
     /// Store builds bound inside it: (subdirectory, source). Empty when the
     /// view holds hard links of their files.
     pub builds: Vec<(String, PathBuf)>,
-    /// Whether `source` is in the container's view, so that mounting the
-    /// view shows it.
-    pub in_view: bool,
 }
 
 impl KernelMount {
@@ -159,7 +156,8 @@ impl Kernels {
                 ));
                 continue;
             }
-            if whole.is_none() || !p.in_view {
+            // A published package is in the view, which shows it.
+            if !whole.is_some_and(|v| p.source.starts_with(v)) {
                 binds.push(Bind {
                     source: p.source.clone(),
                     destination: dest.clone(),
@@ -380,7 +378,6 @@ pub fn discover(cfg: &KernelsConfig, plan: &Plan, driver_cuda: &str) -> (Kernels
                 source: dir,
                 libraries,
                 builds: Vec::new(),
-                in_view: false,
             }),
             Some(g) => notes.push(format!(
                 "kernel package {name} not mounted: no build in it runs on {}",
@@ -418,7 +415,26 @@ pub fn discover(cfg: &KernelsConfig, plan: &Plan, driver_cuda: &str) -> (Kernels
             cfg.cache_dir.display()
         ));
     }
-    if published.is_empty() {
+    let view = if published.is_empty() {
+        None
+    } else {
+        match lay_out(&view_dir, &published, &handmade, linked) {
+            Ok(v) => Some(v),
+            Err(source) => {
+                let e = ViewError::Layout {
+                    dir: view_dir,
+                    source,
+                };
+                let names: Vec<&str> = published.iter().map(|p| p.name.as_str()).collect();
+                notes.push(format!(
+                    "kernel packages {} not mounted: {e}",
+                    names.join(", ")
+                ));
+                None
+            }
+        }
+    };
+    let Some(view) = view else {
         return (
             Kernels {
                 view: None,
@@ -426,27 +442,6 @@ pub fn discover(cfg: &KernelsConfig, plan: &Plan, driver_cuda: &str) -> (Kernels
             },
             notes,
         );
-    }
-    let view = match lay_out(&view_dir, &published, &handmade, linked) {
-        Ok(v) => v,
-        Err(source) => {
-            let e = ViewError::Layout {
-                dir: view_dir,
-                source,
-            };
-            let names: Vec<&str> = published.iter().map(|p| p.name.as_str()).collect();
-            notes.push(format!(
-                "kernel packages {} not mounted: {e}",
-                names.join(", ")
-            ));
-            return (
-                Kernels {
-                    view: None,
-                    packages: handmade,
-                },
-                notes,
-            );
-        }
     };
     let mut packages = handmade;
     packages.extend(published.into_iter().map(|p| KernelMount {
@@ -460,7 +455,6 @@ pub fn discover(cfg: &KernelsConfig, plan: &Plan, driver_cuda: &str) -> (Kernels
                 .map(|b| (b.arch.to_string(), b.dir.clone()))
                 .collect()
         },
-        in_view: true,
         package: p.name,
     }));
     packages.sort_by(|a, b| a.package.cmp(&b.package));

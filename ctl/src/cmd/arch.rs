@@ -145,9 +145,9 @@ fn toolkit(json: bool, cuda: Option<&str>, on: Option<&str>, out: &mut String) -
         }
         return Ok(0);
     };
-    // CUDA_VERSION's form (12.8.1) too: its first two numbers.
-    let two: Vec<&str> = cuda.trim().splitn(3, '.').take(2).collect();
-    let v = CudaVersion::parse(&two.join(".")).map_err(|e| anyhow!("{cuda}: {e}"))?;
+    // CUDA_VERSION's form (12.8.1) too, read as the Plan reads it.
+    let v = tk::parse_version(cuda)
+        .ok_or_else(|| anyhow!("{cuda:?} is not a CUDA version (12.8, or 12.8.1)"))?;
     if v < tk::OLDEST {
         return Err(anyhow!(
             "CUDA {v} is older than the table (CUDA {} on)",
