@@ -29,6 +29,11 @@
 //!   refresh_interval_s: 60   # default: seconds between NVML reads (1 to 86400)
 //!   nvml_timeout_ms: 10000   # default: budget of one NVML read (1 to 600000)
 //!   snapshot: /run/gpuarch/inventory.json  # default: the inventory file
+//! jit_cache:                 # per-arch JIT caches (off by default)
+//!   enable: false
+//!   dir: /var/cache/gpuarch/jit            # default: owned by gpuarchd, mode 0700
+//!   scope: image             # image (uid + image) | uid | namespace | shared
+//!   max_bytes: 21474836480   # default: 20 GiB, then LRU eviction of unused caches
 //! log:                       # the hook's and the shim's lines (never the container's stdio)
 //!   to: auto                 # default: a terminal, else the journal, else /dev/log, else `file`
 //!   level: info              # default: decisions and warnings; debug adds "no GPU requested"
@@ -55,7 +60,73 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     pub kernels: KernelsConfig,
     pub daemon: DaemonConfig,
+    pub jit_cache: JitCacheConfig,
     pub log: LogConfig,
+}
+
+/// Per-architecture JIT caches: a read-write directory per scope and
+/// target set, mounted into each GPU container with torch's, Triton's,
+/// TorchInductor's, FlashInfer's and the driver's cache variables pointing
+/// into it (see `gpuarch_core::jit`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JitCacheConfig {
+    /// Give containers a cache. Default false.
+    pub enable: bool,
+    /// Where the caches are: `<dir>/<scope>/<targets>/`. Default
+    /// [`DEFAULT_JIT_DIR`].
+    pub dir: PathBuf,
+    /// Which containers share a cache. Default `image`.
+    pub scope: JitScope,
+    /// Size above which gpuarchd removes the least recently started caches
+    /// that no container has mounted. Default 20 GiB.
+    #[serde(deserialize_with = "max_bytes")]
+    pub max_bytes: u64,
+}
+
+/// Default of `jit_cache.dir`.
+pub const DEFAULT_JIT_DIR: &str = "/var/cache/gpuarch/jit";
+
+impl Default for JitCacheConfig {
+    fn default() -> Self {
+        Self {
+            enable: false,
+            dir: PathBuf::from(DEFAULT_JIT_DIR),
+            scope: JitScope::Image,
+            max_bytes: 20 << 30,
+        }
+    }
+}
+
+/// Which containers share a JIT cache. Whatever is in a cache runs in every
+/// container given it, so a scope is a trust boundary; every scope is also
+/// split by the container's (host) uid, so a cache is only ever written by
+/// one user.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JitScope {
+    /// Containers of one uid running one image (as the runtime names it:
+    /// containerd's CRI and CRI-O do; Docker and podman do not, and their
+    /// containers get no cache under this scope).
+    #[default]
+    Image,
+    /// Containers of one uid: for nodes where the uid is the tenant.
+    Uid,
+    /// Containers of one uid in one Kubernetes namespace.
+    Namespace,
+    /// Every container of one uid: for trusted single-tenant nodes.
+    Shared,
+}
+
+impl std::fmt::Display for JitScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Image => "image",
+            Self::Uid => "uid",
+            Self::Namespace => "namespace",
+            Self::Shared => "shared",
+        })
+    }
 }
 
 /// Where `gpuarch-hook` and `gpuarch-runtime` put their lines. Never the
@@ -441,6 +512,15 @@ impl Config {
                 ),
             });
         }
+        if !cfg.jit_cache.dir.is_absolute() || cfg.jit_cache.dir.parent().is_none() {
+            return Err(ConfigError {
+                location: None,
+                reason: format!(
+                    "jit_cache.dir must be an absolute path below /, not {}",
+                    cfg.jit_cache.dir.display()
+                ),
+            });
+        }
         if let Some((key, p)) = cfg
             .kernels
             .paths()
@@ -499,6 +579,31 @@ mod tests {
                 .contains("kernels.package_dirs must be absolute"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn jit_caches_are_off_until_enabled_and_scopes_are_named() {
+        let c = Config::default().jit_cache;
+        assert!(!c.enable);
+        assert_eq!(
+            (c.scope, c.dir.to_str()),
+            (JitScope::Image, Some(DEFAULT_JIT_DIR))
+        );
+        let c = Config::from_yaml("jit_cache: {enable: true, scope: namespace, dir: /srv/jit}\n")
+            .unwrap()
+            .jit_cache;
+        assert!(c.enable);
+        assert_eq!(
+            (c.scope, c.dir),
+            (JitScope::Namespace, PathBuf::from("/srv/jit"))
+        );
+        let e = Config::from_yaml("jit_cache:\n  scope: everyone\n").unwrap_err();
+        assert_eq!(e.location.map(|l| l.0), Some(2), "{e}");
+        assert!(e.reason.contains("everyone"), "{e}");
+        for dir in ["jit", "/"] {
+            let e = Config::from_yaml(&format!("jit_cache: {{dir: {dir}}}\n")).unwrap_err();
+            assert!(e.reason.contains("jit_cache.dir must be"), "{e}");
+        }
     }
 
     #[test]

@@ -21,11 +21,16 @@ pub enum EnvVar {
     Tf32,
     Fp8,
     KernelsDir,
+    TorchExtensionsDir,
+    TritonCacheDir,
+    TorchInductorCacheDir,
+    CudaCachePath,
+    FlashinferWorkspaceBase,
 }
 
 impl EnvVar {
     /// Every variable, in the order they are injected.
-    pub const ALL: [EnvVar; 12] = [
+    pub const ALL: [EnvVar; 17] = [
         EnvVar::TorchCudaArchList,
         EnvVar::FlashinferCudaArchList,
         EnvVar::FlashAttnCudaArchs,
@@ -38,6 +43,21 @@ impl EnvVar {
         EnvVar::Tf32,
         EnvVar::Fp8,
         EnvVar::KernelsDir,
+        EnvVar::TorchExtensionsDir,
+        EnvVar::TritonCacheDir,
+        EnvVar::TorchInductorCacheDir,
+        EnvVar::CudaCachePath,
+        EnvVar::FlashinferWorkspaceBase,
+    ];
+
+    /// The JIT caches' variables, set (each under the usual rules) when a
+    /// container is given a cache; their directories inside it.
+    pub const JIT: [(EnvVar, &'static str); 5] = [
+        (EnvVar::TorchExtensionsDir, "torch_extensions"),
+        (EnvVar::TritonCacheDir, "triton"),
+        (EnvVar::TorchInductorCacheDir, "torchinductor"),
+        (EnvVar::CudaCachePath, "nv-compute-cache"),
+        (EnvVar::FlashinferWorkspaceBase, "flashinfer"),
     ];
 
     pub fn name(self) -> &'static str {
@@ -54,6 +74,11 @@ impl EnvVar {
             EnvVar::Tf32 => "GPUARCH_TF32",
             EnvVar::Fp8 => "GPUARCH_FP8",
             EnvVar::KernelsDir => "GPUARCH_KERNELS_DIR",
+            EnvVar::TorchExtensionsDir => "TORCH_EXTENSIONS_DIR",
+            EnvVar::TritonCacheDir => "TRITON_CACHE_DIR",
+            EnvVar::TorchInductorCacheDir => "TORCHINDUCTOR_CACHE_DIR",
+            EnvVar::CudaCachePath => "CUDA_CACHE_PATH",
+            EnvVar::FlashinferWorkspaceBase => "FLASHINFER_WORKSPACE_BASE",
         }
     }
 

@@ -15,12 +15,14 @@
 //! - [`config`]: the parts of `/etc/gpuarch/config.yaml` the Plan obeys;
 //! - [`env`]: the names of the variables gpuarch injects;
 //! - [`toolkit`]: which architectures each CUDA release builds, and the
-//!   container's own toolkit.
+//!   container's own toolkit;
+//! - [`jit`]: which per-architecture JIT cache a container gets.
 
 pub mod arch;
 pub mod config;
 pub mod env;
 pub mod features;
+pub mod jit;
 pub mod oci;
 pub mod plan;
 pub mod requirement;

@@ -87,6 +87,13 @@ pub struct ContainerView {
     pub annotations: BTreeMap<String, String>,
     /// `linux.devices[].path`, in order.
     pub device_paths: Vec<String>,
+    /// `process.user`: the uid and gid the container's process runs as,
+    /// in the container's user namespace. `None` without a `process`.
+    pub user: Option<(u32, u32)>,
+    /// `linux.uidMappings` and `linux.gidMappings`: (container id, host id,
+    /// size). Empty without a user namespace.
+    pub uid_mappings: Vec<(u32, u32, u32)>,
+    pub gid_mappings: Vec<(u32, u32, u32)>,
 }
 
 #[derive(Deserialize)]
@@ -102,9 +109,25 @@ struct Raw {
 /// A container's annotations, key to value.
 pub type Annotations = BTreeMap<String, String>;
 
-/// Does gpuarch read annotation `key`: CDI requests and `io.gpuarch.*`.
+/// The annotations of Kubernetes' runtimes naming a container's image and
+/// its pod's namespace, which scope the JIT caches (`jit_cache.scope`). Set
+/// by the runtime (containerd's CRI, CRI-O), after any of the pod's own.
+pub const KUBERNETES_ANNOTATIONS: [&str; 7] = [
+    "io.kubernetes.cri-o.ImageRef",
+    "io.kubernetes.cri-o.Image",
+    "io.kubernetes.cri-o.ImageName",
+    "io.kubernetes.cri.image-ref",
+    "io.kubernetes.cri.image-name",
+    "io.kubernetes.pod.namespace",
+    "io.kubernetes.cri.sandbox-namespace",
+];
+
+/// Does gpuarch read annotation `key`: CDI requests, `io.gpuarch.*`, and
+/// the runtime's image and namespace ([`KUBERNETES_ANNOTATIONS`]).
 pub fn read_annotation(key: &str) -> bool {
-    key.starts_with("cdi.k8s.io/") || key.starts_with("io.gpuarch.")
+    key.starts_with("cdi.k8s.io/")
+        || key.starts_with("io.gpuarch.")
+        || KUBERNETES_ANNOTATIONS.contains(&key)
 }
 
 /// `annotations`, keeping only what [`read_annotation`] names; every value
@@ -168,12 +191,35 @@ impl<'de> Deserialize<'de> for StrOnly {
 struct RawProcess {
     #[serde(default)]
     env: Option<Vec<String>>,
+    #[serde(default)]
+    user: Option<RawUser>,
+}
+
+#[derive(Deserialize)]
+struct RawUser {
+    #[serde(default)]
+    uid: u32,
+    #[serde(default)]
+    gid: u32,
 }
 
 #[derive(Deserialize)]
 struct RawLinux {
     #[serde(default)]
     devices: Option<Vec<RawDevice>>,
+    #[serde(default, rename = "uidMappings")]
+    uid_mappings: Option<Vec<RawIdMapping>>,
+    #[serde(default, rename = "gidMappings")]
+    gid_mappings: Option<Vec<RawIdMapping>>,
+}
+
+#[derive(Deserialize)]
+struct RawIdMapping {
+    #[serde(rename = "containerID")]
+    container_id: u32,
+    #[serde(rename = "hostID")]
+    host_id: u32,
+    size: u32,
 }
 
 #[derive(Deserialize)]
@@ -195,24 +241,56 @@ impl ContainerView {
     }
 
     fn from_raw(raw: Raw) -> Self {
-        let env = raw
-            .process
-            .and_then(|p| p.env)
-            .unwrap_or_default()
+        let (env, user) = match raw.process {
+            Some(p) => (
+                p.env.unwrap_or_default(),
+                Some(p.user.map_or((0, 0), |u| (u.uid, u.gid))),
+            ),
+            None => (Vec::new(), None),
+        };
+        let env = env
             .into_iter()
             .filter_map(|e| e.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
             .collect();
+        let maps = |m: Option<Vec<RawIdMapping>>| -> Vec<(u32, u32, u32)> {
+            m.unwrap_or_default()
+                .into_iter()
+                .map(|m| (m.container_id, m.host_id, m.size))
+                .collect()
+        };
+        let (devices, uid_mappings, gid_mappings) = match raw.linux {
+            Some(l) => (
+                l.devices.unwrap_or_default(),
+                maps(l.uid_mappings),
+                maps(l.gid_mappings),
+            ),
+            None => Default::default(),
+        };
         Self {
             env,
             annotations: raw.annotations.unwrap_or_default(),
-            device_paths: raw
-                .linux
-                .and_then(|l| l.devices)
-                .unwrap_or_default()
-                .into_iter()
-                .map(|d| d.path)
-                .collect(),
+            device_paths: devices.into_iter().map(|d| d.path).collect(),
+            user,
+            uid_mappings,
+            gid_mappings,
         }
+    }
+
+    /// The host uid and gid the container's process runs as: `process.user`
+    /// through the user namespace's mappings. `None` without a process, or
+    /// when a mapping does not cover the id.
+    pub fn host_user(&self) -> Option<(u32, u32)> {
+        let (uid, gid) = self.user?;
+        let map = |id: u32, maps: &[(u32, u32, u32)]| -> Option<u32> {
+            if maps.is_empty() {
+                return Some(id);
+            }
+            maps.iter().find_map(|&(inside, host, size)| {
+                let off = id.checked_sub(inside)?;
+                (off < size).then(|| host.checked_add(off)).flatten()
+            })
+        };
+        Some((map(uid, &self.uid_mappings)?, map(gid, &self.gid_mappings)?))
     }
 
     /// The value a process would see for `name`: getenv returns the first

@@ -45,33 +45,49 @@ impl Plan {
     }
 
     /// Add `GPUARCH_KERNELS_DIR=dir` because kernel packages are mounted
-    /// there, under the same rules as every other variable: not when the
-    /// config disables it, not over the container's own value unless the
-    /// config overrides.
+    /// there (see [`Plan::add_mounted`]).
     pub fn add_kernels_dir(&mut self, dir: &str, view: &ContainerView, cfg: &EnvConfig) {
-        let var = EnvVar::KernelsDir;
-        if self.is_noop() || self.env_get(var.name()).is_some() {
-            return;
+        self.add_mounted(EnvVar::KernelsDir, dir, "kernels are mounted", view, cfg);
+    }
+
+    /// Add `var=value` because something was mounted for it (`what`), under
+    /// the same rules as every other variable: not when the config disables
+    /// it, not over the container's own value unless the config overrides.
+    /// Returns whether it was added (or is already there).
+    pub fn add_mounted(
+        &mut self,
+        var: EnvVar,
+        value: &str,
+        what: &str,
+        view: &ContainerView,
+        cfg: &EnvConfig,
+    ) -> bool {
+        if self.is_noop() {
+            return false;
+        }
+        if self.env_get(var.name()).is_some() {
+            return true;
         }
         if cfg.disable.contains(&var) {
             self.notes.push(format!(
                 "{var} not set: disabled in the config (env.disable)"
             ));
-            return;
+            return false;
         }
         match view.env_get(var.name()) {
             Some(theirs) if !cfg.override_existing => {
                 self.notes.push(format!(
-                    "{var} left as the container sets it ({theirs:?}; kernels are mounted under {dir:?})"
+                    "{var} left as the container sets it ({theirs:?}; {what}: {value:?})"
                 ));
-                return;
+                return false;
             }
             Some(theirs) => self.notes.push(format!(
                 "{var} overrides the container's {theirs:?} (env.override is on)"
             )),
             None => {}
         }
-        self.env.push((var.name().to_owned(), dir.to_owned()));
+        self.env.push((var.name().to_owned(), value.to_owned()));
+        true
     }
 
     pub fn env_get(&self, name: &str) -> Option<&str> {

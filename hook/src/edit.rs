@@ -7,6 +7,7 @@ use gpuarch_core::plan::{self, Plan};
 use serde_json::{Value, json};
 
 use crate::context::Context;
+use crate::jit;
 use crate::kernels::{self, Kernels};
 use crate::stage;
 
@@ -137,6 +138,11 @@ pub fn edit(config: &mut Value, ctx: &Context) -> Result<Plan, HookError> {
     plan.notes.extend(notes);
     if apply_mounts(config, &kernels, &mut plan.notes)? > 0 {
         plan.add_kernels_dir(kernels::CONTAINER_DIR, &view, &ctx.config.env);
+    }
+    let env_cfg = &ctx.config.env;
+    if let Some(p) = jit::plan_cache(config, &mut plan, &view, &ctx.config.jit_cache, env_cfg) {
+        jit::add_env(&mut plan, &p, &view, env_cfg);
+        list_at(config, "mounts")?.push(jit::mount_entry(&p.source));
     }
     apply_env(config, &plan)?;
     // The env is in the config now; the in-container stage is needed only

@@ -140,6 +140,23 @@ impl Root {
         })
     }
 
+    /// Bind-mount the host directory open at `source` read-write (but
+    /// nosuid and nodev) at directory `rel` inside the rootfs, as
+    /// [`Root::bind_read_only`] does, from the handle: the source is not
+    /// looked up by path again.
+    pub fn bind_writable(&self, source: &OwnedFd, rel: &Path) -> Result<Mounted, RootfsError> {
+        let target = self.mkdir_all(rel, 0o755)?;
+        let tree =
+            mountapi::open_tree_at(source).map_err(inside(rel, "open_tree of the source"))?;
+        mountapi::set_attrs(&tree, mountapi::NOSUID_NODEV)
+            .map_err(inside(rel, "make the mount nosuid,nodev"))?;
+        mountapi::move_mount(&tree, &target).map_err(inside(rel, "attach the mount"))?;
+        Ok(Mounted {
+            tree,
+            rel: rel.to_owned(),
+        })
+    }
+
     /// Replace file `rel` with `contents`: written to a temporary name in the
     /// same directory, then renamed over, so a reader sees the old file or
     /// the new one. A symlink at `rel` is replaced, never followed.
@@ -280,10 +297,38 @@ mod mountapi {
         Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
     }
 
+    /// A detached recursive copy of the mount tree at the directory handle
+    /// `dir`.
+    pub fn open_tree_at(dir: &OwnedFd) -> Result<OwnedFd, Errno> {
+        let flags = OPEN_TREE_CLONE
+            | libc::O_CLOEXEC as libc::c_uint
+            | libc::AT_RECURSIVE as libc::c_uint
+            | libc::AT_EMPTY_PATH as libc::c_uint;
+        // SAFETY: a live fd, an empty NUL-terminated path and plain flags;
+        // the result is a new fd or -1.
+        let fd =
+            unsafe { libc::syscall(libc::SYS_open_tree, dir.as_raw_fd(), c"".as_ptr(), flags) };
+        if fd < 0 {
+            return Err(Errno::last());
+        }
+        // SAFETY: the kernel just returned this fd, owned by nobody else.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+    }
+
+    pub const NOSUID_NODEV: u64 = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+
     /// Read-only, nosuid, nodev and noexec, on every mount of the tree.
     pub fn set_read_only(tree: &OwnedFd) -> Result<(), Errno> {
+        set_attrs(
+            tree,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+        )
+    }
+
+    /// Set mount attributes `set` on every mount of the tree.
+    pub fn set_attrs(tree: &OwnedFd, set: u64) -> Result<(), Errno> {
         let attr = MountAttr {
-            attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+            attr_set: set,
             attr_clr: 0,
             propagation: 0,
             userns_fd: 0,

@@ -35,6 +35,7 @@ use gpuarch_core::plan::{self, EnvVar, Plan};
 use serde::Deserialize;
 
 use crate::context::{self, Context};
+use crate::jit;
 use crate::kernels::{self, KernelMount};
 use crate::rootfs::{Root, RootfsError};
 
@@ -191,6 +192,9 @@ pub fn run(stage: Stage, state: &State, ctx: &Context) -> Result<Outcome, StageE
             libs.extend(mounted.iter().flat_map(KernelMount::library_dirs));
         }
     }
+    if ctx.config.jit_cache.enable && !jit::has_mount(&config) {
+        mount_jit(stage, &root, &config, &mut full, &view, ctx, &mut notes);
+    }
     let mut env = effective_env(&view, &full, &ctx.config.env);
     env.retain(|(k, v)| {
         let ok = !v.contains(['\n', '\0']);
@@ -323,6 +327,32 @@ fn mount_kernels(
     }
     notes.extend(said);
     Ok(shown.into_iter().cloned().collect())
+}
+
+/// The createContainer hook alone: bind the container's JIT cache
+/// read-write into its rootfs and set its variables (see [`jit`]). A cache
+/// that cannot be mounted is a note: the container starts without one.
+fn mount_jit(
+    stage: Stage,
+    root: &Root,
+    config: &serde_json::Value,
+    plan: &mut Plan,
+    view: &ContainerView,
+    ctx: &Context,
+    notes: &mut Vec<String>,
+) {
+    if stage != Stage::CreateContainer {
+        notes.push("no JIT cache: only the createContainer stage mounts it".to_owned());
+        return;
+    }
+    let (jit_cfg, env_cfg) = (&ctx.config.jit_cache, &ctx.config.env);
+    let Some(p) = jit::plan_cache(config, plan, view, jit_cfg, env_cfg) else {
+        return;
+    };
+    match root.bind_writable(&p.fd, Path::new(gpuarch_core::jit::CONTAINER_DIR)) {
+        Ok(_) => jit::add_env(plan, &p, view, env_cfg),
+        Err(e) => notes.push(format!("no JIT cache: {e}")),
+    }
 }
 
 /// Library directories (as the container sees them) of the kernel packages

@@ -1,0 +1,339 @@
+//! Per-architecture JIT caches (`jit_cache:` in the config): which cache a
+//! container gets. The hook makes and mounts it, gpuarchd keeps it under its
+//! size limit; this is the part both agree on.
+//!
+//! A cache is `<jit_cache.dir>/<scope>/<targets>/`, mounted read-write at
+//! [`CONTAINER_DIR`]:
+//!
+//! - `<scope>` keeps tenants apart: what one container leaves in a cache
+//!   runs in the next, so only containers that trust each other may share
+//!   one. It is always per host uid (`uid1000-...`), then per image, per
+//!   Kubernetes namespace, or one for the uid ([`JitScope`]).
+//! - `<targets>` is what the container's arch list builds for its toolkit
+//!   (`sm_86+sm_90-cuda12.8`): torch keys its extension cache on sources and
+//!   versions but not the GPU, so an extension built for one architecture
+//!   must never be found by a container on another.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::arch::ArchList;
+use crate::config::{JitCacheConfig, JitScope};
+use crate::env::EnvVar;
+use crate::oci::ContainerView;
+use crate::plan::{self, Plan};
+use crate::toolkit;
+
+/// Where a container sees its cache.
+pub const CONTAINER_DIR: &str = "/var/cache/gpuarch/jit";
+
+/// The file in each scope directory saying whose it is, for `gpuarchctl
+/// jit ls`.
+pub const LABEL_FILE: &str = "scope.json";
+
+/// Annotations naming the image, most exact first (an image ID or digest,
+/// then the name the pod asked for).
+const IMAGE_KEYS: [&str; 5] = [
+    "io.kubernetes.cri-o.ImageRef",
+    "io.kubernetes.cri-o.Image",
+    "io.kubernetes.cri.image-ref",
+    "io.kubernetes.cri-o.ImageName",
+    "io.kubernetes.cri.image-name",
+];
+
+/// Annotations naming the pod's namespace: CRI-O's, containerd's.
+const NAMESPACE_KEYS: [&str; 2] = [
+    "io.kubernetes.pod.namespace",
+    "io.kubernetes.cri.sandbox-namespace",
+];
+
+/// Who a scope belongs to, as `<scope>/scope.json` records it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Label {
+    pub scope: JitScope,
+    /// Host uid and gid that own the caches.
+    pub uid: u32,
+    pub gid: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+/// The cache a container gets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cache {
+    /// `<scope>` directory name.
+    pub scope_dir: String,
+    /// `<targets>` directory name.
+    pub targets_dir: String,
+    pub label: Label,
+}
+
+impl Label {
+    /// The scope's directory name: `uid<N>-<kind>[-<what>]`. An image is
+    /// named by a digest of its reference (any string the runtime chose);
+    /// a namespace by itself (a DNS label), or by a digest if it is not one.
+    pub fn dir_name(&self) -> String {
+        let uid = self.uid;
+        match (self.scope, &self.image, &self.namespace) {
+            (JitScope::Image, Some(image), _) => format!("uid{uid}-image-{}", short_digest(image)),
+            (JitScope::Namespace, _, Some(ns)) if dns_label(ns) => format!("uid{uid}-ns-{ns}"),
+            (JitScope::Namespace, _, Some(ns)) => format!("uid{uid}-ns-{}", short_digest(ns)),
+            (JitScope::Shared, ..) => format!("uid{uid}-shared"),
+            _ => format!("uid{uid}"),
+        }
+    }
+}
+
+fn short_digest(s: &str) -> String {
+    Sha256::digest(s.as_bytes())[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// A scope or targets directory name as gpuarch makes them: what gpuarchd
+/// and `gpuarchctl` touch under `jit_cache.dir`, and nothing else.
+pub fn valid_dir_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 255
+        && !n.starts_with('.')
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'+'))
+}
+
+/// The first annotation of `keys` the container has.
+fn annotation<'a>(view: &'a ContainerView, keys: &[&str]) -> Option<&'a str> {
+    keys.iter()
+        .find_map(|k| view.annotations.get(*k))
+        .map(String::as_str)
+        .filter(|v| !v.is_empty())
+}
+
+/// `<targets>`: the entries of the container's torch arch list for its
+/// toolkit (whether or not the container keeps that variable: this names
+/// what its GPUs are, not what it asked for), and the toolkit when known.
+fn targets_dir(
+    plan: &Plan,
+    view: &ContainerView,
+    cfg: &crate::config::EnvConfig,
+) -> Option<String> {
+    let caps: Vec<_> = plan.gpus.iter().map(|g| g.compute_capability).collect();
+    let tk = toolkit::of_container(view, cfg.cuda_version, &mut Vec::new());
+    let (hints, _) = plan::hints_for(&caps, tk.as_ref());
+    let list = hints
+        .into_iter()
+        .find(|(v, _)| *v == EnvVar::TorchCudaArchList)?
+        .1;
+    let targets: Vec<String> = ArchList::parse(&list)
+        .ok()?
+        .targets()
+        .map(ToString::to_string)
+        .collect();
+    if targets.is_empty() {
+        return None;
+    }
+    let mut name = targets.join("+");
+    if let Some(tk) = tk {
+        name.push_str(&format!("-cuda{}", tk.version));
+    }
+    Some(name)
+}
+
+/// The cache for the container of `view` given `plan`, or why it gets none.
+pub fn cache_for(
+    plan: &Plan,
+    view: &ContainerView,
+    cfg: &JitCacheConfig,
+    env: &crate::config::EnvConfig,
+) -> Result<Cache, String> {
+    let (uid, gid) = view.host_user().ok_or_else(|| {
+        "the container's user has no host uid (no process.user, or not in linux.uidMappings)"
+            .to_owned()
+    })?;
+    let targets_dir = targets_dir(plan, view, env)
+        .ok_or_else(|| "its toolkit builds nothing for its GPUs".to_owned())?;
+    let (image, namespace) = match cfg.scope {
+        JitScope::Image => {
+            let image = annotation(view, &IMAGE_KEYS).ok_or_else(|| {
+                format!(
+                    "jit_cache.scope is image, and the runtime names no image (annotation {}; Docker and podman set none): set jit_cache.scope to uid where a uid is a tenant",
+                    IMAGE_KEYS.join(", ")
+                )
+            })?;
+            (Some(image.to_owned()), None)
+        }
+        JitScope::Namespace => {
+            let ns = annotation(view, &NAMESPACE_KEYS).ok_or_else(|| {
+                format!(
+                    "jit_cache.scope is namespace, and the container has no Kubernetes namespace (annotation {})",
+                    NAMESPACE_KEYS.join(", ")
+                )
+            })?;
+            (None, Some(ns.to_owned()))
+        }
+        JitScope::Uid | JitScope::Shared => (None, None),
+    };
+    let label = Label {
+        scope: cfg.scope,
+        uid,
+        gid,
+        image,
+        namespace,
+    };
+    Ok(Cache {
+        scope_dir: label.dir_name(),
+        targets_dir,
+        label,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::EnvConfig;
+    use crate::select::tests::host;
+
+    fn view(json: serde_json::Value) -> ContainerView {
+        ContainerView::from_value(&json).unwrap()
+    }
+
+    fn cfg(scope: JitScope) -> JitCacheConfig {
+        JitCacheConfig {
+            enable: true,
+            scope,
+            ..JitCacheConfig::default()
+        }
+    }
+
+    fn cache(v: &ContainerView, scope: JitScope) -> Result<Cache, String> {
+        let p = plan::plan(v, &host(), &EnvConfig::default());
+        cache_for(&p, v, &cfg(scope), &EnvConfig::default())
+    }
+
+    const CRI: &str = "io.kubernetes.cri.image-name";
+
+    #[test]
+    fn a_cache_is_per_uid_image_and_targets() {
+        let on = |dev: &str, uid: u32, image: &str, env: &[&str]| {
+            let mut e = vec![format!("NVIDIA_VISIBLE_DEVICES={dev}")];
+            e.extend(env.iter().map(|s| s.to_string()));
+            view(serde_json::json!({
+                "process": {"env": e, "user": {"uid": uid, "gid": 100}},
+                "annotations": {CRI: image},
+            }))
+        };
+        let a = cache(&on("1", 1000, "torch:2.7", &[]), JitScope::Image).unwrap();
+        // GPU 1 of the test host is the 3090 (8.6).
+        assert_eq!(a.targets_dir, "sm_86");
+        assert!(a.scope_dir.starts_with("uid1000-image-"), "{}", a.scope_dir);
+        assert_eq!(a.label.image.as_deref(), Some("torch:2.7"));
+        assert_eq!(
+            a,
+            cache(&on("1", 1000, "torch:2.7", &[]), JitScope::Image).unwrap()
+        );
+        // Another uid, another image, another GPU, another toolkit: another cache.
+        let b = cache(&on("1", 1001, "torch:2.7", &[]), JitScope::Image).unwrap();
+        let c = cache(&on("1", 1000, "torch:2.8", &[]), JitScope::Image).unwrap();
+        let d = cache(&on("0", 1000, "torch:2.7", &[]), JitScope::Image).unwrap();
+        let e = cache(
+            &on("1", 1000, "torch:2.7", &["CUDA_VERSION=12.8.1"]),
+            JitScope::Image,
+        )
+        .unwrap();
+        assert_ne!(a.scope_dir, b.scope_dir);
+        assert_ne!(a.scope_dir, c.scope_dir);
+        assert_eq!(
+            (d.scope_dir.as_str(), d.targets_dir.as_str()),
+            (a.scope_dir.as_str(), "sm_75")
+        );
+        assert_eq!(e.targets_dir, "sm_86-cuda12.8");
+        let both = cache(&on("0,1", 1000, "torch:2.7", &[]), JitScope::Image).unwrap();
+        assert_eq!(both.targets_dir, "sm_75+sm_86");
+        // The container keeping its own arch list does not change the key.
+        let own = cache(
+            &on("1", 1000, "torch:2.7", &["TORCH_CUDA_ARCH_LIST=7.0"]),
+            JitScope::Image,
+        )
+        .unwrap();
+        assert_eq!(own.targets_dir, "sm_86");
+        for c in [&a, &b, &c, &d, &e, &both] {
+            assert!(valid_dir_name(&c.scope_dir) && valid_dir_name(&c.targets_dir));
+        }
+    }
+
+    #[test]
+    fn user_namespaces_map_the_uid_to_the_host() {
+        let v = view(serde_json::json!({
+            "process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"], "user": {"uid": 0, "gid": 0}},
+            "linux": {
+                "uidMappings": [{"containerID": 0, "hostID": 100000, "size": 65536}],
+                "gidMappings": [{"containerID": 0, "hostID": 200000, "size": 65536}]
+            }
+        }));
+        let c = cache(&v, JitScope::Uid).unwrap();
+        assert_eq!((c.label.uid, c.label.gid), (100000, 200000));
+        assert_eq!(c.scope_dir, "uid100000");
+        let v = view(serde_json::json!({
+            "process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"], "user": {"uid": 70000}},
+            "linux": {"uidMappings": [{"containerID": 0, "hostID": 100000, "size": 65536}]}
+        }));
+        let e = cache(&v, JitScope::Uid).unwrap_err();
+        assert!(e.contains("no host uid"), "{e}");
+    }
+
+    #[test]
+    fn a_scope_the_runtime_does_not_name_gives_no_cache() {
+        let v = view(serde_json::json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"]}}));
+        let e = cache(&v, JitScope::Image).unwrap_err();
+        assert!(
+            e.contains("names no image") && e.contains("scope to uid"),
+            "{e}"
+        );
+        let e = cache(&v, JitScope::Namespace).unwrap_err();
+        assert!(e.contains("no Kubernetes namespace"), "{e}");
+        assert_eq!(
+            cache(&v, JitScope::Shared).unwrap().scope_dir,
+            "uid0-shared"
+        );
+        let ns = |n: &str| {
+            view(serde_json::json!({
+                "process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"]},
+                "annotations": {"io.kubernetes.pod.namespace": n},
+            }))
+        };
+        assert_eq!(
+            cache(&ns("team-a"), JitScope::Namespace).unwrap().scope_dir,
+            "uid0-ns-team-a"
+        );
+        let odd = cache(&ns("../../etc"), JitScope::Namespace)
+            .unwrap()
+            .scope_dir;
+        assert!(odd.starts_with("uid0-ns-") && valid_dir_name(&odd), "{odd}");
+    }
+
+    #[test]
+    fn labels_round_trip() {
+        let l = Label {
+            scope: JitScope::Image,
+            uid: 1,
+            gid: 2,
+            image: Some("x".into()),
+            namespace: None,
+        };
+        let text = serde_json::to_string(&l).unwrap();
+        assert_eq!(text, r#"{"scope":"image","uid":1,"gid":2,"image":"x"}"#);
+        assert_eq!(serde_json::from_str::<Label>(&text).unwrap(), l);
+    }
+}
