@@ -70,6 +70,9 @@ pub enum Cmd {
     Kernels,
     /// Evict least recently used builds above the cache limit (root or group gpuarch).
     Gc,
+    /// The per-architecture JIT caches (config jit_cache).
+    #[command(subcommand)]
+    Jit(JitCmd),
     /// Check every cached file's sha256; corrupt builds are quarantined and
     /// rebuilt (root or group gpuarch). Exit status 1 when any was corrupt.
     Verify,
@@ -81,6 +84,17 @@ pub enum Cmd {
     /// Wire gpuarch into a container engine's own config.
     #[command(subcommand)]
     Engine(EngineCmd),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JitCmd {
+    /// List the caches: whose (uid, image or namespace), for which targets,
+    /// their size, whether a container has one mounted now.
+    Ls,
+    /// Remove the least recently started caches above jit_cache.max_bytes
+    /// now (never one mounted, or handed out in the last 10 minutes); root
+    /// or group gpuarch.
+    Gc,
 }
 
 #[derive(Debug, Subcommand)]

@@ -17,7 +17,7 @@ pub mod source;
 use anyhow::Result;
 
 pub use crate::cli::{Cli, EXIT_ERROR, EXIT_NO};
-use crate::cli::{Cmd, EngineCmd};
+use crate::cli::{Cmd, EngineCmd, JitCmd};
 use crate::source::Source;
 
 /// An error and its causes in one line (see [`gpuarch_core::one_line`]).
@@ -31,6 +31,10 @@ const RELOAD_IS_THE_DAEMONS: &str =
 /// Why the kernel cache's commands have no `--offline` form.
 const CACHE_IS_THE_DAEMONS: &str =
     "the kernel cache is gpuarchd's: this command asks it, and has no --offline form";
+
+/// Why the JIT caches' commands have no `--offline` form.
+const JIT_IS_THE_DAEMONS: &str =
+    "the JIT caches are gpuarchd's: this command asks it, and has no --offline form";
 
 /// Run a parsed command line; the returned byte is the exit status.
 pub fn run(cli: &Cli) -> Result<u8> {
@@ -60,6 +64,8 @@ pub fn run(cli: &Cli) -> Result<u8> {
         }
         Cmd::Kernels => cmd::kernels::run(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, &mut out)?,
         Cmd::Gc => cmd::gc::run(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, &mut out)?,
+        Cmd::Jit(JitCmd::Ls) => cmd::jit::ls(cli.json, daemon(JIT_IS_THE_DAEMONS)?, &mut out)?,
+        Cmd::Jit(JitCmd::Gc) => cmd::jit::gc(cli.json, daemon(JIT_IS_THE_DAEMONS)?, &mut out)?,
         Cmd::Verify => cmd::verify::run(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, &mut out)?,
     };
     print!("{out}");

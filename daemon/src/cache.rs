@@ -718,14 +718,50 @@ fn valid_view(name: &str) -> bool {
 /// filesystem; a mounted view's entries are those its manifest names. A
 /// namespace with a mount table over [`MOUNTINFO_MAX_BYTES`] is skipped.
 pub fn mounted(store: &StoreFs, views: Option<&StoreFs>) -> Mounted {
-    use std::io::Read;
     let mut found = Mounted::default();
-    let mut seen_ns = HashSet::new();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return found;
-    };
     let prefix = format!("{}/", store.root.trim_end_matches('/'));
     let view_prefix = views.map(|v| (v, format!("{}/", v.root.trim_end_matches('/'))));
+    scan_mounts(|dev, root| {
+        // The view itself, or one package of it (a container with
+        // mounts of its own under the kernels' directory).
+        if let Some((v, vp)) = &view_prefix
+            && dev == v.dev
+            && let Some(rest) = root.strip_prefix(vp.as_str())
+            && let name = rest.split('/').next().unwrap_or_default()
+            && valid_view(name)
+        {
+            found.views.insert(name.to_owned());
+            return;
+        }
+        if dev != store.dev {
+            return;
+        }
+        let Some((shard, k)) = root.strip_prefix(&prefix).and_then(|r| r.split_once('/')) else {
+            return;
+        };
+        if store::valid_key(k) && k.starts_with(shard) {
+            found.keys.insert(k.to_owned());
+        }
+    });
+    if let Some(v) = views {
+        let dir = Path::new(&v.path);
+        for name in &found.views {
+            found.keys.extend(view_keys(&dir.join(name)));
+        }
+    }
+    found
+}
+
+/// Every mount of every mount namespace, as `(device, root)` (the root
+/// unescaped), read from `/proc/<pid>/mountinfo`, one process per
+/// namespace. A namespace with a mount table over [`MOUNTINFO_MAX_BYTES`]
+/// is skipped.
+pub fn scan_mounts(mut each: impl FnMut(&str, &str)) {
+    use std::io::Read;
+    let mut seen_ns = HashSet::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
     let mut text = String::new();
     for p in procs.flatten() {
         let name = p.file_name();
@@ -754,40 +790,11 @@ pub fn mounted(store: &StoreFs, views: Option<&StoreFs>) -> Mounted {
         }
         for line in text.lines() {
             let mut f = line.split(' ').skip(2);
-            let (Some(dev), Some(root)) = (f.next(), f.next()) else {
-                continue;
-            };
-            // The view itself, or one package of it (a container with
-            // mounts of its own under the kernels' directory).
-            if let Some((v, vp)) = &view_prefix
-                && dev == v.dev
-                && let Some(rest) = unescape(root).strip_prefix(vp.as_str())
-                && let name = rest.split('/').next().unwrap_or_default()
-                && valid_view(name)
-            {
-                found.views.insert(name.to_owned());
-                continue;
-            }
-            if dev != store.dev {
-                continue;
-            }
-            let root = unescape(root);
-            let Some((shard, k)) = root.strip_prefix(&prefix).and_then(|r| r.split_once('/'))
-            else {
-                continue;
-            };
-            if store::valid_key(k) && k.starts_with(shard) {
-                found.keys.insert(k.to_owned());
+            if let (Some(dev), Some(root)) = (f.next(), f.next()) {
+                each(dev, &unescape(root));
             }
         }
     }
-    if let Some(v) = views {
-        let dir = Path::new(&v.path);
-        for name in &found.views {
-            found.keys.extend(view_keys(&dir.join(name)));
-        }
-    }
-    found
 }
 
 /// The store keys a view links, from its packages' manifests

@@ -9,12 +9,14 @@
 //! - [`service`]: the D-Bus interfaces and the caller checks;
 //! - [`watch`]: config file watching;
 //! - [`cache`]: the kernel cache and its jobs;
+//! - [`jit`]: the per-architecture JIT caches the hook hands out;
 //! - [`sdnotify`], [`logging`]: systemd citizenship.
 //!
 //! gpuarchctl, its CLI, is the crate `gpuarch-ctl`; the records both
 //! exchange are `gpuarch-wire`'s.
 
 pub mod cache;
+pub mod jit;
 pub mod logging;
 pub mod refresh;
 pub mod sdnotify;
@@ -157,6 +159,7 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
     let (stop_tx, stop_rx) = tokio_watch::channel(false);
     let refresh_task = tokio::spawn(refresher.run(req_rx, stop_rx.clone()));
     let _watcher = watch::start(shared.clone(), req_tx.clone());
+    tokio::spawn(jit_gc_every(shared.clone()));
     if let Some(every) = sdnotify::watchdog_interval() {
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
@@ -272,6 +275,12 @@ async fn connect(
         )
         .serve_at(
             service::OBJECT_PATH,
+            service::JitCache {
+                shared: shared.clone(),
+            },
+        )
+        .serve_at(
+            service::OBJECT_PATH,
             service::Daemon {
                 shared: shared.clone(),
                 requests: req_tx.clone(),
@@ -323,6 +332,26 @@ impl Reconnect {
             .saturating_mul(1 << self.attempts.min(10))
             .min(Self::MOST);
         self.at = tokio::time::Instant::now() + wait;
+    }
+}
+
+/// Keep the JIT caches under `jit_cache.max_bytes`, at start and every
+/// [`jit::INTERVAL`], with the config in force then.
+async fn jit_gc_every(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(jit::INTERVAL);
+    loop {
+        tick.tick().await;
+        let cfg = shared.config().jit_cache.clone();
+        let r = tokio::task::spawn_blocking(move || jit::gc(&cfg, &jit::mounted(&cfg.dir))).await;
+        match r {
+            Ok(Ok(r)) if !r.removed.is_empty() => info!(
+                "JIT caches: removed {} least recently started, {} bytes",
+                r.removed.len(),
+                r.freed_bytes
+            ),
+            Ok(Err(e)) => warn!("JIT caches: {e}"),
+            _ => {}
+        }
     }
 }
 

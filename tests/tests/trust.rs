@@ -51,8 +51,9 @@ fn a_package_another_user_owns_is_never_built() {
     std::fs::write(
         pkg.join("kernel.yaml"),
         format!(
-            "name: evil\nversion: '1'\nsources: [k.cu]\nbuild:\n  backend: command\n  argv: [sh, -c, 'id -u > {}']\nvariants:\n  - name: a\n",
-            marker.display()
+            // Written whole, then renamed: the marker never exists empty.
+            "name: evil\nversion: '1'\nsources: [k.cu]\nbuild:\n  backend: command\n  argv: [sh, -c, 'id -u > {m}.tmp && mv {m}.tmp {m}']\nvariants:\n  - name: a\n",
+            m = marker.display()
         ),
     )
     .unwrap();

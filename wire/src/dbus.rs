@@ -154,6 +154,32 @@ pub struct KernelRecord {
     pub path: String,
 }
 
+/// One JIT cache of `ListCaches`: `<dir>/<scope>/<targets>/`.
+#[derive(Debug, Clone, PartialEq, Eq, SerializeDict, DeserializeDict, Type)]
+#[zbus(signature = "a{sv}", deny_unknown_fields)]
+pub struct JitCacheRecord {
+    /// The scope's directory name (`uid1000-image-...`).
+    pub scope: String,
+    /// What the scope is by: `image`, `uid`, `namespace`, `shared`; empty
+    /// when its label cannot be read.
+    pub kind: String,
+    /// The host uid owning the cache.
+    pub uid: u32,
+    /// The image or Kubernetes namespace of the scope; empty for none.
+    pub image: String,
+    pub namespace: String,
+    /// The targets directory's name (`sm_86+sm_90-cuda12.8`).
+    pub targets: String,
+    /// Disk use (allocated blocks), not following symlinks.
+    pub bytes: u64,
+    /// Mounted into a running container now.
+    pub in_use: bool,
+    /// When a container was last given it, in seconds since the epoch.
+    pub last_used: u64,
+    /// The cache's directory.
+    pub path: String,
+}
+
 /// One checked build of `Verify`.
 #[derive(Debug, Clone, PartialEq, Eq, SerializeDict, DeserializeDict, Type)]
 #[zbus(signature = "a{sv}", deny_unknown_fields)]
@@ -276,6 +302,21 @@ pub trait KernelCache {
     fn limit_bytes(&self) -> zbus::Result<u64>;
 }
 
+/// `io.gpuarch1.JitCache`.
+#[proxy(
+    interface = "io.gpuarch1.JitCache",
+    default_service = "io.gpuarch1",
+    default_path = "/io/gpuarch1"
+)]
+pub trait JitCache {
+    fn list_caches(&self) -> zbus::Result<Vec<JitCacheRecord>>;
+    fn garbage_collect(&self) -> zbus::Result<u64>;
+    #[zbus(property)]
+    fn used_bytes(&self) -> zbus::Result<u64>;
+    #[zbus(property)]
+    fn limit_bytes(&self) -> zbus::Result<u64>;
+}
+
 /// `io.gpuarch1.Job`.
 #[proxy(interface = "io.gpuarch1.Job", default_service = "io.gpuarch1")]
 pub trait Job {
@@ -315,6 +356,7 @@ mod tests {
         assert_eq!(DeviceRecord::SIGNATURE, "a{sv}");
         assert_eq!(KernelRecord::SIGNATURE, "a{sv}");
         assert_eq!(VerifyRecord::SIGNATURE, "a{sv}");
+        assert_eq!(JitCacheRecord::SIGNATURE, "a{sv}");
         assert_eq!(JobState::SIGNATURE, "s");
         let ctxt = Context::new(LE, 0);
         let bytes = to_bytes(ctxt, &record()).unwrap();

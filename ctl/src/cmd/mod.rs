@@ -9,6 +9,7 @@ pub mod doctor;
 pub mod engine;
 pub mod gc;
 pub mod inspect;
+pub mod jit;
 pub mod kernels;
 pub mod matching;
 pub mod plan;
