@@ -768,7 +768,7 @@ pub fn scan_mounts(mut each: impl FnMut(&str, &str)) {
         if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
             continue;
         }
-        // One read per mount namespace. Under the unit's empty capability
+        // One read per mount namespace. Under the unit's capability
         // set the namespace link of another user's process cannot be read
         // (no CAP_SYS_PTRACE), but its mountinfo can: read it then too,
         // or that container's mounts would be missed and evicted.

@@ -100,16 +100,21 @@ fn read_label(scope: &Path) -> Option<Label> {
 }
 
 /// Bytes allocated to `dir` and everything in it, never following a
-/// symlink; what cannot be read is not counted.
+/// symlink. What cannot be read is not counted, and said once per cache.
 pub fn disk_use(dir: &Path) -> u64 {
     let mut total = 0u64;
     let mut todo = vec![dir.to_owned()];
+    let mut unread = None;
     while let Some(d) = todo.pop() {
         if let Ok(m) = std::fs::symlink_metadata(&d) {
             total = total.saturating_add(m.blocks() * 512);
         }
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
+        let entries = match std::fs::read_dir(&d) {
+            Ok(e) => e,
+            Err(e) => {
+                unread.get_or_insert((d, e));
+                continue;
+            }
         };
         for e in entries.flatten() {
             // DirEntry::metadata is lstat: a symlink is counted as itself.
@@ -120,6 +125,13 @@ pub fn disk_use(dir: &Path) -> u64 {
                 total = total.saturating_add(m.blocks() * 512);
             }
         }
+    }
+    if let Some((d, e)) = unread {
+        tracing::warn!(
+            "JIT cache {}: {} cannot be read ({e}); its size is not counted",
+            dir.display(),
+            d.display()
+        );
     }
     total
 }
@@ -156,6 +168,9 @@ pub fn mounted(dir: &Path) -> HashSet<(String, String)> {
 pub struct GcReport {
     pub freed_bytes: u64,
     pub removed: Vec<PathBuf>,
+    /// Caches set aside but not (wholly) removed, and why: they stay out
+    /// of the hook's reach, and the next pass tries again.
+    pub failed: Vec<String>,
 }
 
 fn age(p: &Path) -> Option<Duration> {
@@ -191,13 +206,30 @@ pub fn gc(cfg: &JitCacheConfig, in_use: &HashSet<(String, String)>) -> io::Resul
             let _ = std::fs::rename(&gone, &path);
             continue;
         }
-        if remove_tree(&gone).is_ok() {
-            total = total.saturating_sub(c.bytes);
-            report.freed_bytes += c.bytes;
-            report.removed.push(path);
+        match remove_tree(&gone) {
+            Ok(()) => {
+                total = total.saturating_sub(c.bytes);
+                report.freed_bytes += c.bytes;
+                report.removed.push(path);
+            }
+            Err(e) => report.failed.push(format!("{}: {e}", gone.display())),
         }
     }
     Ok(report)
+}
+
+/// Say what a collection did, in the journal.
+pub fn log_report(r: &GcReport) {
+    if !r.removed.is_empty() {
+        tracing::info!(
+            "JIT caches: removed {} least recently started, {} bytes",
+            r.removed.len(),
+            r.freed_bytes
+        );
+    }
+    for f in &r.failed {
+        tracing::warn!("JIT caches: cannot remove {f}");
+    }
 }
 
 /// What a collection or a hook left half done: `.evict-*` (gpuarchd

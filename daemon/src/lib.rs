@@ -344,13 +344,9 @@ async fn jit_gc_every(shared: Arc<Shared>) {
         let cfg = shared.config().jit_cache.clone();
         let r = tokio::task::spawn_blocking(move || jit::gc(&cfg, &jit::mounted(&cfg.dir))).await;
         match r {
-            Ok(Ok(r)) if !r.removed.is_empty() => info!(
-                "JIT caches: removed {} least recently started, {} bytes",
-                r.removed.len(),
-                r.freed_bytes
-            ),
+            Ok(Ok(r)) => jit::log_report(&r),
             Ok(Err(e)) => warn!("JIT caches: {e}"),
-            _ => {}
+            Err(_) => {}
         }
     }
 }

@@ -487,6 +487,14 @@ impl JitCache {
         })
         .await?
         .map_err(|e| fdo::Error::Failed(e.to_string()))?;
+        crate::jit::log_report(&r);
+        if let Some(f) = r.failed.first() {
+            return Err(fdo::Error::Failed(format!(
+                "freed {} bytes; {} cache(s) set aside but not removed: {f}",
+                r.freed_bytes,
+                r.failed.len()
+            )));
+        }
         Ok(r.freed_bytes)
     }
 

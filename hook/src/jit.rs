@@ -20,7 +20,7 @@ use gpuarch_core::jit::{self, Cache};
 use gpuarch_core::oci::ContainerView;
 use gpuarch_core::plan::Plan;
 use nix::errno::Errno;
-use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2, renameat};
+use nix::fcntl::{OFlag, OpenHow, RenameFlags, ResolveFlag, openat2, renameat2};
 use nix::sys::stat::{Mode, UtimensatFlags, fstat, mkdirat, utimensat};
 use nix::sys::time::TimeSpec;
 use nix::unistd::{Gid, Uid, fchownat};
@@ -79,14 +79,21 @@ pub fn prepare(cfg: &JitCacheConfig, cache: &Cache) -> Result<Prepared, JitError
         }
     };
     let root_path = &cfg.dir;
-    if let Err(e) = std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(root_path)
-    {
-        return Err(io(root_path, "create")(Errno::from_raw(
-            e.raw_os_error().unwrap_or(libc::EIO),
-        )));
+    // The directories above as any directory is made (0755 under the usual
+    // umask), the caches' own root for root alone.
+    let made = match root_path.parent() {
+        Some(parent) => std::fs::create_dir_all(parent),
+        None => Ok(()),
+    }
+    .and_then(|()| std::fs::DirBuilder::new().mode(0o700).create(root_path));
+    match made {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(io(root_path, "create")(Errno::from_raw(
+                e.raw_os_error().unwrap_or(libc::EIO),
+            )));
+        }
     }
     gpuarch_fs::trust::check(root_path)?;
     let how = OpenHow::new()
@@ -158,7 +165,15 @@ fn open_or_make(
                 nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
             )
             .map_err(io("chown"))?;
-            match renameat(dir.as_fd(), tmp.as_str(), dir.as_fd(), name) {
+            // Never over another start's directory (rename replaces an
+            // empty one): theirs is used instead.
+            match renameat2(
+                dir.as_fd(),
+                tmp.as_str(),
+                dir.as_fd(),
+                name,
+                RenameFlags::RENAME_NOREPLACE,
+            ) {
                 Ok(()) => made,
                 // Another start made it first: use theirs.
                 Err(Errno::EEXIST | Errno::ENOTEMPTY) => {

@@ -37,6 +37,26 @@ pub struct Node {
     notify: UnixDatagram,
     /// Every sd_notify datagram received so far.
     pub notes: Vec<String>,
+    /// The capability bounding set gpuarchd starts with (`setpriv
+    /// --bounding-set`, as `CapabilityBoundingSet=` of the unit); `None`:
+    /// the test's own (root's, all).
+    pub bounding_set: Option<String>,
+}
+
+/// The unit's `CapabilityBoundingSet=`, as setpriv spells it.
+pub fn unit_bounding_set() -> String {
+    let unit = std::fs::read_to_string(workspace_root().join("systemd/gpuarchd.service")).unwrap();
+    let caps: Vec<String> = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+        .collect();
+    std::iter::once("-all".to_owned())
+        .chain(caps)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn bus_config(dir: &Path, policy: Policy) -> String {
@@ -128,6 +148,7 @@ impl Node {
             daemon: None,
             notify,
             notes: Vec::new(),
+            bounding_set: None,
         }
     }
 
@@ -165,7 +186,17 @@ impl Node {
     }
 
     pub fn daemon_cmd(&self) -> Command {
-        let mut c = Command::new(&artifacts().gpuarchd);
+        let mut c = match &self.bounding_set {
+            None => Command::new(&artifacts().gpuarchd),
+            Some(set) => {
+                let mut c = Command::new("setpriv");
+                c.arg(format!("--bounding-set={set}"))
+                    .arg("--inh-caps=-all")
+                    .arg("--")
+                    .arg(&artifacts().gpuarchd);
+                c
+            }
+        };
         c.arg("--nvml-lib")
             .arg(&artifacts().fake_nvml)
             .arg("--snapshot")

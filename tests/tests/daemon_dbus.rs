@@ -1530,3 +1530,65 @@ fn jit_ls_and_gc_through_gpuarchctl() {
     );
     node.stop();
 }
+
+/// The caches belong to the containers' uids (mode 0700, and whatever
+/// modes the software inside chose): gpuarchd, with the unit's capability
+/// bounding set, sizes and removes them. With none at all (the unit before
+/// the JIT caches) it could do neither: the control.
+#[test]
+fn jit_caches_of_other_uids_are_sized_and_removed_under_the_units_capabilities() {
+    require!("setpriv");
+    use std::os::unix::fs::PermissionsExt;
+    let cache_of_1000 = |jit: &Path| {
+        let p = jit_cache(jit, "uid1000-image-cccc", "sm_86", 2 << 20, 0);
+        let locked = p.join("torch_extensions/ext");
+        for d in [&p, &locked] {
+            nix::unistd::chown(d.as_path(), Some(1000.into()), Some(1000.into())).unwrap();
+        }
+        nix::unistd::chown(&locked.join("ext.so"), Some(1000.into()), None).unwrap();
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o500)).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let t = std::time::SystemTime::now() - Duration::from_secs(7200);
+        std::fs::File::open(&p).unwrap().set_modified(t).unwrap();
+        p
+    };
+    let run = |bounding: String| {
+        let mut node = Node::new("2080ti-3090", Policy::Shipped);
+        node.bounding_set = Some(bounding);
+        let jit = node.path("jit");
+        let base = std::fs::read_to_string(node.path("config.yaml")).unwrap();
+        let yaml = |max: u64| {
+            format!(
+                "{base}jit_cache:\n  enable: true\n  dir: {}\n  max_bytes: {max}\n",
+                jit.display()
+            )
+        };
+        std::fs::write(node.path("config.yaml"), yaml(1 << 30)).unwrap();
+        node.start(&[]);
+        let cache = cache_of_1000(&jit);
+        let o = node.ctl(None, &["--json", "jit", "ls"]);
+        let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let bytes = doc["caches"][0]["bytes"].as_u64().unwrap();
+        std::fs::write(node.path("config.yaml"), yaml(1 << 20)).unwrap();
+        assert!(node.ctl(None, &["reload"]).status.success());
+        let gc = node.ctl(None, &["jit", "gc"]);
+        let log = node.log();
+        node.stop();
+        (bytes, gc, cache.exists(), log)
+    };
+    let (bytes, gc, left, _) = run(gpuarch_tests::daemon::unit_bounding_set());
+    assert!(
+        bytes >= 2 << 20,
+        "sized {bytes} under the unit's capabilities"
+    );
+    assert!(gc.status.success(), "{}", all_text(&gc));
+    assert!(!left, "not removed under the unit's capabilities");
+
+    // No capability: the cache cannot be read, so it is never found over
+    // the limit. gpuarchd says so rather than report it small and quiet.
+    let (bytes, gc, left, log) = run("-all".to_owned());
+    assert!(bytes < 2 << 20, "sized {bytes} with no capability at all");
+    assert!(all_text(&gc).contains("freed 0 B"), "{}", all_text(&gc));
+    assert!(left);
+    assert!(log.contains("cannot be read (Permission denied"), "{log}");
+}
