@@ -158,6 +158,7 @@ pub fn checks(cli: &Cli, root: &Path) -> Vec<Check> {
     checks.push(nvml(cli));
     checks.push(snapshot(cli, root, &config.daemon));
     checks.push(cache(&under(root, &config.kernels.cache_dir)));
+    checks.push(jit(&config.jit_cache, root));
     checks.push(podman(root));
     checks.push(docker(root));
     checks.push(containerd(root));
@@ -408,6 +409,62 @@ fn cache(dir: &Path) -> Check {
             "{} is writable, {:.1} GiB free",
             dir.display(),
             free as f64 / f64::from(1u32 << 30)
+        ),
+    )
+}
+
+/// The JIT caches, when on: their directory is root's and no one else's
+/// (the hook refuses it otherwise), and gpuarchd's unit may write there
+/// (ProtectSystem=strict leaves it only /var/cache/gpuarch, unless a
+/// drop-in adds `ReadWritePaths=`).
+fn jit(cfg: &gpuarch_core::config::JitCacheConfig, root: &Path) -> Check {
+    const NAME: &str = "JIT caches";
+    if !cfg.enable {
+        return skip(NAME, "off (jit_cache.enable)");
+    }
+    let dir = under(root, &cfg.dir);
+    if dir.exists()
+        && let Err(u) = gpuarch_inventory::trust::check(&dir)
+    {
+        let fix = u.fix.clone();
+        return fail(NAME, format!("jit_cache.dir: {u}"), fix);
+    }
+    if !cfg.dir.starts_with("/var/cache/gpuarch") {
+        let dropins = under(root, Path::new("/etc/systemd/system/gpuarchd.service.d"));
+        let named = std::fs::read_dir(&dropins)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                std::fs::read_to_string(e.path()).is_ok_and(|t| {
+                    t.lines().any(|l| {
+                        l.trim_start().starts_with("ReadWritePaths=")
+                            && l.split(['=', ' ']).any(|w| Path::new(w) == cfg.dir)
+                    })
+                })
+            });
+        if !named {
+            return fail(
+                NAME,
+                format!(
+                    "{} is outside /var/cache/gpuarch, where gpuarchd's unit cannot write: it cannot remove caches there",
+                    cfg.dir.display()
+                ),
+                format!(
+                    "add ReadWritePaths={} in {}/jit.conf, then systemctl daemon-reload and restart gpuarchd",
+                    cfg.dir.display(),
+                    dropins.display()
+                ),
+            );
+        }
+    }
+    ok(
+        NAME,
+        format!(
+            "on, scope {}, in {} (up to {:.1} GiB)",
+            cfg.scope,
+            cfg.dir.display(),
+            cfg.max_bytes as f64 / f64::from(1u32 << 30)
         ),
     )
 }
@@ -685,6 +742,44 @@ fn crio(root: &Path) -> Vec<Check> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_jit_check_names_an_untrusted_or_unwritable_directory() {
+        use gpuarch_core::config::JitCacheConfig;
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let off = JitCacheConfig::default();
+        assert_eq!(jit(&off, root.path()).status, Status::Skip);
+        let on = JitCacheConfig {
+            enable: true,
+            ..off
+        };
+        assert_eq!(jit(&on, root.path()).status, Status::Ok);
+        let dir = under(root.path(), &on.dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let c = jit(&on, root.path());
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("is not trusted"), "{}", c.detail);
+        let srv = JitCacheConfig {
+            dir: PathBuf::from("/srv/jit"),
+            ..on
+        };
+        let c = jit(&srv, root.path());
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.fix.unwrap().contains("ReadWritePaths=/srv/jit"));
+        let dropins = under(
+            root.path(),
+            Path::new("/etc/systemd/system/gpuarchd.service.d"),
+        );
+        std::fs::create_dir_all(&dropins).unwrap();
+        std::fs::write(
+            dropins.join("jit.conf"),
+            "[Service]\nReadWritePaths=/srv/jit\n",
+        )
+        .unwrap();
+        assert_eq!(jit(&srv, root.path()).status, Status::Ok);
+    }
 
     #[test]
     fn toml_find_names_the_table() {
