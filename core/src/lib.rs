@@ -16,7 +16,8 @@
 //! - [`env`]: the names of the variables gpuarch injects;
 //! - [`toolkit`]: which architectures each CUDA release builds, and the
 //!   container's own toolkit;
-//! - [`jit`]: which per-architecture JIT cache a container gets.
+//! - [`jit`]: which per-architecture JIT cache a container gets;
+//! - [`slurm`]: gres.conf lines by architecture, and Slurm's GPU numbering.
 
 pub mod arch;
 pub mod config;
@@ -27,6 +28,7 @@ pub mod oci;
 pub mod plan;
 pub mod requirement;
 pub mod select;
+pub mod slurm;
 pub mod snapshot;
 pub mod toolkit;
 

@@ -73,6 +73,9 @@ pub enum Cmd {
     /// The per-architecture JIT caches (config jit_cache).
     #[command(subcommand)]
     Jit(JitCmd),
+    /// Slurm: gres.conf typed by architecture, and the TaskProlog.
+    #[command(subcommand)]
+    Slurm(SlurmCmd),
     /// Check every cached file's sha256; corrupt builds are quarantined and
     /// rebuilt (root or group gpuarch). Exit status 1 when any was corrupt.
     Verify,
@@ -84,6 +87,29 @@ pub enum Cmd {
     /// Wire gpuarch into a container engine's own config.
     #[command(subcommand)]
     Engine(EngineCmd),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SlurmCmd {
+    /// gres.conf lines for this node: "Name=gpu Type=sm_XY File=/dev/nvidiaN"
+    /// per GPU in minor order (Slurm numbers GPUs by their place there),
+    /// after a comment with the node's slurm.conf Gres= and Features=. Jobs
+    /// then ask --gres=gpu:sm_86:1. A node with MIG is refused.
+    Gres {
+        /// Replace this file (atomically) instead of printing.
+        #[arg(long, value_name = "PATH")]
+        write: Option<PathBuf>,
+        /// The node's name in the slurm.conf comment [default: the short
+        /// host name].
+        #[arg(long, value_name = "NAME")]
+        node: Option<String>,
+    },
+    /// The TaskProlog (slurm.conf TaskProlog=/usr/lib/gpuarch/slurm-task-prolog):
+    /// "export NAME=value" lines of the Plan for the step's GPUs
+    /// (SLURM_STEP_GPUS, else SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES),
+    /// asked of gpuarchd, else planned from its snapshot. Never fails a job:
+    /// on any error it prints nothing and logs why.
+    TaskProlog,
 }
 
 #[derive(Debug, Subcommand)]

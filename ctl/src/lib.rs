@@ -17,7 +17,7 @@ pub mod source;
 use anyhow::Result;
 
 pub use crate::cli::{Cli, EXIT_ERROR, EXIT_NO};
-use crate::cli::{Cmd, EngineCmd, JitCmd};
+use crate::cli::{Cmd, EngineCmd, JitCmd, SlurmCmd};
 use crate::source::Source;
 
 /// An error and its causes in one line (see [`gpuarch_core::one_line`]).
@@ -64,6 +64,10 @@ pub fn run(cli: &Cli) -> Result<u8> {
         }
         Cmd::Kernels => cmd::kernels::run(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, &mut out)?,
         Cmd::Gc => cmd::gc::run(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, &mut out)?,
+        Cmd::Slurm(SlurmCmd::Gres { write, node }) => {
+            cmd::slurm::gres(cli, write.as_ref(), node.as_deref(), &mut out)?
+        }
+        Cmd::Slurm(SlurmCmd::TaskProlog) => cmd::slurm::task_prolog(&mut out),
         Cmd::Jit(JitCmd::Ls) => cmd::jit::ls(cli.json, daemon(JIT_IS_THE_DAEMONS)?, &mut out)?,
         Cmd::Jit(JitCmd::Gc) => cmd::jit::gc(cli.json, daemon(JIT_IS_THE_DAEMONS)?, &mut out)?,
         Cmd::Verify => cmd::verify::run(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, &mut out)?,

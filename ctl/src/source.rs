@@ -96,12 +96,17 @@ pub struct Daemon {
 impl Daemon {
     /// Connect to the system bus (`DBUS_SYSTEM_BUS_ADDRESS` names another).
     pub fn connect() -> Result<Daemon> {
+        Self::connect_within(PATIENCE)
+    }
+
+    /// [`Daemon::connect`], giving up after `limit`.
+    pub fn connect_within(limit: Duration) -> Result<Daemon> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
         let conn = rt
-            .block_on(async { tokio::time::timeout(PATIENCE, Connection::system()).await })
-            .map_err(|_| BusError::Timeout(PATIENCE.as_secs()))?
+            .block_on(async { tokio::time::timeout(limit, Connection::system()).await })
+            .map_err(|_| BusError::Timeout(limit.as_secs()))?
             .map_err(BusError::NoBus)?;
         Ok(Daemon { rt, conn })
     }

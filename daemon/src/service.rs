@@ -86,6 +86,31 @@ impl Inventory {
         Ok((p.env.into_iter().collect(), p.notes))
     }
 
+    /// gres.conf lines for this node: one "Name=gpu Type=sm_XY
+    /// File=/dev/nvidiaN" per GPU in minor order, after comments with the
+    /// node's slurm.conf Gres= and Features=. Failed for a node with MIG.
+    #[zbus(out_args("gres_conf"))]
+    fn slurm_gres(&self) -> fdo::Result<String> {
+        let snap = current(&self.shared)?;
+        let node = gpuarch_core::slurm::short_name(
+            &nix::unistd::gethostname()
+                .map(|h| h.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        );
+        gpuarch_core::slurm::gres_conf(&snap, &node).map_err(|e| fdo::Error::Failed(e.to_string()))
+    }
+
+    /// Plan for a Slurm job step: `gpus` as SLURM_STEP_GPUS says them
+    /// (indices in gres.conf order, which gpuarch writes in minor order;
+    /// "0,2-3"). An index the node has not is an InvalidArgs error.
+    #[zbus(out_args("env", "notes"))]
+    fn slurm_plan(&self, gpus: &str) -> fdo::Result<(Env, Vec<String>)> {
+        let snap = current(&self.shared)?;
+        let p = gpuarch_core::slurm::plan(gpus, &snap, &self.shared.config().env)
+            .map_err(fdo::Error::InvalidArgs)?;
+        Ok((p.env.into_iter().collect(), p.notes))
+    }
+
     /// UUIDs of the GPUs meeting every comma-joined term of the requirement:
     /// arch>=X.Y, arch>X.Y, arch<=X.Y, arch<X.Y, arch=X.Y, arch!=X.Y,
     /// feature=NAME. A bad term is an InvalidArgs error naming it; so is a

@@ -6,6 +6,7 @@
 pub mod containers;
 pub mod daemon;
 pub mod engines;
+pub mod slurm;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

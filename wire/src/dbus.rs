@@ -251,6 +251,8 @@ pub trait Inventory {
     fn plan(&self, devices: &[&str]) -> zbus::Result<(Env, Vec<String>)>;
     #[zbus(name = "Match")]
     fn match_devices(&self, requirement: &str) -> zbus::Result<Vec<String>>;
+    fn slurm_gres(&self) -> zbus::Result<String>;
+    fn slurm_plan(&self, gpus: &str) -> zbus::Result<(Env, Vec<String>)>;
     #[zbus(property)]
     fn compute_capabilities(&self) -> zbus::Result<Vec<String>>;
     #[zbus(property)]

@@ -15,5 +15,6 @@ pub mod matching;
 pub mod plan;
 pub mod prewarm;
 pub mod reload;
+pub mod slurm;
 pub mod status;
 pub mod verify;
