@@ -85,8 +85,8 @@ pub struct ContainerView {
     /// are skipped while parsing, so a config holding a million of them
     /// costs no more than its bytes.
     pub annotations: BTreeMap<String, String>,
-    /// `linux.devices[].path`, in order.
-    pub device_paths: Vec<String>,
+    /// `linux.devices`, in order.
+    pub devices: Vec<DeviceNode>,
     /// `process.user`: the uid and gid the container's process runs as,
     /// in the container's user namespace. `None` without a `process`.
     pub user: Option<(u32, u32)>,
@@ -225,6 +225,45 @@ struct RawIdMapping {
 #[derive(Deserialize)]
 struct RawDevice {
     path: String,
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+    #[serde(default)]
+    major: Option<i64>,
+    #[serde(default)]
+    minor: Option<i64>,
+}
+
+/// One `linux.devices` entry: the path inside the container, and for a
+/// character device its real number, which names the device whatever the
+/// path says (`--device /dev/nvidia3:/dev/nvidia0` is minor 3).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceNode {
+    pub path: String,
+    /// `(major, minor)` of a `type: c` entry that has both.
+    pub char_number: Option<(u32, u32)>,
+}
+
+impl DeviceNode {
+    /// A node known by its path alone.
+    pub fn path(path: &str) -> Self {
+        Self {
+            path: path.to_owned(),
+            char_number: None,
+        }
+    }
+}
+
+impl From<RawDevice> for DeviceNode {
+    fn from(d: RawDevice) -> Self {
+        let number = match (d.kind.as_deref(), d.major, d.minor) {
+            (Some("c"), Some(ma), Some(mi)) => u32::try_from(ma).ok().zip(u32::try_from(mi).ok()),
+            _ => None,
+        };
+        Self {
+            path: d.path,
+            char_number: number,
+        }
+    }
 }
 
 impl ContainerView {
@@ -269,7 +308,7 @@ impl ContainerView {
         Self {
             env,
             annotations: raw.annotations.unwrap_or_default(),
-            device_paths: devices.into_iter().map(|d| d.path).collect(),
+            devices: devices.into_iter().map(DeviceNode::from).collect(),
             user,
             uid_mappings,
             gid_mappings,
@@ -330,7 +369,13 @@ mod tests {
         assert_eq!(v.env_get("A"), Some("1=2"));
         assert_eq!(v.env_get("NOEQ"), None);
         assert_eq!(v.annotations["cdi.k8s.io/x"], "nvidia.com/gpu=0");
-        assert_eq!(v.device_paths, ["/dev/nvidia1"]);
+        assert_eq!(
+            v.devices,
+            [DeviceNode {
+                path: "/dev/nvidia1".into(),
+                char_number: Some((195, 1))
+            }]
+        );
     }
 
     #[test]

@@ -272,6 +272,9 @@ pub fn check_request_entry(entry: &str, inv: &Snapshot) -> Result<(), DeviceName
     resolve(t, inv).map(|_| ())
 }
 
+/// The character major of /dev/nvidiaN, nvidiactl and nvidia-modeset.
+const NVIDIA_MAJOR: u32 = 195;
+
 fn select_source(
     view: &ContainerView,
     inv: &Snapshot,
@@ -309,21 +312,40 @@ fn select_source(
         return Some(Source::Cdi);
     }
 
-    // 2. /dev/nvidiaN device nodes.
+    // 2. /dev/nvidiaN device nodes: by their real number where the config
+    // gives it (NVIDIA's major is 195; 254 and 255 are nvidia-modeset and
+    // nvidiactl), else by the number in the path.
     let mut nodes = false;
-    for path in &view.device_paths {
-        let Some(n) = path.strip_prefix("/dev/nvidia") else {
-            continue;
+    for node in &view.devices {
+        let minor = match node.char_number {
+            Some((NVIDIA_MAJOR, m)) if m < 254 => m,
+            Some(_) => continue, // nvidiactl, nvidia-uvm, nvidia-caps, other devices
+            None => {
+                let Some(n) = node.path.strip_prefix("/dev/nvidia") else {
+                    continue;
+                };
+                if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+                    continue; // nvidiactl, nvidia-uvm, nvidia-caps/...
+                }
+                match n.parse::<u32>() {
+                    Ok(m) => m,
+                    Err(_) => {
+                        nodes = true;
+                        notes.push(format!(
+                            "device node {}: no GPU with that minor number on this host; ignored",
+                            shown(&node.path)
+                        ));
+                        continue;
+                    }
+                }
+            }
         };
-        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
-            continue; // nvidiactl, nvidia-uvm, nvidia-caps/...
-        }
         nodes = true;
-        match n.parse::<u32>().ok().and_then(|m| inv.device_by_minor(m)) {
+        match inv.device_by_minor(minor) {
             Some(d) => extend_distinct(gpus, vec![AssignedGpu::whole(d)]),
             None => notes.push(format!(
-                "device node {}: no GPU with minor number {n} on this host; ignored",
-                shown(path)
+                "device node {} (minor {minor}): no GPU with minor number {minor} on this host; ignored",
+                shown(&node.path)
             )),
         }
     }
@@ -435,6 +457,7 @@ fn narrow(visible: &[AssignedGpu], cvd: &str, notes: &mut Vec<String>) -> Vec<As
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::oci::DeviceNode;
     use crate::snapshot::MigDevice;
 
     pub(crate) fn dev(index: u32, minor: u32, uuid: &str, name: &str, cc: &str, bus: u8) -> Device {
@@ -554,10 +577,10 @@ pub(crate) mod tests {
     #[test]
     fn device_nodes_are_matched_by_minor_number() {
         let mut v = ContainerView {
-            device_paths: vec![
-                "/dev/nvidiactl".into(),
-                "/dev/nvidia-uvm".into(),
-                "/dev/nvidia0".into(),
+            devices: vec![
+                DeviceNode::path("/dev/nvidiactl"),
+                DeviceNode::path("/dev/nvidia-uvm"),
+                DeviceNode::path("/dev/nvidia0"),
             ],
             ..ContainerView::default()
         };
@@ -566,7 +589,7 @@ pub(crate) mod tests {
         // minor 0 is the 3090 (index 1), not index 0
         assert_eq!(uuids(&s), ["GPU-bbbb"]);
 
-        v.device_paths.push("/dev/nvidia9".into());
+        v.devices.push(DeviceNode::path("/dev/nvidia9"));
         let s = select(&v, &host());
         assert_eq!(uuids(&s), ["GPU-bbbb"]);
         assert!(
@@ -577,11 +600,40 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_node_is_the_gpu_its_number_names_whatever_its_path() {
+        let node = |path: &str, major: u32, minor: u32| DeviceNode {
+            path: path.into(),
+            char_number: Some((major, minor)),
+        };
+        // docker run --device /dev/nvidia1:/dev/nvidia0: minor 1 is the
+        // 2080 Ti (GPU-aaaa), whatever the path inside says.
+        let v = ContainerView {
+            devices: vec![
+                node("/dev/nvidia0", 195, 1),
+                node("/dev/nvidiactl", 195, 255),
+            ],
+            ..ContainerView::default()
+        };
+        let s = select(&v, &host());
+        assert_eq!(s.source, Some(Source::DeviceNodes));
+        assert_eq!(uuids(&s), ["GPU-aaaa"]);
+        // Another driver's device under an NVIDIA-looking name is no GPU.
+        let v = ContainerView {
+            devices: vec![
+                node("/dev/nvidia0", 10, 0),
+                node("/dev/nvidia-modeset", 195, 254),
+            ],
+            ..ContainerView::default()
+        };
+        assert_eq!(select(&v, &host()).source, None);
+    }
+
+    #[test]
     fn control_nodes_alone_are_no_request() {
         let v = ContainerView {
-            device_paths: vec![
-                "/dev/nvidiactl".into(),
-                "/dev/nvidia-caps/nvidia-cap1".into(),
+            devices: vec![
+                DeviceNode::path("/dev/nvidiactl"),
+                DeviceNode::path("/dev/nvidia-caps/nvidia-cap1"),
             ],
             ..ContainerView::default()
         };
@@ -609,7 +661,7 @@ pub(crate) mod tests {
     #[test]
     fn cdi_annotations_come_first() {
         let mut v = env(&[("NVIDIA_VISIBLE_DEVICES", "0")]);
-        v.device_paths = vec!["/dev/nvidia1".into()];
+        v.devices = vec![DeviceNode::path("/dev/nvidia1")];
         v.annotations
             .insert("cdi.k8s.io/gpu".into(), "nvidia.com/gpu=GPU-bbbb".into());
         let s = select(&v, &host());
@@ -626,7 +678,7 @@ pub(crate) mod tests {
         let mut v = ContainerView::default();
         v.annotations
             .insert("cdi.k8s.io/net".into(), "vendor.com/nic=eth1".into());
-        v.device_paths = vec!["/dev/nvidia1".into()];
+        v.devices = vec![DeviceNode::path("/dev/nvidia1")];
         let s = select(&v, &host());
         assert_eq!(s.source, Some(Source::DeviceNodes));
         assert_eq!(uuids(&s), ["GPU-aaaa"]);
@@ -636,7 +688,7 @@ pub(crate) mod tests {
     #[test]
     fn device_nodes_beat_nvidia_visible_devices() {
         let mut v = env(&[("NVIDIA_VISIBLE_DEVICES", "all")]);
-        v.device_paths = vec!["/dev/nvidia1".into()];
+        v.devices = vec![DeviceNode::path("/dev/nvidia1")];
         assert_eq!(uuids(&select(&v, &host())), ["GPU-aaaa"]);
     }
 

@@ -36,7 +36,7 @@ fuzz_target!(|data: &[u8]| {
             ..Default::default()
         },
         ContainerView {
-            device_paths: vec![s.to_owned()],
+            devices: vec![gpuarch_core::oci::DeviceNode::path(s)],
             ..Default::default()
         },
     ] {

@@ -119,6 +119,14 @@ fn podman_device_nodes_assign_gpus() {
         both.ok().hints(),
         (Some("7.5;8.6"), Some("float16"), Some("sdpa"))
     );
+    // The 2080 Ti's node (minor 0) under the 3090's name: podman puts the
+    // real number in the config, and that is the GPU.
+    let renamed = format!("{}:/dev/nvidia1", dev.join("nvidia0").display());
+    let seen = s.podman(&["--device", &renamed]);
+    assert_eq!(
+        seen.ok().hints(),
+        (Some("7.5"), Some("float16"), Some("sdpa"))
+    );
 }
 
 /// CDI, the path of Kubernetes DRA and the NVIDIA device plugin's CDI
@@ -177,6 +185,44 @@ fn podman_cdi_devices_get_the_plan_of_the_gpu_the_spec_names() {
         zero.ok().hints(),
         (Some("7.5"), Some("float16"), Some("sdpa"))
     );
+
+    // Kubernetes DRA: NVIDIA's DRA driver writes one transient spec per
+    // claim, kind k8s.gpu.nvidia.com/claim, devices named <claim>-gpu-<N>,
+    // and, in its common edits, NVIDIA_VISIBLE_DEVICES=void (so the legacy
+    // hook adds nothing). The container's GPU is its device node.
+    let claim = "dab5ab50-d59a-42a6-af16-cfd4628c0f7a";
+    let dra = json!({
+        "cdiVersion": "0.5.0",
+        "kind": "k8s.gpu.nvidia.com/claim",
+        "devices": [{"name": format!("{claim}-gpu-2"), "containerEdits": {"deviceNodes": [node(2)]}}],
+        "containerEdits": {
+            "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+            "deviceNodes": [{"path": "/dev/nvidiactl", "hostPath": dev.join("nvidiactl")}],
+        },
+    });
+    nix::sys::stat::mknod(
+        &dev.join("nvidiactl"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(195, 255),
+    )
+    .unwrap();
+    let dra_file = Spec(cdi_dir.join(format!(
+        "k8s.gpu.nvidia.com-claim_gpuarch-test-{}.json",
+        std::process::id()
+    )));
+    std::fs::write(&dra_file.0, dra.to_string()).unwrap();
+    let claimed = s.podman(&[
+        "--device",
+        &format!("k8s.gpu.nvidia.com/claim={claim}-gpu-2"),
+    ]);
+    assert_eq!(
+        claimed.ok().hints(),
+        (Some("8.6"), Some("bfloat16"), Some("flash_attention_2")),
+        "{}",
+        s.take_log()
+    );
+    assert_eq!(claimed.get("NVIDIA_VISIBLE_DEVICES"), Some("void"));
 }
 
 /// `runtime.env_files`: the shim writes the exec sessions' env files itself
