@@ -34,6 +34,9 @@
 //!   dir: /var/cache/gpuarch/jit            # default: owned by gpuarchd, mode 0700
 //!   scope: image             # image (uid + image) | uid | namespace | shared
 //!   max_bytes: 21474836480   # default: 20 GiB, then LRU eviction of unused caches
+//! export:
+//!   nfd: false               # default: no Node Feature Discovery labels file
+//!   nfd_file: /etc/kubernetes/node-feature-discovery/features.d/gpuarch
 //! log:                       # the hook's and the shim's lines (never the container's stdio)
 //!   to: auto                 # default: a terminal, else the journal, else /dev/log, else `file`
 //!   level: info              # default: decisions and warnings; debug adds "no GPU requested"
@@ -61,7 +64,32 @@ pub struct Config {
     pub kernels: KernelsConfig,
     pub daemon: DaemonConfig,
     pub jit_cache: JitCacheConfig,
+    pub export: ExportConfig,
     pub log: LogConfig,
+}
+
+/// What gpuarchd publishes for schedulers beyond D-Bus.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExportConfig {
+    /// Keep Node Feature Discovery's local-source file (`nfd_file`) with
+    /// the node's `gpuarch.io/` labels, rewritten on a real change. Default
+    /// false.
+    pub nfd: bool,
+    /// Default [`DEFAULT_NFD_FILE`]; its directory must exist (NFD's).
+    pub nfd_file: PathBuf,
+}
+
+/// Default of `export.nfd_file`: where NFD's local source reads.
+pub const DEFAULT_NFD_FILE: &str = "/etc/kubernetes/node-feature-discovery/features.d/gpuarch";
+
+impl Default for ExportConfig {
+    fn default() -> Self {
+        Self {
+            nfd: false,
+            nfd_file: PathBuf::from(DEFAULT_NFD_FILE),
+        }
+    }
 }
 
 /// Per-architecture JIT caches: a read-write directory per scope and
@@ -512,6 +540,21 @@ impl Config {
                 ),
             });
         }
+        if !cfg.export.nfd_file.is_absolute()
+            || cfg
+                .export
+                .nfd_file
+                .file_name()
+                .is_none_or(|n| n.to_string_lossy().starts_with('.'))
+        {
+            return Err(ConfigError {
+                location: None,
+                reason: format!(
+                    "export.nfd_file must be an absolute path to a file NFD reads (not a dot-file), not {}",
+                    cfg.export.nfd_file.display()
+                ),
+            });
+        }
         if !cfg.jit_cache.dir.is_absolute() || cfg.jit_cache.dir.parent().is_none() {
             return Err(ConfigError {
                 location: None,
@@ -604,6 +647,24 @@ mod tests {
             let e = Config::from_yaml(&format!("jit_cache: {{dir: {dir}}}\n")).unwrap_err();
             assert!(e.reason.contains("jit_cache.dir must be"), "{e}");
         }
+    }
+
+    #[test]
+    fn the_nfd_export_is_off_until_enabled_and_names_a_file() {
+        let c = Config::default().export;
+        assert!(!c.nfd);
+        assert_eq!(c.nfd_file, PathBuf::from(DEFAULT_NFD_FILE));
+        let c = Config::from_yaml("export: {nfd: true, nfd_file: /srv/features.d/gpus}\n")
+            .unwrap()
+            .export;
+        assert!(c.nfd);
+        assert_eq!(c.nfd_file, PathBuf::from("/srv/features.d/gpus"));
+        for f in ["gpuarch", "/srv/features.d/.gpuarch", "/"] {
+            let e = Config::from_yaml(&format!("export: {{nfd_file: \"{f}\"}}\n")).unwrap_err();
+            assert!(e.reason.contains("export.nfd_file must be"), "{f}: {e}");
+        }
+        let e = Config::from_yaml("export:\n  nfd: yes please\n").unwrap_err();
+        assert_eq!(e.location.map(|l| l.0), Some(2), "{e}");
     }
 
     #[test]

@@ -17,13 +17,15 @@
 //! - [`toolkit`]: which architectures each CUDA release builds, and the
 //!   container's own toolkit;
 //! - [`jit`]: which per-architecture JIT cache a container gets;
-//! - [`slurm`]: gres.conf lines by architecture, and Slurm's GPU numbering.
+//! - [`slurm`]: gres.conf lines by architecture, and Slurm's GPU numbering;
+//! - [`nfd`]: Kubernetes node labels for Node Feature Discovery.
 
 pub mod arch;
 pub mod config;
 pub mod env;
 pub mod features;
 pub mod jit;
+pub mod nfd;
 pub mod oci;
 pub mod plan;
 pub mod requirement;

@@ -76,6 +76,10 @@ pub enum Cmd {
     /// Slurm: gres.conf typed by architecture, and the TaskProlog.
     #[command(subcommand)]
     Slurm(SlurmCmd),
+    /// This node's Kubernetes labels (gpuarch.io/sm_86.count=1,
+    /// gpuarch.io/bf16.all=true, ...), the Node Feature Discovery file that
+    /// gpuarchd keeps with export.nfd.
+    Labels,
     /// Check every cached file's sha256; corrupt builds are quarantined and
     /// rebuilt (root or group gpuarch). Exit status 1 when any was corrupt.
     Verify,

@@ -56,6 +56,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
         Cmd::Match { requirement } => {
             cmd::matching::run(cli.json, &Source::of(cli)?, requirement, &mut out)?
         }
+        Cmd::Labels => cmd::labels::run(cli.json, &Source::of(cli)?, &mut out)?,
         Cmd::Plan(args) => cmd::plan::run(cli, &Source::of(cli)?, args, &mut out)?,
         // What only gpuarchd can do.
         Cmd::Reload => cmd::reload::run(cli.json, daemon(RELOAD_IS_THE_DAEMONS)?, &mut out)?,

@@ -18,6 +18,7 @@
 pub mod cache;
 pub mod jit;
 pub mod logging;
+pub mod nfd;
 pub mod refresh;
 pub mod sdnotify;
 pub mod service;

@@ -34,6 +34,10 @@ pub struct Refresher {
     dirty: bool,
     /// Refreshes that failed in a row, for the backoff.
     failures: u32,
+    /// Where the NFD labels were last kept, to remove them if moved.
+    nfd_written: Option<PathBuf>,
+    /// The last NFD write's error, logged once.
+    nfd_error: Option<String>,
 }
 
 impl Refresher {
@@ -44,6 +48,8 @@ impl Refresher {
             hung: None,
             dirty: false,
             failures: 0,
+            nfd_written: None,
+            nfd_error: None,
         }
     }
 
@@ -125,7 +131,56 @@ impl Refresher {
         if change.any() || self.dirty || self.file_missing() {
             self.write().await;
         }
+        self.export_nfd().await;
         self.announce(change).await;
+    }
+
+    /// Keep NFD's feature file (`export.nfd`) equal to the inventory's
+    /// labels; take it away when the export is turned off or moved. A
+    /// failure is logged once until it changes or clears.
+    async fn export_nfd(&mut self) {
+        let cfg = self.shared.config().export.clone();
+        let text = match (cfg.nfd, self.shared.snapshot()) {
+            (true, Some(snap)) => {
+                Some(gpuarch_core::nfd::render(&gpuarch_core::nfd::labels(&snap)))
+            }
+            // No inventory yet: leave whatever is there.
+            (true, None) => return,
+            (false, _) => None,
+        };
+        let old = self.nfd_written.clone();
+        let path = cfg.nfd_file.clone();
+        let r = tokio::task::spawn_blocking(move || {
+            crate::nfd::sync(&path, text.as_deref(), old.as_deref())
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+        match r {
+            Ok(done) => {
+                for d in done {
+                    match d {
+                        crate::nfd::Done::Written(p) => {
+                            info!("Node Feature Discovery labels written to {}", p.display())
+                        }
+                        crate::nfd::Done::Removed(p) => {
+                            info!("Node Feature Discovery labels removed from {}", p.display())
+                        }
+                    }
+                }
+                self.nfd_written = cfg.nfd.then_some(cfg.nfd_file);
+                self.nfd_error = None;
+            }
+            Err(e) => {
+                let e = e.to_string();
+                if self.nfd_error.as_ref() != Some(&e) {
+                    warn!(
+                        "cannot keep the Node Feature Discovery labels in {}: {e}; retrying at each refresh",
+                        cfg.nfd_file.display()
+                    );
+                }
+                self.nfd_error = Some(e);
+            }
+        }
     }
 
     /// Someone removed the snapshot file: put it back.

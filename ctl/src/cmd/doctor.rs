@@ -159,6 +159,7 @@ pub fn checks(cli: &Cli, root: &Path) -> Vec<Check> {
     checks.push(snapshot(cli, root, &config.daemon));
     checks.push(cache(&under(root, &config.kernels.cache_dir)));
     checks.push(jit(&config.jit_cache, root));
+    checks.push(nfd(cli, &config, root));
     checks.push(podman(root));
     checks.push(docker(root));
     checks.push(containerd(root));
@@ -430,20 +431,8 @@ fn jit(cfg: &gpuarch_core::config::JitCacheConfig, root: &Path) -> Check {
         return fail(NAME, format!("jit_cache.dir: {u}"), fix);
     }
     if !cfg.dir.starts_with("/var/cache/gpuarch") {
-        let dropins = under(root, Path::new("/etc/systemd/system/gpuarchd.service.d"));
-        let named = std::fs::read_dir(&dropins)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|e| {
-                std::fs::read_to_string(e.path()).is_ok_and(|t| {
-                    t.lines().any(|l| {
-                        l.trim_start().starts_with("ReadWritePaths=")
-                            && l.split(['=', ' ']).any(|w| Path::new(w) == cfg.dir)
-                    })
-                })
-            });
-        if !named {
+        let dropins = under(root, Path::new(DROPINS));
+        if !writable_by_unit(root, &cfg.dir) {
             return fail(
                 NAME,
                 format!(
@@ -467,6 +456,99 @@ fn jit(cfg: &gpuarch_core::config::JitCacheConfig, root: &Path) -> Check {
             cfg.max_bytes as f64 / f64::from(1u32 << 30)
         ),
     )
+}
+
+const DROPINS: &str = "/etc/systemd/system/gpuarchd.service.d";
+
+/// Whether a drop-in of gpuarchd's unit names `dir` in `ReadWritePaths=`
+/// (ProtectSystem=strict leaves the unit nothing else outside its own
+/// directories).
+fn writable_by_unit(root: &Path, dir: &Path) -> bool {
+    std::fs::read_dir(under(root, Path::new(DROPINS)))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| {
+            std::fs::read_to_string(e.path()).is_ok_and(|t| {
+                t.lines().any(|l| {
+                    l.trim_start().starts_with("ReadWritePaths=")
+                        && l.split(['=', ' '])
+                            .any(|w| Path::new(w.trim_start_matches('-')) == dir)
+                })
+            })
+        })
+}
+
+/// The Node Feature Discovery file, when exported: its directory exists
+/// and gpuarchd's unit may write there, and it holds the labels of the
+/// inventory gpuarchd serves now.
+fn nfd(cli: &Cli, cfg: &gpuarch_core::config::Config, root: &Path) -> Check {
+    const NAME: &str = "NFD labels";
+    let export = &cfg.export;
+    if !export.nfd {
+        return skip(NAME, "off (export.nfd)");
+    }
+    let file = under(root, &export.nfd_file);
+    let parent = export.nfd_file.parent().unwrap_or(Path::new("/"));
+    let default_dir = Path::new(gpuarch_core::config::DEFAULT_NFD_FILE).parent();
+    if !under(root, parent).is_dir() {
+        return fail(
+            NAME,
+            format!("{} does not exist", parent.display()),
+            "deploy NFD's worker (it mounts that directory from the host) or mkdir it, then systemctl restart gpuarchd",
+        );
+    }
+    if Some(parent) != default_dir && !writable_by_unit(root, parent) {
+        return fail(
+            NAME,
+            format!(
+                "{} is outside the directories gpuarchd's unit may write",
+                parent.display()
+            ),
+            format!(
+                "add ReadWritePaths={} in {DROPINS}/nfd.conf, then systemctl daemon-reload and restart gpuarchd",
+                parent.display()
+            ),
+        );
+    }
+    let text = match std::fs::read_to_string(&file) {
+        Ok(t) => t,
+        Err(e) => {
+            return fail(
+                NAME,
+                format!("{}: {e}", export.nfd_file.display()),
+                "journalctl -u gpuarchd says why it was not written (a directory made after gpuarchd started needs a restart)",
+            );
+        }
+    };
+    if !text.starts_with(gpuarch_core::nfd::HEADER) {
+        return fail(
+            NAME,
+            format!("{} was not written by gpuarchd", export.nfd_file.display()),
+            "move that file away, or point export.nfd_file elsewhere",
+        );
+    }
+    let snap_path = cli
+        .inventory
+        .clone()
+        .or_else(|| std::env::var_os("GPUARCH_INVENTORY").map(PathBuf::from))
+        .unwrap_or_else(|| under(root, &cfg.daemon.snapshot));
+    let lines = text.lines().filter(|l| !l.starts_with('#')).count();
+    match gpuarch_inventory::read_snapshot(&snap_path) {
+        Ok(snap) if gpuarch_core::nfd::render(&gpuarch_core::nfd::labels(&snap)) != text => fail(
+            NAME,
+            format!(
+                "{} does not match the inventory in {}",
+                export.nfd_file.display(),
+                snap_path.display()
+            ),
+            "journalctl -u gpuarchd says why it was not rewritten",
+        ),
+        _ => ok(
+            NAME,
+            format!("{lines} labels in {}", export.nfd_file.display()),
+        ),
+    }
 }
 
 /// The engine's program below `root`, if installed.

@@ -11,6 +11,7 @@ pub mod gc;
 pub mod inspect;
 pub mod jit;
 pub mod kernels;
+pub mod labels;
 pub mod matching;
 pub mod plan;
 pub mod prewarm;
