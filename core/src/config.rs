@@ -25,6 +25,8 @@
 //!   cuda_dirs: []                          # default: NVRTC/headers searched elsewhere
 //!   spool_dir: /run/gpuarch/kernel-requests
 //!   view_dir: null      # default: <cache_dir>/views, on the store's filesystem
+//!   remote: null        # default: no registry; else {repository: host/path, push,
+//!                       #   credentials, plain_http (loopback only), ca_file, pull_timeout_ms}
 //! daemon:
 //!   refresh_interval_s: 60   # default: seconds between NVML reads (1 to 86400)
 //!   nvml_timeout_ms: 10000   # default: budget of one NVML read (1 to 600000)
@@ -390,6 +392,105 @@ pub struct KernelsConfig {
     /// on the store's filesystem for hard links; elsewhere each build is
     /// bound on its own, one mount more per build (see [`Self::view_dir`]).
     pub view_dir: Option<PathBuf>,
+    /// A registry that shares builds between nodes. Default (null): none.
+    pub remote: Option<RemoteConfig>,
+}
+
+/// `kernels.remote`: an OCI registry repository holding builds, one
+/// artifact per store key (its tag). On a miss gpuarchd pulls before it
+/// builds; with `push`, what it builds is pushed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteConfig {
+    /// `host[:port]/path`, no tag or digest: `registry.example:5000/gpuarch/kernels`.
+    pub repository: String,
+    /// Push each build made here. Default false.
+    #[serde(default)]
+    pub push: bool,
+    /// A JSON file `{"username": ..., "password": ...}`, root's and readable
+    /// by no one else. Default: anonymous.
+    #[serde(default)]
+    pub credentials: Option<PathBuf>,
+    /// Plain HTTP instead of TLS. Only for a registry on this host's
+    /// loopback; refused for any other host. Default false.
+    #[serde(default)]
+    pub plain_http: bool,
+    /// PEM file of CA certificates to trust besides the system's. Default: none.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Budget of one entry's pull, in milliseconds; past it the build runs
+    /// here. Default 20000; 100 to 3600000.
+    #[serde(
+        default = "default_pull_timeout_ms",
+        deserialize_with = "pull_timeout_ms"
+    )]
+    pub pull_timeout_ms: u64,
+}
+
+fn default_pull_timeout_ms() -> u64 {
+    20_000
+}
+
+fn pull_timeout_ms<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    in_range(d, "pull_timeout_ms", 100..=3_600_000)
+}
+
+impl RemoteConfig {
+    /// Why `repository` is not a repository reference gpuarch can use, if
+    /// it is not: a registry host, then a lowercase path, and no tag or digest
+    /// (the tag is each entry's key).
+    pub fn check(&self) -> Result<(), String> {
+        let r = &self.repository;
+        let (host, path) = r
+            .split_once('/')
+            .ok_or_else(|| format!("kernels.remote.repository {r:?} needs a registry host and a path (host[:port]/path)"))?;
+        if host.is_empty() || !(host.contains('.') || host.contains(':') || host == "localhost") {
+            return Err(format!(
+                "kernels.remote.repository {r:?}: {host:?} is not a registry host (it needs a '.', a port, or localhost)"
+            ));
+        }
+        let path_ok = !path.is_empty()
+            && path.split('/').all(|c| {
+                !c.is_empty()
+                    && c.bytes().all(|b| {
+                        b.is_ascii_lowercase()
+                            || b.is_ascii_digit()
+                            || matches!(b, b'.' | b'_' | b'-')
+                    })
+                    && c.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+            });
+        if !path_ok || r.contains('@') {
+            return Err(format!(
+                "kernels.remote.repository {r:?}: the path must be lowercase components (a-z, 0-9, '.', '_', '-') with no tag or digest"
+            ));
+        }
+        if self.plain_http && !self.is_loopback() {
+            return Err(format!(
+                "kernels.remote.plain_http is only for a registry on loopback (localhost, 127.0.0.1, [::1]), not {host}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The registry part: `host[:port]`.
+    pub fn registry(&self) -> &str {
+        self.repository
+            .split_once('/')
+            .map_or(&self.repository, |(h, _)| h)
+    }
+
+    fn is_loopback(&self) -> bool {
+        let host = self.registry();
+        let host = match host.rsplit_once(':') {
+            Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !h.ends_with(':') => h,
+            _ => host,
+        };
+        host == "localhost"
+            || host == "[::1]"
+            || host
+                .parse::<std::net::Ipv4Addr>()
+                .is_ok_and(|a| a.is_loopback())
+    }
 }
 
 impl Default for KernelsConfig {
@@ -408,6 +509,7 @@ impl Default for KernelsConfig {
             cuda_dirs: Vec::new(),
             spool_dir: PathBuf::from("/run/gpuarch/kernel-requests"),
             view_dir: None,
+            remote: None,
         }
     }
 }
@@ -442,6 +544,18 @@ impl KernelsConfig {
                 .iter()
                 .map(|p| ("kernels.cuda_dirs".to_owned(), p)),
         );
+        if let Some(r) = &self.remote {
+            v.extend(
+                r.credentials
+                    .iter()
+                    .map(|p| ("kernels.remote.credentials".to_owned(), p)),
+            );
+            v.extend(
+                r.ca_file
+                    .iter()
+                    .map(|p| ("kernels.remote.ca_file".to_owned(), p)),
+            );
+        }
         v
     }
 }
@@ -539,6 +653,12 @@ impl Config {
                     opt_in.join(", ")
                 ),
             });
+        }
+        if let Some(r) = &cfg.kernels.remote {
+            r.check().map_err(|reason| ConfigError {
+                location: None,
+                reason,
+            })?;
         }
         if !cfg.export.nfd_file.is_absolute()
             || cfg
@@ -647,6 +767,55 @@ mod tests {
             let e = Config::from_yaml(&format!("jit_cache: {{dir: {dir}}}\n")).unwrap_err();
             assert!(e.reason.contains("jit_cache.dir must be"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_remote_names_a_repository_and_plain_http_stays_on_loopback() {
+        assert_eq!(Config::default().kernels.remote, None);
+        let c = Config::from_yaml("kernels:\n  remote:\n    repository: 127.0.0.1:5000/gpuarch/kernels\n    plain_http: true\n")
+            .unwrap();
+        let r = c.kernels.remote.unwrap();
+        assert_eq!(
+            (r.registry(), r.push, r.pull_timeout_ms),
+            ("127.0.0.1:5000", false, 20_000)
+        );
+        for (repo, plain, why) in [
+            ("gpuarch/kernels", false, "not a registry host"),
+            (
+                "registry.example",
+                false,
+                "needs a registry host and a path",
+            ),
+            ("registry.example/Kernels", false, "lowercase"),
+            ("registry.example/k:tag", false, "lowercase"),
+            ("registry.example/k@sha256:00", false, "no tag or digest"),
+            (
+                "registry.example:5000/k",
+                true,
+                "only for a registry on loopback",
+            ),
+            (
+                "127.0.0.1.evil.example/k",
+                true,
+                "only for a registry on loopback",
+            ),
+        ] {
+            let y = format!(
+                "kernels:\n  remote:\n    repository: \"{repo}\"\n    plain_http: {plain}\n"
+            );
+            let e = Config::from_yaml(&y).unwrap_err();
+            assert!(e.reason.contains(why), "{repo}: {e}");
+        }
+        for ok in ["localhost:5000/k", "[::1]:5000/k"] {
+            let y =
+                format!("kernels:\n  remote:\n    repository: \"{ok}\"\n    plain_http: true\n");
+            assert!(Config::from_yaml(&y).is_ok(), "{ok}");
+        }
+        let e = Config::from_yaml(
+            "kernels:\n  remote:\n    repository: r.example/k\n    pull_timeout_ms: 5\n",
+        )
+        .unwrap_err();
+        assert!(e.reason.contains("pull_timeout_ms"), "{e}");
     }
 
     #[test]

@@ -88,11 +88,24 @@ impl Cache {
     /// Open the store (clearing dead builds) and read the packages.
     pub fn open(cfg: KernelsConfig, shared: Arc<Shared>) -> std::io::Result<Arc<Self>> {
         let store = Store::open(&cfg.cache_dir, cfg.max_bytes)?;
-        let builder = Builder::new(
+        let mut builder = Builder::new(
             store,
             cfg.cuda_dirs.clone(),
             Duration::from_secs(cfg.build_timeout_s),
         );
+        if let Some(r) = &cfg.remote {
+            match gpuarch_registry::OciRemote::new(r) {
+                Ok(remote) => {
+                    tracing::info!(
+                        "kernel builds shared through {} (push {})",
+                        r.repository,
+                        if r.push { "on" } else { "off" }
+                    );
+                    builder = builder.with_remote(Box::new(remote));
+                }
+                Err(e) => tracing::error!("{e}; building everything here"),
+            }
+        }
         let workers = usize::try_from(cfg.workers).unwrap_or(1).max(1);
         let c = Arc::new(Self {
             builder: Arc::new(builder),
@@ -548,7 +561,10 @@ pub fn parse_arch(a: &str) -> Result<Target, RequestError> {
 fn describe(r: &ArchResult) -> String {
     let head = format!("{} {}", r.package, r.arch);
     match (&r.served, &r.error) {
-        (Some((e, true)), _) => format!("{head}: built {}", e.manifest.variant),
+        (Some((e, true)), _) => match &e.manifest.origin {
+            Some(from) => format!("{head}: pulled {} from {from}", e.manifest.variant),
+            None => format!("{head}: built {}", e.manifest.variant),
+        },
         (Some((e, false)), _) => format!("{head}: cached {}", e.manifest.variant),
         (None, Some(err)) => format!("{head}: failed: {err}"),
         (None, None) => format!(

@@ -11,6 +11,7 @@ use gpuarch_core::arch::{CodeKind, Target};
 use serde_json::json;
 
 use crate::command::{self, Vars};
+use crate::remote::{Remote, RemoteError};
 use crate::spec::{BuildSpec, Package, sha256_hex};
 use crate::store::{self, BuildError, BuildInfo, Entry, Meta, Outcome, Store};
 use crate::toolchain::{self, Nvrtc};
@@ -58,6 +59,9 @@ pub struct Builder {
     nvrtc: OnceLock<Result<Nvrtc, BuildError>>,
     /// Keys of command programs already digested, by path.
     programs: Mutex<BTreeMap<PathBuf, String>>,
+    /// The registry tier (`kernels.remote`): pulled before a build, pushed
+    /// after one.
+    remote: Option<Box<dyn Remote>>,
 }
 
 /// The inputs of variant `i` of `pkg`, without the toolkit: sources,
@@ -83,7 +87,18 @@ impl Builder {
             timeout,
             nvrtc: OnceLock::new(),
             programs: Mutex::new(BTreeMap::new()),
+            remote: None,
         }
+    }
+
+    /// Pull from and push to `remote`.
+    pub fn with_remote(mut self, remote: Box<dyn Remote>) -> Self {
+        self.remote = Some(remote);
+        self
+    }
+
+    pub fn remote(&self) -> Option<&dyn Remote> {
+        self.remote.as_deref()
     }
 
     pub fn cuda_dirs(&self) -> &[PathBuf] {
@@ -254,8 +269,67 @@ impl Builder {
         key: &str,
     ) -> Result<Outcome, BuildError> {
         let meta = Self::meta(pkg, i, arch);
-        self.store
-            .build(key, &meta, |out| self.run_backend(pkg, i, arch, out))
+        let outcome = self.store.build(key, &meta, |out| {
+            if let Some(info) = self.pull(key, &meta, out) {
+                return Ok(info);
+            }
+            self.run_backend(pkg, i, arch, out)
+        })?;
+        if let (Outcome::Built(e), Some(r)) = (&outcome, &self.remote)
+            && r.pushes()
+            && e.manifest.origin.is_none()
+        {
+            self.push(r.as_ref(), e);
+        }
+        Ok(outcome)
+    }
+
+    /// Push a build made here; a failure is logged, never the build's.
+    pub fn push(&self, r: &dyn Remote, e: &Entry) -> Option<String> {
+        match r.push(e) {
+            Ok(at) => {
+                tracing::info!(key = %e.manifest.key, "pushed {} {} to {at}", e.manifest.package, e.manifest.arch);
+                Some(at)
+            }
+            Err(err) => {
+                tracing::warn!(key = %e.manifest.key, "push failed: {err}");
+                None
+            }
+        }
+    }
+
+    /// The registry's artifact for `key`, pulled into `out` and checked, if
+    /// there is one gpuarch will serve. Everything else builds here.
+    fn pull(&self, key: &str, meta: &Meta, out: &Path) -> Option<BuildInfo> {
+        let r = self.remote.as_ref()?;
+        if let Some(why) = self.store.remote_refusal(key) {
+            tracing::debug!(key, "not pulling: refused before ({why})");
+            return None;
+        }
+        match r.pull_into(key, meta, out, self.store.max_bytes()) {
+            Ok(Some(p)) => {
+                tracing::info!(
+                    key,
+                    "pulled {} {} from {}",
+                    meta.package,
+                    meta.arch,
+                    p.origin
+                );
+                Some(p.build_info())
+            }
+            Ok(None) => None,
+            Err(e @ RemoteError::Refused { .. }) => {
+                tracing::warn!(key, "{e}; building here");
+                if let Err(io) = self.store.record_remote_refusal(key, &e.to_string()) {
+                    tracing::warn!(key, "cannot record the refusal: {io}");
+                }
+                None
+            }
+            Err(e) => {
+                tracing::warn!(key, "{e}; building here");
+                None
+            }
+        }
     }
 
     fn run_backend(
@@ -289,6 +363,7 @@ impl Builder {
                 Ok(BuildInfo {
                     toolkit: format!("nvrtc {}", nvrtc.version),
                     min_driver_cuda: Some(nvrtc.version.clone()),
+                    origin: None,
                 })
             }
             BuildSpec::Command {
@@ -316,6 +391,7 @@ impl Builder {
                 Ok(BuildInfo {
                     toolkit: self.toolkit(pkg)?,
                     min_driver_cuda: None,
+                    origin: None,
                 })
             }
         }

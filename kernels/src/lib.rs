@@ -8,13 +8,15 @@
 //! - [`store`]: the content-addressed store (atomic entries, one build per
 //!   key across processes, verification, quarantine, LRU with pins);
 //! - [`build`]: variant choice and fallback for one package and arch;
-//! - [`inspect`]: what a cubin, fatbin, PTX file or library really carries.
+//! - [`inspect`]: what a cubin, fatbin, PTX file or library really carries;
+//! - [`remote`]: builds shared through an OCI registry (`kernels.remote`).
 
 pub mod build;
 pub mod command;
 pub mod error;
 pub mod inspect;
 pub mod publish;
+pub mod remote;
 pub mod spec;
 pub mod store;
 pub mod toolchain;

@@ -8,6 +8,7 @@
 //! <root>/pins/<k>                 pinned by an admin's pre-warm
 //! <root>/used/<k>                 its mtime is the entry's last use
 //! <root>/quarantine/<k>.<t>/      entries that failed verification
+//! <root>/remote-refused/<k>.json  a registry artifact refused, and why
 //! ```
 //!
 //! An entry appears by one `rename(2)` of a complete, fsynced directory, so
@@ -58,6 +59,10 @@ pub struct EntryManifest {
     pub files: BTreeMap<String, FileInfo>,
     #[serde(default)]
     pub exports: Vec<String>,
+    /// Where it was pulled from (`repository@sha256:...`); absent when it
+    /// was built here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -121,6 +126,8 @@ impl Outcome {
 pub struct BuildInfo {
     pub toolkit: String,
     pub min_driver_cuda: Option<String>,
+    /// Set when the files were pulled from a registry, not built.
+    pub origin: Option<String>,
 }
 
 /// The fixed part of an entry's manifest, known before building.
@@ -181,6 +188,7 @@ impl Store {
             "pins",
             "used",
             "quarantine",
+            "remote-refused",
         ] {
             fs::create_dir_all(root.join(d))?;
         }
@@ -358,6 +366,42 @@ impl Store {
         )
     }
 
+    /// Where a refusal of the registry's artifact for `key` is recorded.
+    fn refusal_path(&self, key: &str) -> PathBuf {
+        self.root.join("remote-refused").join(format!("{key}.json"))
+    }
+
+    /// The recorded refusal of the registry's artifact for `key`, if any:
+    /// it is not pulled again until the record is cleared.
+    pub fn remote_refusal(&self, key: &str) -> Option<String> {
+        let text = fs::read_to_string(self.refusal_path(key)).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+        v.get("reason").and_then(|m| m.as_str()).map(str::to_owned)
+    }
+
+    /// Record that the registry's artifact for `key` was refused, and why.
+    pub fn record_remote_refusal(&self, key: &str, reason: &str) -> io::Result<()> {
+        let body = serde_json::json!({"key": key, "reason": reason, "at": now_s()});
+        write_atomic(&self.refusal_path(key), body.to_string().as_bytes())
+    }
+
+    /// Every recorded refusal of a registry artifact: (key, reason).
+    pub fn remote_refusals(&self) -> Vec<(String, String)> {
+        let mut out: Vec<_> = fs::read_dir(self.root.join("remote-refused"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let key = name.strip_suffix(".json")?.to_owned();
+                let reason = self.remote_refusal(&key)?;
+                Some((key, reason))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Forget a recorded refusal, so the next request tries again.
     pub fn clear_failure(&self, key: &str) -> io::Result<()> {
         match fs::remove_file(self.root.join("failures").join(format!("{key}.json"))) {
@@ -437,6 +481,7 @@ impl Store {
             built_at: now_s(),
             files,
             exports: meta.exports.clone(),
+            origin: info.origin,
         };
         let body =
             serde_json::to_vec_pretty(&manifest).map_err(|e| BuildError::Tool(e.to_string()))?;
@@ -541,7 +586,7 @@ impl Store {
 
 /// Check the build's output files: plain files with plain names, every
 /// piece of GPU code for the requested target, at least one of them.
-fn check_outputs(out: &Path, meta: &Meta) -> Result<BTreeMap<String, FileInfo>, BuildError> {
+pub fn check_outputs(out: &Path, meta: &Meta) -> Result<BTreeMap<String, FileInfo>, BuildError> {
     let mut files = BTreeMap::new();
     let mut found = false;
     for e in fs::read_dir(out)?.flatten() {

@@ -6,6 +6,7 @@
 pub mod containers;
 pub mod daemon;
 pub mod engines;
+pub mod registry;
 pub mod slurm;
 
 use std::path::{Path, PathBuf};

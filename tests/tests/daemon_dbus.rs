@@ -1732,3 +1732,41 @@ fn nfd_labels_follow_the_inventory_and_go_when_turned_off() {
     assert!(node.name_owned());
     node.stop();
 }
+
+/// `kernels.remote` through gpuarchd: one node's daemon pre-warms and
+/// pushes to a real registry (docker-registry on 127.0.0.1); a second
+/// node's daemon, with its own store, pre-warms the same set and builds
+/// nothing: every build is pulled, and says where from.
+#[test]
+fn a_second_node_prewarms_from_the_registry_with_no_build() {
+    require!("docker-registry");
+    let Some(cuda) = gpuarch_tests::cuda_dir() else {
+        return;
+    };
+    let reg = gpuarch_tests::registry::Registry::start();
+    let repo = format!("{}/gpuarch/kernels", reg.host());
+    let remote = |push: bool| {
+        format!(
+            "  prewarm: false\n  remote:\n    repository: {repo}\n    plain_http: true\n    push: {push}\n"
+        )
+    };
+    let set = ["prewarm", "saxpy", "rmsnorm", "--arch", "7.5,8.6"];
+    let mut a = Node::with_kernels(&cuda, &remote(true));
+    a.start(&[]);
+    let o = a.ctl(None, &set);
+    let out = all_text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert_eq!(out.matches(": built ").count(), 4, "{out}");
+    assert!(a.log().matches("pushed ").count() >= 4, "{}", a.log());
+    a.stop();
+
+    let mut b = Node::with_kernels(&cuda, &remote(false));
+    b.start(&[]);
+    let o = b.ctl(None, &set);
+    let out = all_text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert_eq!(out.matches(": built ").count(), 0, "node B built: {out}");
+    assert_eq!(out.matches(": pulled ").count(), 4, "{out}");
+    assert!(out.contains(&format!("from {repo}@sha256:")), "{out}");
+    b.stop();
+}
