@@ -160,6 +160,7 @@ pub fn checks(cli: &Cli, root: &Path) -> Vec<Check> {
     checks.push(cache(&under(root, &config.kernels.cache_dir)));
     checks.push(jit(&config.jit_cache, root));
     checks.push(nfd(cli, &config, root));
+    checks.push(registry(&config.kernels, root));
     checks.push(podman(root));
     checks.push(docker(root));
     checks.push(containerd(root));
@@ -551,6 +552,71 @@ fn nfd(cli: &Cli, cfg: &gpuarch_core::config::Config, root: &Path) -> Check {
     }
 }
 
+/// The registry tier, when configured: gpuarchd's unit may reach the
+/// network (it has none without a drop-in), and the registry answers a TCP
+/// connection from here.
+fn registry(cfg: &gpuarch_core::config::KernelsConfig, root: &Path) -> Check {
+    const NAME: &str = "registry";
+    let Some(r) = &cfg.remote else {
+        return skip(NAME, "off (kernels.remote)");
+    };
+    let opened = std::fs::read_dir(under(root, Path::new(DROPINS)))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| {
+            std::fs::read_to_string(e.path()).is_ok_and(|t| {
+                t.lines()
+                    .any(|l| l.split_whitespace().collect::<String>() == "PrivateNetwork=no")
+            })
+        });
+    if !opened {
+        return fail(
+            NAME,
+            format!(
+                "gpuarchd's unit has no network (PrivateNetwork=yes): {} is out of its reach, so every build runs here",
+                r.repository
+            ),
+            format!(
+                "add [Service] PrivateNetwork=no, RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 and IPAddressAllow=<the registry's address> in {DROPINS}/registry.conf, then systemctl daemon-reload and restart gpuarchd"
+            ),
+        );
+    }
+    let host = r.registry();
+    let addr = if host
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.bytes().all(|b| b.is_ascii_digit()))
+    {
+        host.to_owned()
+    } else {
+        format!("{host}:{}", if r.plain_http { 80 } else { 443 })
+    };
+    use std::net::ToSocketAddrs;
+    let reached = addr.to_socket_addrs().map(|mut a| {
+        a.any(|sa| std::net::TcpStream::connect_timeout(&sa, Duration::from_secs(2)).is_ok())
+    });
+    match reached {
+        Ok(true) => ok(
+            NAME,
+            format!(
+                "{} answers; push {}",
+                r.repository,
+                if r.push { "on" } else { "off" }
+            ),
+        ),
+        Ok(false) => fail(
+            NAME,
+            format!("{addr} does not accept a connection: builds run here until it does"),
+            "check the registry and the route to it",
+        ),
+        Err(e) => fail(
+            NAME,
+            format!("{addr}: {e}"),
+            "check the registry's name in kernels.remote.repository",
+        ),
+    }
+}
+
 /// The engine's program below `root`, if installed.
 fn installed(root: &Path, program: &str) -> Option<PathBuf> {
     BIN_DIRS
@@ -861,6 +927,47 @@ mod tests {
         )
         .unwrap();
         assert_eq!(jit(&srv, root.path()).status, Status::Ok);
+    }
+
+    #[test]
+    fn the_registry_check_wants_a_network_and_an_answer() {
+        use gpuarch_core::config::{KernelsConfig, RemoteConfig};
+        let root = tempfile::tempdir().unwrap();
+        let off = KernelsConfig::default();
+        assert_eq!(registry(&off, root.path()).status, Status::Skip);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let on = |port: u16| KernelsConfig {
+            remote: Some(RemoteConfig {
+                repository: format!("127.0.0.1:{port}/gpuarch/kernels"),
+                push: true,
+                credentials: None,
+                plain_http: true,
+                ca_file: None,
+                pull_timeout_ms: 1000,
+            }),
+            ..KernelsConfig::default()
+        };
+        let c = registry(&on(port), root.path());
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.fix.unwrap().contains("PrivateNetwork=no"));
+        let dropins = under(root.path(), Path::new(DROPINS));
+        std::fs::create_dir_all(&dropins).unwrap();
+        std::fs::write(
+            dropins.join("registry.conf"),
+            "[Service]\nPrivateNetwork=no\n",
+        )
+        .unwrap();
+        let c = registry(&on(port), root.path());
+        assert_eq!(c.status, Status::Ok, "{}", c.detail);
+        drop(listener);
+        let c = registry(&on(port), root.path());
+        assert_eq!(c.status, Status::Fail);
+        assert!(
+            c.detail.contains("does not accept a connection"),
+            "{}",
+            c.detail
+        );
     }
 
     #[test]
