@@ -85,33 +85,6 @@ const EXTRA_ARCHS: [&str; 14] = [
     "10.1",
 ];
 
-/// Packages whose builds take NVRTC a while (about 1.6 s each on a 2-core
-/// VM: two kernels, each a loop of 4000 steps unrolled; NVRTC does not
-/// unroll a much longer one), as a real kernel library's do; written under
-/// `dir`.
-fn heavy_packages(dir: &Path, count: usize) {
-    const KERNEL: &str = "extern \"C\" __global__ void NAME(float *x, unsigned int n)\n{\n\
-         unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;\n\
-         if (i >= n) return;\n float v = x[i];\n\
-         #pragma unroll\n for (int k = 0; k < 4000; ++k)\n\
-         v = __sinf(v) * 1.0001f + __cosf(v * (float)k);\n x[i] = v;\n}\n";
-    for k in 0..count {
-        let p = dir.join(format!("heavy{k}"));
-        std::fs::create_dir_all(&p).unwrap();
-        std::fs::write(
-            p.join("kernel.yaml"),
-            format!(
-                "name: heavy{k}\nversion: \"1.0.0\"\nsources: [heavy.cu]\nexports: [heavy, heavy_b]\n\
-                 build:\n  backend: nvrtc\n  options: [--std=c++17]\n\
-                 variants:\n  - name: fp32\n    dtype: float32\n"
-            ),
-        )
-        .unwrap();
-        let source = KERNEL.replace("NAME", "heavy") + &KERNEL.replace("NAME", "heavy_b");
-        std::fs::write(p.join("heavy.cu"), source).unwrap();
-    }
-}
-
 /// Pre-warm jobs, one arch after another, until told to stop or out of
 /// archs; says whether it still had work when asked to stop.
 struct Prewarm {
@@ -628,7 +601,7 @@ fn fifty_containers_at_once_each_get_their_own_plan() {
     };
     let mut node = Node::new("2080ti-3090", Policy::Shipped);
     let heavy = node.path("heavy-packages");
-    heavy_packages(&heavy, 3);
+    gpuarch_tests::heavy_packages(&heavy, 3);
     let samples = workspace_root().join("kernels/packages");
     let yaml = kernels_yaml(&node.path(""), &[&samples, &heavy], Some(&cuda));
     std::fs::write(node.path("config.yaml"), &yaml).unwrap();
