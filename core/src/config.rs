@@ -479,12 +479,30 @@ impl RemoteConfig {
             .map_or(&self.repository, |(h, _)| h)
     }
 
+    /// The path in the registry: `gpuarch/kernels`.
+    pub fn path(&self) -> &str {
+        self.repository.split_once('/').map_or("", |(_, p)| p)
+    }
+
+    /// The registry's host and port: the port written, else 80 for
+    /// `plain_http` and 443 for TLS.
+    pub fn host_and_port(&self) -> (&str, u16) {
+        let reg = self.registry();
+        match reg.rsplit_once(':') {
+            Some((h, port)) if !h.ends_with(':') => match port.parse() {
+                Ok(p) => (h, p),
+                Err(_) => (reg, self.default_port()),
+            },
+            _ => (reg, self.default_port()),
+        }
+    }
+
+    fn default_port(&self) -> u16 {
+        if self.plain_http { 80 } else { 443 }
+    }
+
     fn is_loopback(&self) -> bool {
-        let host = self.registry();
-        let host = match host.rsplit_once(':') {
-            Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !h.ends_with(':') => h,
-            _ => host,
-        };
+        let (host, _) = self.host_and_port();
         host == "localhost"
             || host == "[::1]"
             || host

@@ -113,13 +113,7 @@ pub fn check_label(name: &str, value: &str) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    fn fixture(name: &str) -> Snapshot {
-        let path = format!(
-            "{}/../tests/fixtures/{name}.json",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        Snapshot::from_json(&std::fs::read(path).unwrap()).unwrap()
-    }
+    use crate::snapshot::fixture;
 
     #[test]
     fn a_mixed_node_is_labelled_by_arch_and_by_what_every_gpu_has() {

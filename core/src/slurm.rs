@@ -161,13 +161,7 @@ pub fn prolog_safe(name: &str, value: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn fixture(name: &str) -> Snapshot {
-        let path = format!(
-            "{}/../tests/fixtures/{name}.json",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        Snapshot::from_json(&std::fs::read(path).unwrap()).unwrap()
-    }
+    use crate::snapshot::fixture;
 
     #[test]
     fn gres_lines_are_typed_by_arch_in_minor_order() {

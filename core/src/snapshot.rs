@@ -164,6 +164,17 @@ impl Snapshot {
     }
 }
 
+/// A snapshot of `tests/fixtures/<name>.json`, for unit tests.
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) fn fixture(name: &str) -> Snapshot {
+    let path = format!(
+        "{}/../tests/fixtures/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    Snapshot::from_json(&std::fs::read(path).unwrap()).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

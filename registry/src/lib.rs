@@ -79,17 +79,26 @@ impl std::fmt::Debug for OciRemote {
     }
 }
 
-fn read_trusted(path: &Path, what: &str) -> Result<Vec<u8>, RemoteError> {
+/// Read a file gpuarchd acts on: trusted as its config is
+/// ([`gpuarch_fs::trust`]), and, when `secret`, readable by no one else.
+fn read_trusted(path: &Path, what: &str, secret: bool) -> Result<Vec<u8>, RemoteError> {
     use std::os::unix::fs::MetadataExt;
-    let md = std::fs::metadata(path)
-        .map_err(|e| RemoteError::Config(format!("{what} {}: {e}", path.display())))?;
-    if md.uid() != 0 || md.mode() & 0o022 != 0 {
-        return Err(RemoteError::Config(format!(
-            "{what} {} must be root's and writable by no one else (chown root: and chmod go-w it)",
+    let err = |e: &dyn std::fmt::Display| RemoteError::Config(format!("{what}: {e}"));
+    gpuarch_fs::trust::check(path).map_err(|e| err(&e))?;
+    let file = std::fs::File::open(path).map_err(|e| err(&format!("{}: {e}", path.display())))?;
+    let md = file
+        .metadata()
+        .map_err(|e| err(&format!("{}: {e}", path.display())))?;
+    if secret && md.mode() & 0o044 != 0 {
+        return Err(err(&format!(
+            "{} is readable by others (chmod 600 it)",
             path.display()
         )));
     }
-    std::fs::read(path).map_err(|e| RemoteError::Config(format!("{what} {}: {e}", path.display())))
+    let mut bytes = Vec::new();
+    io::Read::read_to_end(&mut &file, &mut bytes)
+        .map_err(|e| err(&format!("{}: {e}", path.display())))?;
+    Ok(bytes)
 }
 
 impl OciRemote {
@@ -98,15 +107,7 @@ impl OciRemote {
         let auth = match &cfg.credentials {
             None => RegistryAuth::Anonymous,
             Some(p) => {
-                use std::os::unix::fs::MetadataExt;
-                let bytes = read_trusted(p, "credentials")?;
-                let mode = std::fs::metadata(p).map(|m| m.mode()).unwrap_or(0);
-                if mode & 0o044 != 0 {
-                    return Err(RemoteError::Config(format!(
-                        "credentials {} are readable by others (chmod 600 it)",
-                        p.display()
-                    )));
-                }
+                let bytes = read_trusted(p, "credentials", true)?;
                 let c: Credentials = serde_json::from_slice(&bytes).map_err(|e| {
                     RemoteError::Config(format!(
                         "credentials {}: {e} (want {{\"username\": ..., \"password\": ...}})",
@@ -120,7 +121,7 @@ impl OciRemote {
         if let Some(p) = &cfg.ca_file {
             extra.push(Certificate {
                 encoding: CertificateEncoding::Pem,
-                data: read_trusted(p, "ca_file")?,
+                data: read_trusted(p, "ca_file", false)?,
             });
         }
         // reqwest is built without a TLS provider of its own: ring's, once
@@ -161,52 +162,11 @@ impl OciRemote {
     }
 
     fn reference(&self, key: &str) -> Reference {
-        let (registry, repo) = self
-            .cfg
-            .repository
-            .split_once('/')
-            .unwrap_or((&self.cfg.repository, ""));
-        Reference::with_tag(registry.to_owned(), repo.to_owned(), key.to_owned())
-    }
-
-    fn pull(
-        &self,
-        key: &str,
-        meta: &Meta,
-        out: &Path,
-        max_bytes: u64,
-    ) -> Result<Option<Pulled>, RemoteError> {
-        let reference = self.reference(key);
-        let shown = reference.whole();
-        let budget = Duration::from_millis(self.cfg.pull_timeout_ms);
-        let r = self.runtime().block_on(async {
-            tokio::time::timeout(budget, self.fetch(&reference, key, meta, out, max_bytes))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(RemoteError::Unavailable {
-                        reference: shown.clone(),
-                        message: format!(
-                            "no artifact within {} ms (kernels.remote.pull_timeout_ms)",
-                            budget.as_millis()
-                        ),
-                    })
-                })
-        });
-        let r = r.and_then(|pulled| match pulled {
-            None => Ok(None),
-            Some(p) => match gpuarch_kernels::store::check_outputs(out, meta) {
-                Ok(_) => Ok(Some(p)),
-                Err(e) => Err(RemoteError::Refused {
-                    reference: shown.clone(),
-                    digest: p.origin.rsplit('@').next().unwrap_or_default().to_owned(),
-                    reason: format!("inspection: {e}"),
-                }),
-            },
-        });
-        if !matches!(r, Ok(Some(_))) {
-            clear_dir(out);
-        }
-        r
+        Reference::with_tag(
+            self.cfg.registry().to_owned(),
+            self.cfg.path().to_owned(),
+            key.to_owned(),
+        )
     }
 
     async fn fetch(
@@ -333,52 +293,6 @@ impl OciRemote {
             manifest: em,
         }))
     }
-
-    fn push_entry(&self, entry: &Entry) -> Result<String, RemoteError> {
-        let m = &entry.manifest;
-        let reference = self.reference(&m.key);
-        let shown = reference.whole();
-        let unavailable = |message: String| RemoteError::Unavailable {
-            reference: shown.clone(),
-            message,
-        };
-        let config_bytes =
-            std::fs::read(entry.dir.join(MANIFEST)).map_err(|e| unavailable(e.to_string()))?;
-        let mut layers = Vec::new();
-        for name in m.files.keys() {
-            let data = std::fs::read(entry.dir.join(name))
-                .map_err(|e| unavailable(format!("{name}: {e}")))?;
-            layers.push(ImageLayer::new(
-                data,
-                FILE_MEDIA_TYPE.to_owned(),
-                Some([(TITLE.to_owned(), name.clone())].into()),
-            ));
-        }
-        let config = Config::new(config_bytes, CONFIG_MEDIA_TYPE.to_owned(), None);
-        let annotations: BTreeMap<String, String> = [
-            ("io.gpuarch.package", m.package.clone()),
-            ("io.gpuarch.variant", m.variant.clone()),
-            ("io.gpuarch.arch", m.arch.clone()),
-            ("io.gpuarch.toolkit", m.toolkit.clone()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect();
-        let mut manifest = OciImageManifest::build(&layers, &config, Some(annotations));
-        manifest.artifact_type = Some(ARTIFACT_TYPE.to_owned());
-        let digest = self
-            .runtime()
-            .block_on(async {
-                self.client
-                    .push(&reference, &layers, config, &self.auth, Some(manifest))
-                    .await?;
-                self.client
-                    .fetch_manifest_digest(&reference, &self.auth)
-                    .await
-            })
-            .map_err(|e| unavailable(e.to_string()))?;
-        Ok(format!("{}@{digest}", self.cfg.repository))
-    }
 }
 
 fn title(l: &OciDescriptor) -> &str {
@@ -482,14 +396,139 @@ impl Remote for OciRemote {
         out: &Path,
         max_bytes: u64,
     ) -> Result<Option<Pulled>, RemoteError> {
-        self.pull(key, meta, out, max_bytes)
+        let reference = self.reference(key);
+        let shown = reference.whole();
+        let budget = Duration::from_millis(self.cfg.pull_timeout_ms);
+        let r = self.runtime().block_on(async {
+            tokio::time::timeout(budget, self.fetch(&reference, key, meta, out, max_bytes))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(RemoteError::Unavailable {
+                        reference: shown.clone(),
+                        message: format!(
+                            "no artifact within {} ms (kernels.remote.pull_timeout_ms)",
+                            budget.as_millis()
+                        ),
+                    })
+                })
+        });
+        let r = r.and_then(|pulled| match pulled {
+            None => Ok(None),
+            Some(p) => match gpuarch_kernels::store::check_outputs(out, meta) {
+                Ok(_) => Ok(Some(p)),
+                Err(e) => Err(RemoteError::Refused {
+                    reference: shown.clone(),
+                    digest: p.origin.rsplit('@').next().unwrap_or_default().to_owned(),
+                    reason: format!("inspection: {e}"),
+                }),
+            },
+        });
+        if !matches!(r, Ok(Some(_))) {
+            clear_dir(out);
+        }
+        r
     }
 
     fn push(&self, entry: &Entry) -> Result<String, RemoteError> {
-        self.push_entry(entry)
+        let m = &entry.manifest;
+        let reference = self.reference(&m.key);
+        let shown = reference.whole();
+        let unavailable = |message: String| RemoteError::Unavailable {
+            reference: shown.clone(),
+            message,
+        };
+        let config_bytes =
+            std::fs::read(entry.dir.join(MANIFEST)).map_err(|e| unavailable(e.to_string()))?;
+        let mut layers = Vec::new();
+        for name in m.files.keys() {
+            let data = std::fs::read(entry.dir.join(name))
+                .map_err(|e| unavailable(format!("{name}: {e}")))?;
+            layers.push(ImageLayer::new(
+                data,
+                FILE_MEDIA_TYPE.to_owned(),
+                Some([(TITLE.to_owned(), name.clone())].into()),
+            ));
+        }
+        let config = Config::new(config_bytes, CONFIG_MEDIA_TYPE.to_owned(), None);
+        let annotations: BTreeMap<String, String> = [
+            ("io.gpuarch.package", m.package.clone()),
+            ("io.gpuarch.variant", m.variant.clone()),
+            ("io.gpuarch.arch", m.arch.clone()),
+            ("io.gpuarch.toolkit", m.toolkit.clone()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let mut manifest = OciImageManifest::build(&layers, &config, Some(annotations));
+        manifest.artifact_type = Some(ARTIFACT_TYPE.to_owned());
+        let digest = self
+            .runtime()
+            .block_on(async {
+                self.client
+                    .push(&reference, &layers, config, &self.auth, Some(manifest))
+                    .await?;
+                self.client
+                    .fetch_manifest_digest(&reference, &self.auth)
+                    .await
+            })
+            .map_err(|e| unavailable(e.to_string()))?;
+        Ok(format!("{}@{digest}", self.cfg.repository))
     }
 
     fn pushes(&self) -> bool {
         self.cfg.push
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn remote(credentials: Option<&Path>) -> Result<OciRemote, RemoteError> {
+        OciRemote::new(&RemoteConfig {
+            repository: "127.0.0.1:5000/gpuarch/kernels".into(),
+            push: false,
+            credentials: credentials.map(Path::to_owned),
+            plain_http: true,
+            ca_file: None,
+            pull_timeout_ms: 1000,
+        })
+    }
+
+    #[test]
+    fn credentials_must_be_private_and_well_formed() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("registry.json");
+        std::fs::write(&file, r#"{"username": "ci", "password": "s3cret"}"#).unwrap();
+        let mode = |m| std::fs::set_permissions(&file, std::fs::Permissions::from_mode(m)).unwrap();
+
+        mode(0o600);
+        let r = remote(Some(&file)).unwrap();
+        assert!(matches!(&r.auth, RegistryAuth::Basic(u, p) if u == "ci" && p == "s3cret"));
+
+        mode(0o640);
+        let e = remote(Some(&file)).unwrap_err().to_string();
+        assert!(e.contains("readable by others"), "{e}");
+
+        // Writable by others: anyone could point gpuarchd at their registry.
+        mode(0o622);
+        let e = remote(Some(&file)).unwrap_err().to_string();
+        assert!(e.contains("not trusted"), "{e}");
+
+        mode(0o600);
+        std::fs::write(&file, r#"{"user": "ci"}"#).unwrap();
+        let e = remote(Some(&file)).unwrap_err().to_string();
+        assert!(e.contains("want {\"username\""), "{e}");
+
+        let e = remote(Some(&dir.path().join("absent.json")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("absent.json"), "{e}");
+        assert!(matches!(
+            remote(None).unwrap().auth,
+            RegistryAuth::Anonymous
+        ));
     }
 }

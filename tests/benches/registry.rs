@@ -149,27 +149,20 @@ fn main() {
         median(pull5),
     );
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let against = |what: &str, d: Duration, of: &str, base: Duration| {
+        println!(
+            "  {what:<20} {:8.1} ms   {:.3} of {of} ({:.0}x faster)",
+            ms(d),
+            ms(d) / ms(base),
+            ms(base) / ms(d)
+        );
+    };
     println!("heavy package, sm_86, {runs} rounds, medians:");
     println!("  local build          {:8.1} ms", ms(b));
-    println!(
-        "  cold pull            {:8.1} ms   {:.3} of a build ({:.0}x faster)",
-        ms(c),
-        ms(c) / ms(b),
-        ms(b) / ms(c)
-    );
-    println!(
-        "  warm pull            {:8.1} ms   {:.3} of a build ({:.0}x faster)",
-        ms(h),
-        ms(h) / ms(b),
-        ms(b) / ms(h)
-    );
+    against("cold pull", c, "a build", b);
+    against("warm pull", h, "a build", b);
     println!("  5 local builds       {:8.1} ms", ms(b5));
-    println!(
-        "  5 pulls at once      {:8.1} ms   {:.3} of 5 builds ({:.0}x faster)",
-        ms(p5),
-        ms(p5) / ms(b5),
-        ms(b5) / ms(p5)
-    );
+    against("5 pulls at once", p5, "5 builds", b5);
 }
 
 /// Remove every entry of the store at `root`, as if it were new.

@@ -300,14 +300,19 @@ fn nvml(cli: &Cli) -> Check {
     }
 }
 
+/// The snapshot doctor reads: `--inventory`, `GPUARCH_INVENTORY`, else
+/// the config's below `root`.
+fn snapshot_path(cli: &Cli, root: &Path, daemon: &gpuarch_core::config::DaemonConfig) -> PathBuf {
+    cli.inventory
+        .clone()
+        .or_else(|| std::env::var_os("GPUARCH_INVENTORY").map(PathBuf::from))
+        .unwrap_or_else(|| under(root, &daemon.snapshot))
+}
+
 fn snapshot(cli: &Cli, root: &Path, daemon: &gpuarch_core::config::DaemonConfig) -> Check {
     const NAME: &str = "snapshot";
     let interval_s = daemon.refresh_interval_s;
-    let path = cli
-        .inventory
-        .clone()
-        .or_else(|| std::env::var_os("GPUARCH_INVENTORY").map(PathBuf::from))
-        .unwrap_or_else(|| under(root, &daemon.snapshot));
+    let path = snapshot_path(cli, root, daemon);
     let fix = "systemctl restart gpuarchd (it rewrites the snapshot on every refresh)";
     let snap = match gpuarch_inventory::read_snapshot(&path) {
         Ok(s) => s,
@@ -465,19 +470,20 @@ const DROPINS: &str = "/etc/systemd/system/gpuarchd.service.d";
 /// (ProtectSystem=strict leaves the unit nothing else outside its own
 /// directories).
 fn writable_by_unit(root: &Path, dir: &Path) -> bool {
+    dropin_has(root, |l| {
+        l.trim_start().starts_with("ReadWritePaths=")
+            && l.split(['=', ' '])
+                .any(|w| Path::new(w.trim_start_matches('-')) == dir)
+    })
+}
+
+/// Whether a line of gpuarchd's drop-ins below `root` is `pred`'s.
+fn dropin_has(root: &Path, pred: impl Fn(&str) -> bool) -> bool {
     std::fs::read_dir(under(root, Path::new(DROPINS)))
         .into_iter()
         .flatten()
         .flatten()
-        .any(|e| {
-            std::fs::read_to_string(e.path()).is_ok_and(|t| {
-                t.lines().any(|l| {
-                    l.trim_start().starts_with("ReadWritePaths=")
-                        && l.split(['=', ' '])
-                            .any(|w| Path::new(w.trim_start_matches('-')) == dir)
-                })
-            })
-        })
+        .any(|e| std::fs::read_to_string(e.path()).is_ok_and(|t| t.lines().any(&pred)))
 }
 
 /// The Node Feature Discovery file, when exported: its directory exists
@@ -529,11 +535,7 @@ fn nfd(cli: &Cli, cfg: &gpuarch_core::config::Config, root: &Path) -> Check {
             "move that file away, or point export.nfd_file elsewhere",
         );
     }
-    let snap_path = cli
-        .inventory
-        .clone()
-        .or_else(|| std::env::var_os("GPUARCH_INVENTORY").map(PathBuf::from))
-        .unwrap_or_else(|| under(root, &cfg.daemon.snapshot));
+    let snap_path = snapshot_path(cli, root, &cfg.daemon);
     let lines = text.lines().filter(|l| !l.starts_with('#')).count();
     match gpuarch_inventory::read_snapshot(&snap_path) {
         Ok(snap) if gpuarch_core::nfd::render(&gpuarch_core::nfd::labels(&snap)) != text => fail(
@@ -560,16 +562,9 @@ fn registry(cfg: &gpuarch_core::config::KernelsConfig, root: &Path) -> Check {
     let Some(r) = &cfg.remote else {
         return skip(NAME, "off (kernels.remote)");
     };
-    let opened = std::fs::read_dir(under(root, Path::new(DROPINS)))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .any(|e| {
-            std::fs::read_to_string(e.path()).is_ok_and(|t| {
-                t.lines()
-                    .any(|l| l.split_whitespace().collect::<String>() == "PrivateNetwork=no")
-            })
-        });
+    let opened = dropin_has(root, |l| {
+        l.split_whitespace().collect::<String>() == "PrivateNetwork=no"
+    });
     if !opened {
         return fail(
             NAME,
@@ -582,15 +577,8 @@ fn registry(cfg: &gpuarch_core::config::KernelsConfig, root: &Path) -> Check {
             ),
         );
     }
-    let host = r.registry();
-    let addr = if host
-        .rsplit_once(':')
-        .is_some_and(|(_, p)| p.bytes().all(|b| b.is_ascii_digit()))
-    {
-        host.to_owned()
-    } else {
-        format!("{host}:{}", if r.plain_http { 80 } else { 443 })
-    };
+    let (host, port) = r.host_and_port();
+    let addr = format!("{host}:{port}");
     use std::net::ToSocketAddrs;
     let reached = addr.to_socket_addrs().map(|mut a| {
         a.any(|sa| std::net::TcpStream::connect_timeout(&sa, Duration::from_secs(2)).is_ok())
