@@ -66,8 +66,9 @@ pub enum Cmd {
     /// Build kernel packages ahead of time and pin the builds (root or group
     /// gpuarch); shows progress, exit status 1 when a build is not served.
     Prewarm(PrewarmArgs),
-    /// List the kernel cache: each build, its arch and variant, pinned, in use.
-    Kernels,
+    /// The kernel cache: with no subcommand, list each build, its arch and
+    /// variant, pinned, in use.
+    Kernels(KernelsArgs),
     /// Evict least recently used builds above the cache limit (root or group gpuarch).
     Gc,
     /// The per-architecture JIT caches (config jit_cache).
@@ -184,6 +185,56 @@ pub struct PrewarmArgs {
     /// The architectures of this host's GPUs (the default).
     #[arg(long)]
     pub host: bool,
+    /// Only pull from the registry (kernels.remote); build nothing here.
+    #[arg(long)]
+    pub from_registry: bool,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct KernelsArgs {
+    #[command(subcommand)]
+    pub cmd: Option<KernelsCmd>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KernelsCmd {
+    /// List the kernel cache (the default).
+    Ls,
+    /// Push stored builds to the registry in kernels.remote (root or group
+    /// gpuarch): PKG... (default: all) for --arch (default: every stored
+    /// arch). Exit status 1 when a push fails.
+    Push(PushArgs),
+    /// Fetch builds from the registry into the cache without building or
+    /// pinning them (root or group gpuarch). Exit status 1 when one is not
+    /// pulled.
+    Pull(PrewarmArgs),
+    /// Import prebuilt libraries or fatbins as package NAME (root or group
+    /// gpuarch): each container gets the file that runs on its GPUs, by the
+    /// SASS and PTX read from each file. Replaces an earlier import of NAME.
+    Import(ImportArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PushArgs {
+    /// Packages to push (default: all).
+    pub packages: Vec<String>,
+    /// Architectures (7.5,8.6 or sm_75,sm_86; default: every stored one).
+    #[arg(long, value_name = "LIST")]
+    pub arch: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ImportArgs {
+    /// The package name containers see: /opt/gpuarch/kernels/NAME.
+    pub name: String,
+    /// The files: shared libraries with .nv_fatbin, fatbins, cubins, PTX.
+    #[arg(required = true)]
+    pub files: Vec<std::path::PathBuf>,
+    /// One file serves all of a container's GPUs, and its directory goes
+    /// into the container's loader cache (ldconfig).
+    #[arg(long)]
+    pub ldconfig: bool,
 }
 
 #[derive(Debug, clap::Args)]

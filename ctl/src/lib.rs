@@ -17,7 +17,7 @@ pub mod source;
 use anyhow::Result;
 
 pub use crate::cli::{Cli, EXIT_ERROR, EXIT_NO};
-use crate::cli::{Cmd, EngineCmd, JitCmd, SlurmCmd};
+use crate::cli::{Cmd, EngineCmd, JitCmd, KernelsCmd, SlurmCmd};
 use crate::source::Source;
 
 /// An error and its causes in one line (see [`gpuarch_core::one_line`]).
@@ -63,7 +63,24 @@ pub fn run(cli: &Cli) -> Result<u8> {
         Cmd::Prewarm(args) => {
             cmd::prewarm::run(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, args, &mut out)?
         }
-        Cmd::Kernels => cmd::kernels::run(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, &mut out)?,
+        Cmd::Kernels(k) => match &k.cmd {
+            None | Some(KernelsCmd::Ls) => {
+                cmd::kernels::run(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, &mut out)?
+            }
+            Some(KernelsCmd::Push(args)) => {
+                cmd::prewarm::push(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, args, &mut out)?
+            }
+            Some(KernelsCmd::Pull(args)) => cmd::prewarm::pull(
+                cli.json,
+                daemon(CACHE_IS_THE_DAEMONS)?,
+                args,
+                false,
+                &mut out,
+            )?,
+            Some(KernelsCmd::Import(args)) => {
+                cmd::prewarm::import(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, args, &mut out)?
+            }
+        },
         Cmd::Gc => cmd::gc::run(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, &mut out)?,
         Cmd::Slurm(SlurmCmd::Gres { write, node }) => {
             cmd::slurm::gres(cli, write.as_ref(), node.as_deref(), &mut out)?

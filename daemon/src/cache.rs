@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use gpuarch_core::arch::Target;
 use gpuarch_core::config::KernelsConfig;
-use gpuarch_kernels::build::{ArchResult, Builder, Task};
-use gpuarch_kernels::publish;
+use gpuarch_kernels::build::{ArchResult, Builder, Fetch, Task};
 use gpuarch_kernels::spec::{self, Package};
 use gpuarch_kernels::store::{self, Store};
+use gpuarch_kernels::{import, inspect, publish};
 use gpuarch_wire::dbus::{JobState, KernelRecord, VerifyRecord};
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::{Semaphore, mpsc};
@@ -185,8 +185,10 @@ impl Cache {
         a
     }
 
-    /// Re-publish `names` (all packages when None) from the store: blocking.
+    /// Re-publish `names` (all packages and imports when None) from the
+    /// store: blocking.
     pub fn publish(&self, names: Option<&[String]>) {
+        self.publish_imports(names);
         let pkgs = self.packages();
         let stored = match self.builder.store.scan() {
             Ok(s) => s,
@@ -204,11 +206,53 @@ impl Cache {
             let results: Vec<ArchResult> = self
                 .publish_archs(name, &stored)
                 .into_iter()
-                .map(|a| self.builder.resolve(p, a, false))
+                .map(|a| self.builder.resolve(p, a, Fetch::Stored))
                 .collect();
             if let Err(e) = publish::publish(&self.cfg.mount_root, p, &results) {
                 warn!(
                     "cannot publish kernel package {name} in {}: {e}",
+                    self.cfg.mount_root.display()
+                );
+            }
+        }
+    }
+
+    /// Publish the imports named (all when None) from their records: each
+    /// file's entry looked up (its sha256 checked) first. A kernel package
+    /// of the same name wins.
+    fn publish_imports(&self, names: Option<&[String]>) {
+        let store = &self.builder.store;
+        let (records, errors) = import::all(store);
+        for e in errors {
+            warn!("{e}");
+        }
+        let pkgs = self.packages();
+        for r in records {
+            if names.is_some_and(|n| !n.contains(&r.name)) {
+                continue;
+            }
+            if pkgs.contains_key(&r.name) {
+                warn!(
+                    "import {} not published: a kernel package has that name",
+                    r.name
+                );
+                continue;
+            }
+            let mut entries = Vec::new();
+            for k in &r.keys {
+                match store.lookup(k) {
+                    Ok(Some(e)) => entries.push(e),
+                    Ok(None) => warn!(
+                        "import {}: file {k} is gone (quarantined?); import it again",
+                        r.name
+                    ),
+                    Err(e) => warn!("import {}: {k}: {e}", r.name),
+                }
+            }
+            if let Err(e) = publish::publish_import(&self.cfg.mount_root, &r, &entries) {
+                warn!(
+                    "cannot publish import {} in {}: {e}",
+                    r.name,
                     self.cfg.mount_root.display()
                 );
             }
@@ -254,11 +298,13 @@ impl Cache {
             .collect())
     }
 
-    /// Run `tasks` (at most `workers` builds at once), updating `state`,
-    /// then publish. Pins what it serves when `pin`.
+    /// Run `tasks` (at most `workers` at once), getting what is not stored
+    /// by `fetch`, updating `state`, then publish. Pins what it serves when
+    /// `pin`.
     pub async fn run_job(
         self: &Arc<Self>,
         tasks: Vec<Task>,
+        fetch: Fetch,
         pin: bool,
         state: Arc<Mutex<JobStatus>>,
     ) {
@@ -277,7 +323,7 @@ impl Cache {
             handles.push(tokio::task::spawn_blocking(move || {
                 let _permit = permit;
                 let r = match pkgs.get(&t.package) {
-                    Some(p) => b.resolve(p, t.arch, true),
+                    Some(p) => b.resolve(p, t.arch, fetch),
                     None => ArchResult::failed(&t, "the package was removed"),
                 };
                 if pin
@@ -311,27 +357,196 @@ impl Cache {
                 }
             }
         }
+        self.republish(touched.into_iter().collect()).await;
+        finish(&state, &failed, "served");
+    }
+
+    /// Publish `names` again and sweep the views no one mounts.
+    async fn republish(self: &Arc<Self>, names: Vec<String>) {
         let me = self.clone();
-        let touched: Vec<String> = touched.into_iter().collect();
         let _ = tokio::task::spawn_blocking(move || {
-            me.publish(Some(&touched));
+            me.publish(Some(&names));
             me.sweep_views(&me.mounted().views);
         })
         .await;
-        if let Ok(mut s) = state.lock() {
-            if failed.is_empty() {
-                s.state = JobState::Done;
-                s.message = format!("{} of {} served", s.total, s.total);
-            } else {
-                s.state = JobState::Failed;
-                s.message = format!(
-                    "{} of {} not served: {}",
-                    failed.len(),
-                    s.total,
-                    failed.join("; ")
-                );
+    }
+
+    /// The stored builds of `packages` (empty: every package) for `archs`
+    /// (empty: every arch stored), for a push. Imports are not pushed:
+    /// another node cannot ask for them by key.
+    pub fn stored(
+        &self,
+        packages: &[String],
+        archs: &[String],
+    ) -> Result<Vec<store::Entry>, RequestError> {
+        let known = self.packages();
+        if let Some(p) = packages.iter().find(|p| !known.contains_key(*p)) {
+            return Err(RequestError::NoPackage {
+                name: p.clone(),
+                known: known.keys().cloned().collect::<Vec<_>>().join(", "),
+            });
+        }
+        let targets: BTreeSet<Target> = archs
+            .iter()
+            .map(|a| parse_arch(a))
+            .collect::<Result<_, _>>()?;
+        let entries = self
+            .builder
+            .store
+            .scan()
+            .map_err(|e| RequestError::Store(e.to_string()))?;
+        Ok(entries
+            .into_iter()
+            .filter(|e| e.manifest.backend != import::BACKEND)
+            .filter(|e| {
+                packages.is_empty() && known.contains_key(&e.manifest.package)
+                    || packages.contains(&e.manifest.package)
+            })
+            .filter(|e| {
+                targets.is_empty()
+                    || Target::parse(&e.manifest.arch).is_ok_and(|t| targets.contains(&t))
+            })
+            .collect())
+    }
+
+    /// Push `entries` to the registry, one at a time, updating `state`.
+    pub async fn run_push(
+        self: &Arc<Self>,
+        entries: Vec<store::Entry>,
+        state: Arc<Mutex<JobStatus>>,
+    ) {
+        let mut failed = Vec::new();
+        for e in entries {
+            let b = self.builder.clone();
+            let m = &e.manifest;
+            let head = format!("{} {} {}", m.package, m.arch, m.variant);
+            let permit = self.workers.clone().acquire_owned().await;
+            let pushed = tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                match b.remote() {
+                    Some(r) => r.push(&e).map_err(|e| e.to_string()),
+                    None => Err("no registry (kernels.remote)".to_owned()),
+                }
+            })
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()));
+            let line = match pushed {
+                Ok(at) => format!("{head}: pushed to {at}"),
+                Err(why) => {
+                    failed.push(format!("{head}: {why}"));
+                    format!("{head}: failed: {why}")
+                }
+            };
+            if let Ok(mut s) = state.lock() {
+                s.done += 1;
+                s.lines.push(line);
             }
         }
+        finish(&state, &failed, "pushed");
+    }
+
+    /// Import `files` (name, open file) as `name`: each stored, then the
+    /// import recorded and published, or, if any file fails, nothing
+    /// changed. A file that runs on none of the host's GPUs is stored with
+    /// a warning.
+    pub async fn run_import(
+        self: &Arc<Self>,
+        name: String,
+        files: Vec<(String, std::fs::File)>,
+        ldconfig: bool,
+        state: Arc<Mutex<JobStatus>>,
+    ) {
+        let me = self.clone();
+        let st = state.clone();
+        let n = name.clone();
+        let result = tokio::task::spawn_blocking(move || me.import_files(&n, files, ldconfig, &st))
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()));
+        let failed = match result {
+            Ok(()) => {
+                self.republish(vec![name]).await;
+                Vec::new()
+            }
+            Err(why) => vec![why],
+        };
+        finish(&state, &failed, "imported");
+    }
+
+    fn import_files(
+        &self,
+        name: &str,
+        files: Vec<(String, std::fs::File)>,
+        ldconfig: bool,
+        state: &Mutex<JobStatus>,
+    ) -> Result<(), String> {
+        use std::io::Read;
+        if self.packages().contains_key(name) {
+            return Err(format!(
+                "{name} is a kernel package's name; import under another"
+            ));
+        }
+        let store = &self.builder.store;
+        let snap = self.shared.snapshot();
+        let mut keys = Vec::new();
+        for (file, f) in files {
+            let meta = f.metadata().map_err(|e| format!("{file}: {e}"))?;
+            if !meta.is_file() {
+                return Err(format!("{file}: not a regular file"));
+            }
+            let limit = store.max_bytes();
+            let mut data = Vec::new();
+            f.take(limit.saturating_add(1))
+                .read_to_end(&mut data)
+                .map_err(|e| format!("{file}: {e}"))?;
+            if data.len() as u64 > limit {
+                return Err(format!("{file}: larger than kernels.max_bytes ({limit})"));
+            }
+            let entry = import::store_file(store, name, &file, &data).map_err(|e| e.to_string())?;
+            let info = &entry.manifest.files[&file];
+            let mut line = format!("{file}: carries {}", info.targets.join(", "));
+            let objs = inspect::inspect(&data).unwrap_or_default();
+            let mut runs = 0;
+            for d in snap.iter().flat_map(|s| s.devices.iter()) {
+                let driver = snap.as_ref().and_then(|s| {
+                    gpuarch_core::arch::CudaVersion::parse(&s.cuda_driver_version).ok()
+                });
+                let p = inspect::placement(&objs, d.compute_capability, driver);
+                runs += usize::from(!matches!(p, inspect::Placement::No(_)));
+                line.push_str(&format!(
+                    "; GPU {} ({}): {p}",
+                    d.index, d.compute_capability
+                ));
+            }
+            if runs == 0 {
+                line.push_str("; warning: it runs on none of this host's GPUs");
+                warn!("import {name}: {file} runs on none of this host's GPUs");
+            }
+            keys.push(entry.manifest.key.clone());
+            if let Ok(mut s) = state.lock() {
+                s.done += 1;
+                s.lines.push(line);
+            }
+        }
+        let record = import::Record {
+            name: name.to_owned(),
+            ldconfig,
+            keys,
+            imported_at: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        };
+        let old =
+            import::commit(store, &record).map_err(|e| format!("recording the import: {e}"))?;
+        info!(
+            "imported {name}: {} file(s){}",
+            record.keys.len(),
+            if old.is_some() {
+                ", replacing the previous import"
+            } else {
+                ""
+            }
+        );
+        Ok(())
     }
 
     /// A new job number and its object path.
@@ -452,7 +667,12 @@ impl Cache {
                 if let Err(err) = self.builder.store.quarantine(&m.key, &why.to_string()) {
                     warn!("cannot quarantine {}: {err}", m.key);
                 }
-                if let Ok(arch) = Target::parse(&m.arch) {
+                if m.backend == import::BACKEND {
+                    warn!(
+                        "import {}: {} is corrupt; import it again",
+                        m.package, m.variant
+                    );
+                } else if let Ok(arch) = Target::parse(&m.arch) {
                     rebuild.push(Task {
                         package: m.package.clone(),
                         arch,
@@ -541,6 +761,8 @@ pub enum RequestError {
     Ptx(Target),
     #[error("{0}")]
     Arch(#[from] gpuarch_core::arch::ArchError),
+    #[error("reading the kernel cache: {0}")]
+    Store(String),
 }
 
 /// `sm_86`, `8.6` or `86`: a SASS target.
@@ -879,18 +1101,55 @@ pub fn watch(
     Some(w)
 }
 
-/// Run `tasks` as a job whose object is served on the bus (now, and again
-/// after a reconnect); emits progress and `Finished`, then leaves the object
-/// for late readers. The job runs whether or not the bus is up.
+/// End a job: done when nothing `failed`, else failed with each reason.
+fn finish(state: &Mutex<JobStatus>, failed: &[String], verb: &str) {
+    if let Ok(mut s) = state.lock() {
+        if failed.is_empty() {
+            s.state = JobState::Done;
+            s.message = format!("{} of {} {verb}", s.total, s.total);
+        } else {
+            s.state = JobState::Failed;
+            s.message = format!(
+                "{} of {} not {verb}: {}",
+                failed.len().min(s.total.max(1)),
+                s.total,
+                failed.join("; ")
+            );
+        }
+    }
+}
+
+/// Run `tasks` as a job: built (or pulled) by `fetch`, pinned when `pin`.
 pub async fn start_job(
     cache: Arc<Cache>,
     tasks: Vec<Task>,
+    fetch: Fetch,
     pin: bool,
 ) -> zbus::Result<zbus::OwnedObjectPath> {
+    let c = cache.clone();
+    start_work(cache, tasks.len(), move |state| async move {
+        c.run_job(tasks, fetch, pin, state).await;
+    })
+    .await
+}
+
+/// Run `work` (of `total` steps, counted in its [`JobStatus`]) as a job
+/// whose object is served on the bus (now, and again after a reconnect);
+/// emits progress and `Finished`, then leaves the object for late readers.
+/// The job runs whether or not the bus is up.
+pub async fn start_work<F, Fut>(
+    cache: Arc<Cache>,
+    total: usize,
+    work: F,
+) -> zbus::Result<zbus::OwnedObjectPath>
+where
+    F: FnOnce(Arc<Mutex<JobStatus>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let path = cache.new_job_path();
     let owned = zbus::OwnedObjectPath::try_from(path.clone())?;
     let state = Arc::new(Mutex::new(JobStatus {
-        total: tasks.len(),
+        total,
         state: JobState::Running,
         ..JobStatus::default()
     }));
@@ -901,12 +1160,9 @@ pub async fn start_job(
         };
         conn.object_server().at(path.as_str(), job).await?;
     }
+    let fut = work(state.clone());
     tokio::spawn(async move {
-        let run = {
-            let cache = cache.clone();
-            let state = state.clone();
-            tokio::spawn(async move { cache.run_job(tasks, pin, state).await })
-        };
+        let run = tokio::spawn(fut);
         // Progress as it goes, at most every 200 ms.
         let mut last = usize::MAX;
         let mut tick = tokio::time::interval(Duration::from_millis(200));
@@ -966,10 +1222,10 @@ pub struct Job {
     pub state: Arc<std::sync::Mutex<JobStatus>>,
 }
 
-/// A pre-warm job.
+/// A job on the kernel cache: a pre-warm, pull, push or import.
 #[interface(name = "io.gpuarch1.Job")]
 impl Job {
-    /// Fraction of its builds finished, 0 to 1.
+    /// Fraction of its steps (builds, pulls, pushes, files) finished, 0 to 1.
     #[zbus(property)]
     fn progress(&self) -> f64 {
         self.state.lock().map_or(0.0, |s| {
@@ -996,7 +1252,7 @@ impl Job {
             .unwrap_or_default()
     }
 
-    /// One line per finished build: `rmsnorm sm_75: built fp16`.
+    /// One line per finished step: `rmsnorm sm_75: built fp16`.
     #[zbus(property(emits_changed_signal = "false"))]
     fn log(&self) -> Vec<String> {
         self.state
@@ -1168,6 +1424,7 @@ mod tests {
                     files: Vec::new(),
                     key: key.to_owned(),
                 }],
+                libraries: Vec::new(),
             };
             let dir = views.join(view).join(package);
             std::fs::create_dir_all(&dir).unwrap();

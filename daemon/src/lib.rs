@@ -37,6 +37,7 @@ use tracing::{error, info, warn};
 use crate::refresh::Refresher;
 use crate::service::Request;
 use crate::state::Shared;
+use gpuarch_kernels::build::Fetch;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -369,7 +370,7 @@ fn start_kernels(cache: Arc<cache::Cache>) -> Option<notify::RecommendedWatcher>
             match cache.tasks(&[], &[]) {
                 Ok(t) if !t.is_empty() => {
                     info!("pre-warming {} kernel builds for the host's GPUs", t.len());
-                    if let Err(e) = cache::start_job(cache.clone(), t, false).await {
+                    if let Err(e) = cache::start_job(cache.clone(), t, Fetch::Build, false).await {
                         warn!("cannot start the pre-warm: {e}");
                     }
                 }
@@ -381,7 +382,8 @@ fn start_kernels(cache: Arc<cache::Cache>) -> Option<notify::RecommendedWatcher>
             let requests = cache.take_requests();
             if !requests.is_empty() {
                 info!("{} kernel build requests from containers", requests.len());
-                if let Err(e) = cache::start_job(cache.clone(), requests, false).await {
+                if let Err(e) = cache::start_job(cache.clone(), requests, Fetch::Build, false).await
+                {
                     warn!("cannot start the requested builds: {e}");
                 }
             }
@@ -399,7 +401,7 @@ fn start_kernels(cache: Arc<cache::Cache>) -> Option<notify::RecommendedWatcher>
             if cache.cfg.prewarm
                 && !changed.is_empty()
                 && let Ok(t) = cache.tasks(&changed, &[])
-                && let Err(e) = cache::start_job(cache.clone(), t, false).await
+                && let Err(e) = cache::start_job(cache.clone(), t, Fetch::Build, false).await
             {
                 warn!("cannot start the pre-warm of changed packages: {e}");
             }

@@ -14,6 +14,7 @@ use zbus::object_server::SignalEmitter;
 use zbus::{Connection, fdo, interface};
 
 use crate::state::Shared;
+use gpuarch_kernels::build::Fetch;
 
 pub use gpuarch_wire::dbus::{BUS_NAME, OBJECT_PATH};
 /// Members of this group (and root) may call privileged methods.
@@ -366,6 +367,36 @@ fn store_error(e: std::io::Error) -> fdo::Error {
     fdo::Error::IOError(format!("reading the kernel cache: {e}"))
 }
 
+impl KernelCache {
+    fn remote_configured(&self) -> fdo::Result<()> {
+        if self.cache.builder.remote().is_some() {
+            return Ok(());
+        }
+        Err(fdo::Error::NotSupported(
+            match &self.cache.cfg.remote {
+                None => "no registry: kernels.remote is not set",
+                Some(_) => "the registry in kernels.remote could not be used (journalctl -u gpuarchd says why)",
+            }
+            .into(),
+        ))
+    }
+}
+
+/// The package and arch lists of a request, within bounds.
+fn request_lists(packages: Vec<&str>, archs: Vec<&str>) -> fdo::Result<(Vec<String>, Vec<String>)> {
+    if packages.len() > 1024 || archs.len() > 64 {
+        return Err(fdo::Error::InvalidArgs(format!(
+            "{} packages and {} archs given; at most 1024 and 64",
+            packages.len(),
+            archs.len()
+        )));
+    }
+    Ok((
+        packages.into_iter().map(str::to_owned).collect(),
+        archs.into_iter().map(str::to_owned).collect(),
+    ))
+}
+
 /// The cache of kernel builds.
 #[interface(name = "io.gpuarch1.KernelCache")]
 impl KernelCache {
@@ -397,23 +428,110 @@ impl KernelCache {
         #[zbus(connection)] conn: &Connection,
     ) -> fdo::Result<zbus::OwnedObjectPath> {
         // Sizes first: cheap, and says nothing about who may call.
-        if packages.len() > 1024 || archs.len() > 64 {
-            return Err(fdo::Error::InvalidArgs(format!(
-                "{} packages and {} archs given; at most 1024 and 64",
-                packages.len(),
-                archs.len()
-            )));
-        }
+        let (packages, archs) = request_lists(packages, archs)?;
         authorize(conn, &hdr, "Prewarm").await?;
-        let packages: Vec<String> = packages.into_iter().map(str::to_owned).collect();
-        let archs: Vec<String> = archs.into_iter().map(str::to_owned).collect();
         let tasks = self
             .cache
             .tasks(&packages, &archs)
             .map_err(|e| fdo::Error::InvalidArgs(e.to_string()))?;
-        crate::cache::start_job(self.cache.clone(), tasks, true)
+        crate::cache::start_job(self.cache.clone(), tasks, Fetch::Build, true)
             .await
             .map_err(|e| fdo::Error::Failed(e.to_string()))
+    }
+
+    /// As Prewarm, but only from the registry (`kernels.remote`): nothing
+    /// is built here. Pins what it pulls when `pin`. Returns the job at
+    /// once. For root and group gpuarch.
+    #[zbus(out_args("job"))]
+    async fn pull(
+        &self,
+        packages: Vec<&str>,
+        archs: Vec<&str>,
+        pin: bool,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> fdo::Result<zbus::OwnedObjectPath> {
+        let (packages, archs) = request_lists(packages, archs)?;
+        authorize(conn, &hdr, "Pull").await?;
+        self.remote_configured()?;
+        let tasks = self
+            .cache
+            .tasks(&packages, &archs)
+            .map_err(|e| fdo::Error::InvalidArgs(e.to_string()))?;
+        crate::cache::start_job(self.cache.clone(), tasks, Fetch::Pull, pin)
+            .await
+            .map_err(|e| fdo::Error::Failed(e.to_string()))
+    }
+
+    /// Push the stored builds of `packages` (empty: all) for `archs`
+    /// (empty: every arch stored) to the registry. Returns the job at once.
+    /// For root and group gpuarch.
+    #[zbus(out_args("job"))]
+    async fn push(
+        &self,
+        packages: Vec<&str>,
+        archs: Vec<&str>,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> fdo::Result<zbus::OwnedObjectPath> {
+        let (packages, archs) = request_lists(packages, archs)?;
+        authorize(conn, &hdr, "Push").await?;
+        self.remote_configured()?;
+        let c = self.cache.clone();
+        let entries = blocking(&ROOT_WORK, move || c.stored(&packages, &archs))
+            .await?
+            .map_err(|e| fdo::Error::InvalidArgs(e.to_string()))?;
+        let c = self.cache.clone();
+        crate::cache::start_work(self.cache.clone(), entries.len(), move |state| async move {
+            c.run_push(entries, state).await;
+        })
+        .await
+        .map_err(|e| fdo::Error::Failed(e.to_string()))
+    }
+
+    /// Import prebuilt files as package `name`: each `(file name, open
+    /// file)` is read from the descriptor the caller passes (so gpuarchd
+    /// reads only what the caller could open), stored by content, and
+    /// served by the code the inspector finds in it. With `ldconfig`, one
+    /// file serves all of a container's GPUs and goes into its loader
+    /// cache. Replaces an earlier import of `name`, or, if a file fails,
+    /// changes nothing. Returns the job at once. For root and group
+    /// gpuarch.
+    #[zbus(out_args("job"))]
+    async fn import(
+        &self,
+        name: &str,
+        files: Vec<(String, zbus::OwnedFd)>,
+        ldconfig: bool,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> fdo::Result<zbus::OwnedObjectPath> {
+        if files.is_empty() || files.len() > 64 {
+            return Err(fdo::Error::InvalidArgs(format!(
+                "{} files given; 1 to 64",
+                files.len()
+            )));
+        }
+        authorize(conn, &hdr, "Import").await?;
+        if !gpuarch_core::config::valid_package_name(name) {
+            return Err(fdo::Error::InvalidArgs(format!(
+                "{name:?} is not a valid name (letters, digits, '.', '_', '-')"
+            )));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some((dup, _)) = files.iter().find(|(f, _)| !seen.insert(f.clone())) {
+            return Err(fdo::Error::InvalidArgs(format!("{dup} given twice")));
+        }
+        let files: Vec<(String, std::fs::File)> = files
+            .into_iter()
+            .map(|(n, fd)| (n, std::fs::File::from(std::os::fd::OwnedFd::from(fd))))
+            .collect();
+        let (c, name) = (self.cache.clone(), name.to_owned());
+        crate::cache::start_work(self.cache.clone(), files.len(), move |state| async move {
+            c.run_import(name, files, ldconfig, state).await;
+        })
+        .await
+        .map_err(|e| fdo::Error::Failed(e.to_string()))
     }
 
     /// Evict least recently used builds above LimitBytes (never pinned or
@@ -447,7 +565,7 @@ impl KernelCache {
             .await?
             .map_err(store_error)?;
         if !rebuild.is_empty() {
-            crate::cache::start_job(self.cache.clone(), rebuild, false)
+            crate::cache::start_job(self.cache.clone(), rebuild, Fetch::Build, false)
                 .await
                 .map_err(|e| fdo::Error::Failed(e.to_string()))?;
         }

@@ -450,6 +450,8 @@ pub(crate) mod tests {
                 }],
                 unavailable: vec![],
                 pending: vec![],
+                imported: false,
+                ldconfig: false,
             })
             .unwrap(),
         )

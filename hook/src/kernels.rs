@@ -192,6 +192,11 @@ pub struct Manifest {
     /// Builds in the kernel store, when gpuarchd published the package.
     pub builds: Option<Vec<Build>>,
     pub version: String,
+    /// Files an admin imported: served by whatever runs (PTX too), never
+    /// requested.
+    pub imported: bool,
+    /// One imported file for all the container's GPUs, in its loader cache.
+    pub ldconfig: bool,
 }
 
 /// One build of a published package.
@@ -204,6 +209,9 @@ pub struct Build {
     pub files: Vec<String>,
     /// The store entry's key.
     pub key: String,
+    /// Its directory in the container's view: the arch of a build, the
+    /// file name of an import (one file carries several archs).
+    pub view: String,
 }
 
 /// Why a package's manifest could not be used.
@@ -232,12 +240,22 @@ fn target(t: &str) -> Result<Target, ManifestError> {
     })
 }
 
-fn read_build(b: wire::Build) -> Result<Build, ManifestError> {
+fn read_build(b: wire::Build, imported: bool) -> Result<Build, ManifestError> {
     if !b.dir.is_absolute() {
         return Err(ManifestError::RelativeDir(b.dir));
     }
+    let arch = target(&b.arch)?;
+    let view = if imported {
+        if !valid_name(&b.variant) {
+            return Err(ManifestError::Library(b.variant));
+        }
+        b.variant.clone()
+    } else {
+        arch.to_string()
+    };
     Ok(Build {
-        arch: target(&b.arch)?,
+        view,
+        arch,
         variant: b.variant,
         dtype: b.dtype,
         dir: b.dir,
@@ -276,6 +294,8 @@ pub fn read_manifest(manifest: &Path) -> Result<Manifest, ManifestError> {
                 .collect::<Result<_, _>>()?,
             builds: None,
             version: h.version.unwrap_or_default(),
+            imported: false,
+            ldconfig: false,
         }),
         wire::Manifest::Published(p) => Ok(Manifest {
             targets: p
@@ -287,10 +307,12 @@ pub fn read_manifest(manifest: &Path) -> Result<Manifest, ManifestError> {
             builds: Some(
                 p.builds
                     .into_iter()
-                    .map(read_build)
+                    .map(|b| read_build(b, p.imported))
                     .collect::<Result<_, _>>()?,
             ),
             version: p.version,
+            imported: p.imported,
+            ldconfig: p.ldconfig,
         }),
     }
 }
@@ -347,17 +369,8 @@ pub fn discover(cfg: &KernelsConfig, plan: &Plan, driver_cuda: &str) -> (Kernels
                 continue;
             }
         };
-        if let Some(builds) = &man.builds {
-            match serving(
-                cfg,
-                &objects,
-                &name,
-                &man.version,
-                builds,
-                plan,
-                cuda,
-                &mut notes,
-            ) {
+        if man.builds.is_some() {
+            match serving(cfg, &objects, &name, &man, plan, cuda, &mut notes) {
                 Ok(Some(s)) => published.push(s),
                 Ok(None) => {}
                 Err(e) => notes.push(format!("kernel package {name} not mounted: {e}")),
@@ -446,13 +459,13 @@ pub fn discover(cfg: &KernelsConfig, plan: &Plan, driver_cuda: &str) -> (Kernels
     let mut packages = handmade;
     packages.extend(published.into_iter().map(|p| KernelMount {
         source: view.join(&p.name),
-        libraries: Vec::new(),
+        libraries: p.libraries,
         builds: if linked {
             Vec::new()
         } else {
             p.used
                 .iter()
-                .map(|b| (b.arch.to_string(), b.dir.clone()))
+                .map(|b| (b.view.clone(), b.dir.clone()))
                 .collect()
         },
         package: p.name,
@@ -555,17 +568,22 @@ struct Serving {
     used: Vec<Build>,
     /// Device and inode of each file of `used`, when linked.
     ids: Vec<(u64, u64)>,
+    /// Its directories for the container's loader cache.
+    libraries: Vec<String>,
 }
 
 /// Which build of a published package serves each GPU. None (with a note)
 /// when no build serves any of them yet.
-#[allow(clippy::too_many_arguments)]
+///
+/// A build serves a GPU with the highest SASS that runs on it; an import
+/// also with the highest PTX when no SASS does. An import with `ldconfig`
+/// is one file for every GPU: the one whose code runs on all of them,
+/// preferring SASS on more GPUs, then exact archs, then the higher code.
 fn serving(
     cfg: &KernelsConfig,
     objects: &Objects,
     name: &str,
-    version: &str,
-    builds: &[Build],
+    man: &Manifest,
     plan: &Plan,
     cuda: Option<CudaVersion>,
     notes: &mut Vec<String>,
@@ -574,8 +592,11 @@ fn serving(
     let mut used: Vec<&Build> = Vec::new();
     // Only the store's own entries are ever mounted: a manifest naming any
     // other directory (a host path, a symlink out of the store) is refused.
-    let (builds, outside): (Vec<&Build>, Vec<&Build>) =
-        builds.iter().partition(|b| in_store(objects, &b.dir));
+    let (mut builds, outside): (Vec<&Build>, Vec<&Build>) = man
+        .builds
+        .iter()
+        .flatten()
+        .partition(|b| in_store(objects, &b.dir));
     for b in outside {
         notes.push(format!(
             "{name}: build {} not used: {} is not an entry of the store {}",
@@ -584,29 +605,66 @@ fn serving(
             cfg.cache_dir.join("objects").display()
         ));
     }
+    builds.retain(|b| b.dir.is_dir());
+    // The best build for one GPU: SASS over PTX, then the highest arch
+    // (the exact one over another of its family).
+    let imported = man.imported;
+    if man.ldconfig {
+        let mut files: Vec<&str> = builds.iter().map(|b| b.view.as_str()).collect();
+        files.sort_unstable();
+        files.dedup();
+        let score = |file: &str| {
+            let of: Vec<&Build> = builds.iter().copied().filter(|b| b.view == file).collect();
+            let mut s = (0, 0, None);
+            for g in &plan.gpus {
+                let b = best_for(&of, g.compute_capability, cuda, imported)?;
+                s.0 += usize::from(b.arch.kind == CodeKind::Sass);
+                s.1 += usize::from(b.arch.cap == g.compute_capability);
+                s.2 = s.2.max(Some(b.arch));
+            }
+            Some(s)
+        };
+        let Some(file) = files
+            .into_iter()
+            .filter_map(|f| score(f).map(|s| (s, f)))
+            .max()
+            .map(|(_, f)| f.to_owned())
+        else {
+            let gpus: Vec<String> = plan.gpus.iter().map(|g| g.label()).collect();
+            notes.push(format!(
+                "kernel package {name} not mounted: no imported file runs on all of {}",
+                gpus.join(", ")
+            ));
+            return Ok(None);
+        };
+        builds.retain(|b| b.view == file);
+    }
     for (i, g) in plan.gpus.iter().enumerate() {
         let cap = g.compute_capability;
         let own = Target::sass(cap);
-        if !builds.iter().any(|b| b.arch == own) {
+        if !man.imported && !builds.iter().any(|b| b.arch == own) {
             request(cfg, name, own, notes);
         }
-        let best = builds
-            .iter()
-            .copied()
-            .filter(|b| b.arch.kind == CodeKind::Sass && b.arch.check(cap, cuda, None).runs)
-            .filter(|b| b.dir.is_dir())
-            .max_by_key(|b| b.arch);
-        let serves = match best {
+        let serves = match best_for(&builds, cap, cuda, imported) {
             Some(b) => {
-                if !used.iter().any(|u| u.arch == b.arch) {
+                if !used.iter().any(|u| u.view == b.view) {
                     used.push(b);
                 }
                 Serves::Build {
                     arch: b.arch.to_string(),
                     variant: b.variant.clone(),
                     dtype: b.dtype.clone(),
-                    dir: b.arch.to_string(),
-                    files: b.files.iter().map(|f| format!("{}/{f}", b.arch)).collect(),
+                    dir: b.view.clone(),
+                    files: b.files.iter().map(|f| format!("{}/{f}", b.view)).collect(),
+                }
+            }
+            None if man.imported => {
+                notes.push(format!(
+                    "kernel package {name}: nothing imported runs on {}",
+                    g.label()
+                ));
+                Serves::Missing {
+                    missing: format!("nothing imported runs on {}", g.label()),
                 }
             }
             None => Serves::Missing {
@@ -623,19 +681,25 @@ fn serving(
     }
     if used.is_empty() {
         notes.push(format!(
-            "kernel package {name} not mounted: no build in it runs on the container's GPUs yet"
+            "kernel package {name} not mounted: no build in it runs on the container's GPUs{}",
+            if man.imported { "" } else { " yet" }
         ));
         return Ok(None);
     }
-    used.sort_by_key(|b| b.arch);
+    used.sort_by(|a, b| (a.arch, &a.view).cmp(&(b.arch, &b.view)));
+    let libraries = if man.ldconfig {
+        used.iter().map(|b| b.view.clone()).collect()
+    } else {
+        Vec::new()
+    };
     let manifest = View {
         package: name.to_owned(),
-        version: version.to_owned(),
+        version: man.version.clone(),
         gpus,
         builds: used
             .iter()
             .map(|b| ViewBuild {
-                dir: b.arch.to_string(),
+                dir: b.view.clone(),
                 arch: b.arch.to_string(),
                 variant: b.variant.clone(),
                 dtype: b.dtype.clone(),
@@ -643,13 +707,65 @@ fn serving(
                 key: b.key.clone(),
             })
             .collect(),
+        libraries: libraries.clone(),
     };
     Ok(Some(Serving {
         name: name.to_owned(),
         body: serde_json::to_vec_pretty(&manifest)?,
         used: used.into_iter().cloned().collect(),
         ids: Vec::new(),
+        libraries,
     }))
+}
+
+/// The build of `builds` that serves a GPU of capability `cap`: SASS over
+/// PTX (PTX only for an import), then the highest arch.
+fn best_for<'a>(
+    builds: &[&'a Build],
+    cap: gpuarch_core::arch::ComputeCapability,
+    cuda: Option<CudaVersion>,
+    imported: bool,
+) -> Option<&'a Build> {
+    builds
+        .iter()
+        .copied()
+        .filter(|b| {
+            (b.arch.kind == CodeKind::Sass || imported) && b.arch.check(cap, cuda, None).runs
+        })
+        .max_by_key(|b| (b.arch.kind == CodeKind::Sass, b.arch))
+}
+
+/// The loader-cache directories (as the container sees them) the view at
+/// `view` names for its packages: those of imports made with `--ldconfig`.
+pub fn view_libraries(view: &Path) -> Vec<String> {
+    let mut dirs = Vec::new();
+    let Ok(entries) = std::fs::read_dir(view) else {
+        return dirs;
+    };
+    let mut names: Vec<String> = entries
+        .flatten()
+        .take(MAX_PACKAGES)
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| valid_name(n))
+        .collect();
+    names.sort();
+    for name in names {
+        let Ok(f) = std::fs::File::open(view.join(&name).join("manifest.json")) else {
+            continue;
+        };
+        let Ok(bytes) = crate::context::read_at_most(f, MAX_MANIFEST_BYTES) else {
+            continue;
+        };
+        if let Ok(v) = serde_json::from_slice::<View>(&bytes) {
+            dirs.extend(
+                v.libraries
+                    .iter()
+                    .filter(|l| valid_name(l))
+                    .map(|l| format!("{CONTAINER_DIR}/{name}/{l}")),
+            );
+        }
+    }
+    dirs
 }
 
 /// The container's view in `views`: made, or an identical one reused.
@@ -769,7 +885,7 @@ fn make_view(
             std::fs::create_dir(&pkg)?;
             std::fs::write(pkg.join("manifest.json"), &p.body)?;
             for b in &p.used {
-                let sub = pkg.join(b.arch.to_string());
+                let sub = pkg.join(&b.view);
                 std::fs::create_dir(&sub)?;
                 if link {
                     for f in &b.files {

@@ -184,7 +184,11 @@ pub fn run(stage: Stage, state: &State, ctx: &Context) -> Result<Outcome, StageE
     };
     let root = Root::open(&rootfs)?;
     let mut notes = Vec::new();
-    let mut libs = library_dirs(&config, &ctx.config.kernels.mount_root);
+    let mut libs = library_dirs(
+        &config,
+        &ctx.config.kernels.mount_root,
+        &ctx.config.kernels.view_dir(),
+    );
     if !has_kernel_mounts(&config) {
         let mounted = mount_kernels(stage, &root, &full, ctx, &mut notes)?;
         if !mounted.is_empty() {
@@ -356,9 +360,10 @@ fn mount_jit(
 }
 
 /// Library directories (as the container sees them) of the kernel packages
-/// this config mounts from `mount_root`, read from their manifests on the
-/// host side.
-fn library_dirs(config: &serde_json::Value, mount_root: &Path) -> Vec<String> {
+/// this config mounts: a hand-made package's from its manifest under
+/// `mount_root`, a published one's (an import with `--ldconfig`) from its
+/// manifest in the container's view under `view_dir`. Read on the host side.
+fn library_dirs(config: &serde_json::Value, mount_root: &Path, view_dir: &Path) -> Vec<String> {
     let Some(mounts) = config.get("mounts").and_then(serde_json::Value::as_array) else {
         return Vec::new();
     };
@@ -372,6 +377,10 @@ fn library_dirs(config: &serde_json::Value, mount_root: &Path) -> Vec<String> {
             continue;
         };
         let src = Path::new(src);
+        if dest == kernels::CONTAINER_DIR && src.parent() == Some(view_dir) {
+            dirs.extend(kernels::view_libraries(src));
+            continue;
+        }
         if !dest.starts_with(&prefix) || src.parent() != Some(mount_root) {
             continue;
         }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gpuarch_core::arch::Target;
-use gpuarch_kernels::build::{Builder, Task, run_tasks};
+use gpuarch_kernels::build::{Builder, Fetch, Task, run_tasks};
 use gpuarch_kernels::spec;
 use gpuarch_kernels::store::Store;
 
@@ -101,7 +101,7 @@ fn main() {
     let n = 2000;
     let t = Instant::now();
     for _ in 0..n {
-        assert!(b.resolve(p, t86, false).served.is_some());
+        assert!(b.resolve(p, t86, Fetch::Stored).served.is_some());
     }
     let hit = t.elapsed() / n;
     let key = b.key(p, 0, t86).unwrap();

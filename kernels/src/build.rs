@@ -50,6 +50,20 @@ impl ArchResult {
     }
 }
 
+/// How [`Builder::resolve`] gets a variant that is not stored yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fetch {
+    /// It does not: only what is stored serves.
+    Stored,
+    /// From the registry when it has it (`kernels.remote`), else built here.
+    Build,
+    /// From the registry only: nothing is built here.
+    Pull,
+}
+
+/// Why a variant was not pulled.
+struct NotPulled(String);
+
 /// Builds packages into a store.
 #[derive(Debug)]
 pub struct Builder {
@@ -169,10 +183,9 @@ impl Builder {
         }
     }
 
-    /// Serve `arch` from the store without building: the first variant,
-    /// in preference order, that is stored. With `build`, variants not yet
-    /// tried are built on the way.
-    pub fn resolve(&self, pkg: &Package, arch: Target, build: bool) -> ArchResult {
+    /// Serve `arch`: the first variant, in preference order, that is
+    /// stored, or that `fetch` brings into the store on the way.
+    pub fn resolve(&self, pkg: &Package, arch: Target, fetch: Fetch) -> ArchResult {
         let mut res = ArchResult {
             package: pkg.spec.name.clone(),
             arch,
@@ -185,6 +198,7 @@ impl Builder {
             return res;
         }
         let mut pending = None;
+        let mut not_pulled = Vec::new();
         for i in 0..pkg.spec.variants.len() {
             let name = pkg.spec.variants[i].name.clone();
             if let Err(why) = pkg.admits(i, arch) {
@@ -208,10 +222,17 @@ impl Builder {
                 });
                 continue;
             }
-            let outcome = if build {
-                self.build_keyed(pkg, i, arch, &key)
-            } else {
-                match self.store.lookup(&key) {
+            let outcome = match fetch {
+                Fetch::Build => self.build_keyed(pkg, i, arch, &key),
+                Fetch::Pull => match self.pull_keyed(pkg, i, arch, &key) {
+                    Err(NotPulled(why)) => {
+                        // Not in the registry: a later variant may be.
+                        not_pulled.push(format!("{name}: {why}"));
+                        continue;
+                    }
+                    Ok(o) => o,
+                },
+                Fetch::Stored => match self.store.lookup(&key) {
                     Ok(Some(e)) => Ok(Outcome::Cached(e)),
                     Ok(None) => {
                         // Not built yet: a later variant may be stored.
@@ -219,7 +240,7 @@ impl Builder {
                         continue;
                     }
                     Err(e) => Err(BuildError::Tool(e.to_string())),
-                }
+                },
             };
             match outcome {
                 Ok(o) => {
@@ -242,6 +263,9 @@ impl Builder {
         }
         if let Some(v) = pending {
             res.error = Some(format!("no build of variant {v} for {arch} yet"));
+        }
+        if !not_pulled.is_empty() {
+            res.error = Some(format!("not pulled ({})", not_pulled.join("; ")));
         }
         res
     }
@@ -270,8 +294,10 @@ impl Builder {
     ) -> Result<Outcome, BuildError> {
         let meta = Self::meta(pkg, i, arch);
         let outcome = self.store.build(key, &meta, |out| {
-            if let Some(info) = self.pull(key, &meta, out) {
-                return Ok(info);
+            match self.pull(key, &meta, out) {
+                Ok(Some(info)) => return Ok(info),
+                Ok(None) => {}
+                Err(why) => tracing::warn!(key, "{why}; building here"),
             }
             self.run_backend(pkg, i, arch, out)
         })?;
@@ -282,6 +308,40 @@ impl Builder {
             self.push(r.as_ref(), e);
         }
         Ok(outcome)
+    }
+
+    /// Variant `i` of `pkg` for `arch` from the store, else from the
+    /// registry, never built here. The outer error is why it is not pulled.
+    fn pull_keyed(
+        &self,
+        pkg: &Package,
+        i: usize,
+        arch: Target,
+        key: &str,
+    ) -> Result<Result<Outcome, BuildError>, NotPulled> {
+        let meta = Self::meta(pkg, i, arch);
+        let mut why = None;
+        let r = self
+            .store
+            .build(key, &meta, |out| match self.pull(key, &meta, out) {
+                Ok(Some(info)) => Ok(info),
+                Ok(None) => {
+                    why = Some(if self.remote.is_some() {
+                        "not in the registry".to_owned()
+                    } else {
+                        "no registry (kernels.remote)".to_owned()
+                    });
+                    Err(BuildError::Tool(String::new()))
+                }
+                Err(e) => {
+                    why = Some(e);
+                    Err(BuildError::Tool(String::new()))
+                }
+            });
+        match why {
+            Some(w) => Err(NotPulled(w)),
+            None => Ok(r),
+        }
     }
 
     /// Push a build made here; a failure is logged, never the build's.
@@ -298,13 +358,16 @@ impl Builder {
         }
     }
 
-    /// The registry's artifact for `key`, pulled into `out` and checked, if
-    /// there is one gpuarch will serve. Everything else builds here.
-    fn pull(&self, key: &str, meta: &Meta, out: &Path) -> Option<BuildInfo> {
-        let r = self.remote.as_ref()?;
+    /// The registry's artifact for `key`, pulled into `out` and checked:
+    /// `Ok(None)` when there is no registry or no such artifact, `Err`
+    /// (why) when it could not be had or was refused (recorded, and not
+    /// asked for again).
+    fn pull(&self, key: &str, meta: &Meta, out: &Path) -> Result<Option<BuildInfo>, String> {
+        let Some(r) = self.remote.as_ref() else {
+            return Ok(None);
+        };
         if let Some(why) = self.store.remote_refusal(key) {
-            tracing::debug!(key, "not pulling: refused before ({why})");
-            return None;
+            return Err(format!("refused before: {why}"));
         }
         match r.pull_into(key, meta, out, self.store.max_bytes()) {
             Ok(Some(p)) => {
@@ -315,20 +378,16 @@ impl Builder {
                     meta.arch,
                     p.origin
                 );
-                Some(p.build_info())
+                Ok(Some(p.build_info()))
             }
-            Ok(None) => None,
+            Ok(None) => Ok(None),
             Err(e @ RemoteError::Refused { .. }) => {
-                tracing::warn!(key, "{e}; building here");
                 if let Err(io) = self.store.record_remote_refusal(key, &e.to_string()) {
                     tracing::warn!(key, "cannot record the refusal: {io}");
                 }
-                None
+                Err(e.to_string())
             }
-            Err(e) => {
-                tracing::warn!(key, "{e}; building here");
-                None
-            }
+            Err(e) => Err(e.to_string()),
         }
     }
 
@@ -423,7 +482,7 @@ pub fn run_tasks(
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(t) = tasks.get(i) else { break };
                     let r = match packages.get(&t.package) {
-                        Some(p) => builder.resolve(p, t.arch, true),
+                        Some(p) => builder.resolve(p, t.arch, Fetch::Build),
                         None => {
                             ArchResult::failed(t, &format!("no kernel package named {}", t.package))
                         }

@@ -176,6 +176,43 @@ pub fn placement(
     ))
 }
 
+/// A fatbin container of `(kind, sm, payload)` entries, kind 1 = PTX and
+/// 2 = ELF, uncompressed, in the layout nvcc's fatbinary writes: the
+/// inverse of [`inspect`] for fatbins, for making libraries to import and
+/// test fixtures without NVIDIA's fatbinary (kernels/tests/inspect.rs
+/// checks cuobjdump reads what this makes).
+pub fn write_fatbin(entries: &[(u16, u32, &[u8])]) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (kind, sm, payload) in entries {
+        let mut data = payload.to_vec();
+        if *kind == 1 {
+            data.push(0);
+        }
+        while data.len() % 8 != 0 {
+            data.push(0);
+        }
+        let mut h = vec![0u8; 64];
+        h[0..2].copy_from_slice(&kind.to_le_bytes());
+        h[2..4].copy_from_slice(&0x0101u16.to_le_bytes());
+        h[4..8].copy_from_slice(&64u32.to_le_bytes());
+        h[8..16].copy_from_slice(&(data.len() as u64).to_le_bytes());
+        let (major, minor): (u16, u16) = if *kind == 1 { (8, 8) } else { (1, 7) };
+        h[24..26].copy_from_slice(&minor.to_le_bytes());
+        h[26..28].copy_from_slice(&major.to_le_bytes());
+        h[28..32].copy_from_slice(&sm.to_le_bytes());
+        h[40..48].copy_from_slice(&0x11u64.to_le_bytes()); // 64-bit, Linux host
+        body.extend(h);
+        body.extend(data);
+    }
+    let mut out = Vec::new();
+    out.extend(0xBA55_ED50u32.to_le_bytes());
+    out.extend(1u16.to_le_bytes());
+    out.extend(16u16.to_le_bytes());
+    out.extend((body.len() as u64).to_le_bytes());
+    out.extend(body);
+    out
+}
+
 /// Read everything `data` carries. An empty list means a well-formed file
 /// with no GPU code (a host library without `.nv_fatbin`).
 pub fn inspect(data: &[u8]) -> Result<Vec<CodeObject>, InspectError> {

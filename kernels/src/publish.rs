@@ -7,7 +7,9 @@ use std::path::Path;
 use gpuarch_wire::manifest::{Build, Pending, Published, SCHEMA, Unavailable};
 
 use crate::build::ArchResult;
+use crate::import::Record;
 use crate::spec::Package;
+use crate::store::Entry;
 use gpuarch_fs::write_atomic;
 
 /// Write the manifest of `pkg` from `results` (one per arch), atomically.
@@ -52,12 +54,58 @@ pub fn publish(mount_root: &Path, pkg: &Package, results: &[ArchResult]) -> io::
         builds,
         unavailable,
         pending,
+        imported: false,
+        ldconfig: false,
     };
-    let text = serde_json::to_vec_pretty(&body).map_err(io::Error::other)?;
+    write_manifest(&dir, &body)
+}
+
+/// Write `body` as `dir/manifest.json`, unless it says that already.
+fn write_manifest(dir: &Path, body: &Published) -> io::Result<()> {
+    let text = serde_json::to_vec_pretty(body).map_err(io::Error::other)?;
     if std::fs::read(dir.join("manifest.json")).is_ok_and(|old| old == text) {
         return Ok(());
     }
     write_atomic(&dir.join("manifest.json"), &text)
+}
+
+/// Write the manifest of an import from its files' entries: one build per
+/// target each file carries, SASS and PTX, as the inspector read them.
+pub fn publish_import(mount_root: &Path, record: &Record, entries: &[Entry]) -> io::Result<()> {
+    let dir = mount_root.join(&record.name);
+    std::fs::create_dir_all(&dir)?;
+    let mut builds = Vec::new();
+    for e in entries {
+        let m = &e.manifest;
+        for (file, info) in &m.files {
+            builds.extend(info.targets.iter().map(|t| Build {
+                arch: t.clone(),
+                variant: file.clone(),
+                dtype: None,
+                key: m.key.clone(),
+                dir: e.dir.clone(),
+                files: vec![file.clone()],
+                toolkit: m.toolkit.clone(),
+            }));
+        }
+    }
+    let body = Published {
+        schema: SCHEMA,
+        package: record.name.clone(),
+        version: entries
+            .iter()
+            .map(|e| e.manifest.version.as_str())
+            .collect::<Vec<_>>()
+            .join(","),
+        description: format!("imported {} file(s)", entries.len()),
+        targets: builds.iter().map(|b| b.arch.clone()).collect(),
+        builds,
+        unavailable: Vec::new(),
+        pending: Vec::new(),
+        imported: true,
+        ldconfig: record.ldconfig,
+    };
+    write_manifest(&dir, &body)
 }
 
 /// Remove a package the daemon no longer has.

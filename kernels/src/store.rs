@@ -603,7 +603,14 @@ pub fn check_outputs(out: &Path, meta: &Meta) -> Result<BTreeMap<String, FileInf
             Err(inspect::InspectError::Unrecognised) => Vec::new(),
             Err(err) => return Err(BuildError::Rejected(format!("output {name}: {err}"))),
         };
-        for o in &targets {
+        // An imported file runs where its code says; nothing to match.
+        if meta.backend == crate::import::BACKEND {
+            found |= !targets.is_empty();
+        }
+        for o in targets
+            .iter()
+            .filter(|_| meta.backend != crate::import::BACKEND)
+        {
             let fits = match o.target.kind {
                 CodeKind::Sass => o.target == meta.arch,
                 CodeKind::Ptx => o.target.cap == meta.arch.cap,

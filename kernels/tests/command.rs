@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gpuarch_core::arch::Target;
-use gpuarch_kernels::build::Builder;
+use gpuarch_kernels::build::{Builder, Fetch};
 use gpuarch_kernels::inspect;
 use gpuarch_kernels::spec::Package;
 use gpuarch_kernels::store::Store;
@@ -61,7 +61,7 @@ fn ptxas_builds_each_arch_in_a_clean_environment() {
         Duration::from_secs(120),
     );
     for arch in ["sm_75", "sm_86", "sm_90"] {
-        let r = b.resolve(&pkg, Target::parse(arch).unwrap(), true);
+        let r = b.resolve(&pkg, Target::parse(arch).unwrap(), Fetch::Build);
         let (e, built) = r
             .served
             .unwrap_or_else(|| panic!("{arch}: {:?} {:?}", r.error, r.unavailable));
@@ -116,7 +116,7 @@ fn a_failing_command_is_recorded_and_a_hanging_one_is_killed() {
         "bad",
         "  backend: command\n  argv: [sh, -c, 'echo ptxas fatal: no such option >&2; exit 3']\n",
     );
-    let r = b.resolve(&bad, sm86, true);
+    let r = b.resolve(&bad, sm86, Fetch::Build);
     assert!(r.served.is_none() && r.error.is_none(), "{r:?}");
     assert_eq!(r.unavailable[0].variant, "fp32");
     assert!(
@@ -129,7 +129,10 @@ fn a_failing_command_is_recorded_and_a_hanging_one_is_killed() {
     );
     // Recorded: asking again does not run it again.
     let t = Instant::now();
-    assert_eq!(b.resolve(&bad, sm86, true).unavailable, r.unavailable);
+    assert_eq!(
+        b.resolve(&bad, sm86, Fetch::Build).unavailable,
+        r.unavailable
+    );
     assert!(t.elapsed() < Duration::from_millis(500));
 
     let slow = ptx_package(
@@ -139,7 +142,7 @@ fn a_failing_command_is_recorded_and_a_hanging_one_is_killed() {
         "  backend: command\n  argv: [sh, -c, 'sleep 30 & sleep 30']\n  timeout_s: 1\n",
     );
     let t = Instant::now();
-    let r = b.resolve(&slow, sm86, true);
+    let r = b.resolve(&slow, sm86, Fetch::Build);
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     let e = r.error.unwrap();
     assert!(e.contains("ran past its 1 s limit"), "{e}");

@@ -4,9 +4,10 @@
 //! cross-checked with NVIDIA's cuobjdump.
 
 mod common;
+#[path = "../../tests/src/fatlib.rs"]
+mod fatlib;
 
 use std::path::Path;
-use std::process::Command;
 
 use gpuarch_core::arch::{ComputeCapability, CudaVersion, Target};
 use gpuarch_kernels::inspect::{self, Placement};
@@ -109,34 +110,12 @@ fn fatbins_and_libraries_report_what_cuobjdump_reports() {
     );
 }
 
-/// `libprobe.so` built with gcc; with `fatbin` non-empty, it is added as the
-/// `.nv_fatbin` section with objcopy.
+/// `libprobe.so` (`libplain.so` without GPU code): see tests/src/fatlib.rs.
 fn shared_library_with(dir: &Path, fatbin: &[u8]) -> std::path::PathBuf {
     let name = if fatbin.is_empty() {
         "libplain.so"
     } else {
         "libprobe.so"
     };
-    let src = dir.join("probe.c");
-    std::fs::write(&src, "int probe(void) { return 42; }\n").unwrap();
-    let lib = dir.join(name);
-    let ok = Command::new("gcc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .status()
-        .unwrap();
-    assert!(ok.success());
-    if !fatbin.is_empty() {
-        let fb = dir.join("section.bin");
-        std::fs::write(&fb, fatbin).unwrap();
-        let ok = Command::new("objcopy")
-            .arg(format!("--add-section=.nv_fatbin={}", fb.display()))
-            .args(["--set-section-flags", ".nv_fatbin=alloc,readonly"])
-            .arg(&lib)
-            .status()
-            .unwrap();
-        assert!(ok.success());
-    }
-    lib
+    fatlib::shared_library_with(dir, name, fatbin)
 }

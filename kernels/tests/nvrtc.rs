@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use gpuarch_core::arch::Target;
-use gpuarch_kernels::build::Builder;
+use gpuarch_kernels::build::{Builder, Fetch};
 use gpuarch_kernels::inspect;
 use gpuarch_kernels::spec;
 use gpuarch_kernels::store::Store;
@@ -31,7 +31,7 @@ fn sample_packages_build_for_five_archs_and_carry_what_they_claim() {
     for arch in ARCHS {
         let t = Target::parse(arch).unwrap();
         for p in pkgs.values() {
-            let r = b.resolve(p, t, true);
+            let r = b.resolve(p, t, Fetch::Build);
             let (entry, built) = r.served.unwrap_or_else(|| {
                 panic!("{} {arch}: {:?} {:?}", p.name(), r.error, r.unavailable)
             });
@@ -64,13 +64,13 @@ fn sample_packages_build_for_five_archs_and_carry_what_they_claim() {
                 assert_eq!(o[0].functions, ["saxpy"]);
             }
             // Asking again builds nothing.
-            let again = b.resolve(p, t, true);
+            let again = b.resolve(p, t, Fetch::Build);
             assert!(!again.served.unwrap().1, "{} {arch} rebuilt", p.name());
         }
     }
     // The fallbacks on Turing, each with its reason.
     let sm75 = Target::parse("sm_75").unwrap();
-    let r = b.resolve(&pkgs["rmsnorm"], sm75, false);
+    let r = b.resolve(&pkgs["rmsnorm"], sm75, Fetch::Stored);
     assert_eq!(r.unavailable.len(), 1, "{:?}", r.unavailable);
     assert_eq!(r.unavailable[0].variant, "bf16");
     assert!(
@@ -78,7 +78,7 @@ fn sample_packages_build_for_five_archs_and_carry_what_they_claim() {
         "the compiler's message: {}",
         r.unavailable[0].reason
     );
-    let r = b.resolve(&pkgs["rotary"], sm75, false);
+    let r = b.resolve(&pkgs["rotary"], sm75, Fetch::Stored);
     assert_eq!(r.unavailable[0].variant, "bf16");
     assert!(
         r.unavailable[0].reason.contains("is for capability >=8.0"),
@@ -159,7 +159,11 @@ fn mdwe_child() {
     let store = Store::open(tmp.path(), 1 << 30).unwrap();
     let b = Builder::new(store, vec![cuda], Duration::from_secs(600));
     let (pkgs, _) = spec::discover(&[common::packages_dir()]);
-    let r = b.resolve(&pkgs["saxpy"], Target::parse("sm_86").unwrap(), true);
+    let r = b.resolve(
+        &pkgs["saxpy"],
+        Target::parse("sm_86").unwrap(),
+        Fetch::Build,
+    );
     let (_, built) = r.served.unwrap_or_else(|| panic!("{:?}", r.error));
     assert!(built);
     println!("mdwe: W+X refused; saxpy sm_86 built");

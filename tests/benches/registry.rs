@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use gpuarch_core::arch::Target;
 use gpuarch_core::config::RemoteConfig;
-use gpuarch_kernels::build::Builder;
+use gpuarch_kernels::build::{Builder, Fetch};
 use gpuarch_kernels::spec::{self, Package};
 use gpuarch_kernels::store::Store;
 use gpuarch_registry::OciRemote;
@@ -50,7 +50,7 @@ fn builder(store: &Path, cuda: &Path, repo: Option<&str>, push: bool) -> Builder
 
 /// Serve `pkg` for sm_86 into `b`'s store; whether it was pulled.
 fn serve(b: &Builder, pkg: &Package) -> bool {
-    let r = b.resolve(pkg, Target::parse("sm_86").unwrap(), true);
+    let r = b.resolve(pkg, Target::parse("sm_86").unwrap(), Fetch::Build);
     let (e, built) = r
         .served
         .unwrap_or_else(|| panic!("{:?} {:?}", r.error, r.unavailable));

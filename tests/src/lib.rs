@@ -6,6 +6,7 @@
 pub mod containers;
 pub mod daemon;
 pub mod engines;
+pub mod fatlib;
 pub mod registry;
 pub mod slurm;
 

@@ -1770,3 +1770,192 @@ fn a_second_node_prewarms_from_the_registry_with_no_build() {
     assert!(out.contains(&format!("from {repo}@sha256:")), "{out}");
     b.stop();
 }
+
+/// `gpuarch-hook precreate` on `node`'s config and inventory for a
+/// container given `visible` (NVIDIA_VISIBLE_DEVICES): the config it
+/// returns, and its log (the plan's notes).
+fn precreate(node: &Node, visible: &str) -> (serde_json::Value, String) {
+    use std::io::Write;
+    let config = serde_json::json!({"ociVersion": "1.2.0",
+        "process": {"args": ["sh"], "env": [format!("NVIDIA_VISIBLE_DEVICES={visible}")]},
+        "root": {"path": "rootfs"}});
+    let mut child = Command::new(&artifacts().gpuarch_hook)
+        .arg("precreate")
+        .env("GPUARCH_CONFIG", node.path("config.yaml"))
+        .env("GPUARCH_INVENTORY", node.path("run/inventory.json"))
+        .env("GPUARCH_LOG", "stderr")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(config.to_string().as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let (out, log) = text(&o);
+    assert!(o.status.success(), "{log}");
+    (serde_json::from_str(&out).unwrap(), log)
+}
+
+/// The view manifest of `package` a precreate config mounts, if it does.
+fn view_manifest(config: &serde_json::Value, package: &str) -> Option<serde_json::Value> {
+    let view = config["mounts"]
+        .as_array()?
+        .iter()
+        .find(|m| m["destination"] == "/opt/gpuarch/kernels")?["source"]
+        .as_str()?
+        .to_owned();
+    let text = std::fs::read(Path::new(&view).join(package).join("manifest.json")).ok()?;
+    Some(serde_json::from_slice(&text).unwrap())
+}
+
+/// What serves each GPU of a view manifest: (arch, file) or the reason.
+fn served(view: &serde_json::Value) -> Vec<String> {
+    view["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| match g["files"].as_array() {
+            Some(f) => format!("{} {}", g["arch"].as_str().unwrap(), f[0].as_str().unwrap()),
+            None => g["missing"].as_str().unwrap().to_owned(),
+        })
+        .collect()
+}
+
+#[test]
+fn imported_libraries_serve_each_container_by_the_code_they_carry() {
+    require!("gcc", "objcopy");
+    let Some(cuda) = gpuarch_tests::cuda_dir() else {
+        return;
+    };
+    let nvrtc = gpuarch_kernels::toolchain::Nvrtc::load(std::slice::from_ref(&cuda)).unwrap();
+    let src = std::fs::read(workspace_root().join("kernels/packages/saxpy/saxpy.cu")).unwrap();
+    let code = |t: &str| {
+        let t = gpuarch_core::arch::Target::parse(t).unwrap();
+        nvrtc.compile(("saxpy.cu", &src), &[], t, &[]).unwrap().code
+    };
+    let (sm75, sm86, sm80, sm90) = (code("sm_75"), code("sm_86"), code("sm_80"), code("sm_90"));
+    let fatbin = gpuarch_kernels::inspect::write_fatbin;
+    let libs = tempfile::tempdir().unwrap();
+    // nobody opens them too (and is refused by the bus, not the file).
+    std::fs::set_permissions(
+        libs.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let lib = |name: &str, entries: &[(u16, u32, &[u8])]| {
+        gpuarch_tests::fatlib::shared_library_with(libs.path(), name, &fatbin(entries))
+    };
+    let both = lib("libsaxpy.so", &[(2, 75, &sm75), (2, 86, &sm86)]);
+    let only80 = lib("libsaxpy80.so", &[(2, 80, &sm80)]);
+    let only90 = lib("libsaxpy90.so", &[(2, 90, &sm90)]);
+    let plain = gpuarch_tests::fatlib::shared_library_with(libs.path(), "libplain.so", &[]);
+
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    node.start(&[]);
+    let import = |args: &[&str]| {
+        let mut a = vec!["kernels", "import"];
+        a.extend_from_slice(args);
+        let o = node.ctl(None, &a);
+        (o.status.code(), all_text(&o))
+    };
+    let s = |p: &Path| p.to_str().unwrap().to_owned();
+
+    // One library with sm_75 and sm_86 SASS: each GPU gets its own code.
+    let (code, out) = import(&["saxpy", &s(&both)]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("libsaxpy.so: carries sm_75, sm_86"), "{out}");
+    assert!(out.contains("GPU 0 (7.5): runs from SASS sm_75"), "{out}");
+    assert!(out.contains("GPU 1 (8.6): runs from SASS sm_86"), "{out}");
+    let (cfg, log) = precreate(&node, "0,1");
+    let view = view_manifest(&cfg, "saxpy").unwrap_or_else(|| panic!("not mounted: {log}"));
+    assert_eq!(
+        served(&view),
+        [
+            "sm_75 libsaxpy.so/libsaxpy.so",
+            "sm_86 libsaxpy.so/libsaxpy.so"
+        ]
+    );
+    // The file in the container is the imported one, byte for byte.
+    let source = cfg["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["destination"] == "/opt/gpuarch/kernels")
+        .unwrap()["source"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        std::fs::read(Path::new(&source).join("saxpy/libsaxpy.so/libsaxpy.so")).unwrap(),
+        std::fs::read(&both).unwrap()
+    );
+    // Nothing is asked of gpuarchd's builder for an import.
+    assert!(
+        std::fs::read_dir(node.path("spool")).map_or(true, |mut d| d.next().is_none()),
+        "an import was requested as a build"
+    );
+
+    // sm_80 only, for the loader: the 3090 runs it, the 2080 Ti does not.
+    let (code, out) = import(&["saxpy80", &s(&only80), "--ldconfig"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("GPU 0 (7.5): will not run"), "{out}");
+    assert!(out.contains("GPU 1 (8.6): runs from SASS sm_80"), "{out}");
+    assert!(!out.contains("warning"), "{out}");
+    let (cfg, log) = precreate(&node, "1");
+    let view = view_manifest(&cfg, "saxpy80").unwrap_or_else(|| panic!("not mounted: {log}"));
+    assert_eq!(served(&view), ["sm_80 libsaxpy80.so/libsaxpy80.so"]);
+    assert_eq!(view["libraries"], serde_json::json!(["libsaxpy80.so"]));
+    // The loader cache needs the createContainer stage: it is added.
+    let hooks = cfg["hooks"]["createContainer"].to_string();
+    assert!(hooks.contains("gpuarch-hook"), "{hooks}");
+    for visible in ["0", "0,1"] {
+        let (cfg, log) = precreate(&node, visible);
+        assert!(view_manifest(&cfg, "saxpy80").is_none(), "{visible}: {cfg}");
+        assert!(
+            log.contains("kernel package saxpy80 not mounted: no imported file runs on all of"),
+            "{visible}: {log}"
+        );
+    }
+
+    // Code for no GPU of this host: accepted, with a warning.
+    let (code, out) = import(&["saxpy90", &s(&only90)]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("warning: it runs on none of this host's GPUs"),
+        "{out}"
+    );
+    assert!(node.log().contains("runs on none of this host's GPUs"));
+
+    // A failed import changes nothing: the earlier one is still served.
+    let before = std::fs::read(node.path("kernels/saxpy/manifest.json")).unwrap();
+    let (code, out) = import(&["saxpy", &s(&plain), &s(&both)]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("libplain.so: it carries no GPU code"), "{out}");
+    assert_eq!(
+        std::fs::read(node.path("kernels/saxpy/manifest.json")).unwrap(),
+        before
+    );
+    let (cfg, _) = precreate(&node, "0");
+    assert_eq!(
+        served(&view_manifest(&cfg, "saxpy").unwrap()),
+        ["sm_75 libsaxpy.so/libsaxpy.so"]
+    );
+
+    // Only root and group gpuarch import; a file name can't be passed twice.
+    let o = node.ctl(Some(&[]), &["kernels", "import", "x", &s(&both)]);
+    assert_eq!(o.status.code(), Some(2), "{}", all_text(&o));
+    assert!(
+        all_text(&o).contains("permission denied by the bus policy"),
+        "{}",
+        all_text(&o)
+    );
+    let (code, out) = import(&["x", &s(&both), &s(&both)]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("given twice"), "{out}");
+    node.stop();
+}

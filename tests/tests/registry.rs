@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use gpuarch_core::arch::Target;
 use gpuarch_core::config::RemoteConfig;
-use gpuarch_kernels::build::Builder;
+use gpuarch_kernels::build::{Builder, Fetch};
 use gpuarch_kernels::remote::Remote;
 use gpuarch_kernels::spec::{self, Package};
 use gpuarch_kernels::store::{Entry, Store};
@@ -54,7 +54,7 @@ fn packages() -> BTreeMap<String, Package> {
 /// Resolve (building or pulling) `pkg` for `arch`: the entry, and whether
 /// it came from the registry.
 fn serve(b: &Builder, pkg: &Package, arch: &str) -> (Entry, bool) {
-    let r = b.resolve(pkg, Target::parse(arch).unwrap(), true);
+    let r = b.resolve(pkg, Target::parse(arch).unwrap(), Fetch::Build);
     let (e, _) = r
         .served
         .unwrap_or_else(|| panic!("{} {arch}: {:?} {:?}", pkg.name(), r.error, r.unavailable));

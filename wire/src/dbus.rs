@@ -296,6 +296,14 @@ pub trait Daemon {
 pub trait KernelCache {
     fn list_kernels(&self) -> zbus::Result<Vec<KernelRecord>>;
     fn prewarm(&self, packages: &[&str], archs: &[&str]) -> zbus::Result<OwnedObjectPath>;
+    fn pull(&self, packages: &[&str], archs: &[&str], pin: bool) -> zbus::Result<OwnedObjectPath>;
+    fn push(&self, packages: &[&str], archs: &[&str]) -> zbus::Result<OwnedObjectPath>;
+    fn import(
+        &self,
+        name: &str,
+        files: &[(&str, zbus::Fd<'_>)],
+        ldconfig: bool,
+    ) -> zbus::Result<OwnedObjectPath>;
     fn garbage_collect(&self) -> zbus::Result<u64>;
     fn verify(&self) -> zbus::Result<Vec<VerifyRecord>>;
     #[zbus(property)]

@@ -35,6 +35,16 @@ pub struct Published {
     pub unavailable: Vec<Unavailable>,
     /// Arches with no build yet, and why.
     pub pending: Vec<Pending>,
+    /// Files an admin imported (`gpuarchctl kernels import`), not builds:
+    /// each `builds` entry is one target a file carries (`variant` is the
+    /// file's name), PTX included; nothing is requested when a GPU has no
+    /// build.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub imported: bool,
+    /// Imported with `--ldconfig`: one file serves all of a container's
+    /// GPUs, and its directory goes into the container's loader cache.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ldconfig: bool,
 }
 
 /// One served build: a verified entry of the kernel store.
@@ -102,6 +112,10 @@ pub struct View {
     pub gpus: Vec<ViewGpu>,
     /// The builds in the view, one directory each.
     pub builds: Vec<ViewBuild>,
+    /// Directories of the package (its builds' `dir`s) in the container's
+    /// loader cache: an import made with `--ldconfig`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub libraries: Vec<String>,
 }
 
 /// One GPU of the container and what serves it. (`serves` is flattened,
@@ -225,6 +239,7 @@ mod tests {
                 files: vec!["rmsnorm.cubin".into()],
                 key: "ab".repeat(32),
             }],
+            libraries: vec![],
         };
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../python/tests/fixtures/rmsnorm/manifest.json");
@@ -265,6 +280,8 @@ mod tests {
                 arch: "sm_75".into(),
                 reason: "queued".into(),
             }],
+            imported: false,
+            ldconfig: false,
         }
     }
 

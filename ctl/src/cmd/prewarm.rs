@@ -1,53 +1,121 @@
-//! `gpuarchctl prewarm`: gpuarchd builds kernel packages ahead of time and
-//! pins them; a progress bar follows its job. Exit status 1 when a build is
-//! not served.
+//! Jobs gpuarchd runs on the kernel cache, each followed with a progress
+//! bar until it ends: `gpuarchctl prewarm` (build kernel packages ahead of
+//! time and pin them), `prewarm --from-registry` and `kernels pull` (only
+//! from the registry), `kernels push` and `kernels import`. Exit status 1
+//! when the job did not do all it was asked.
 
 use std::fmt::Write as _;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use futures_util::StreamExt;
 use gpuarch_wire::dbus::{JobProxy, JobState, KernelCacheProxy};
 use serde_json::json;
 
-use crate::cli::PrewarmArgs;
+use crate::cli::{ImportArgs, PrewarmArgs, PushArgs};
 use crate::render;
 use crate::source::{BusError, Daemon};
 
-fn bar(json: bool) -> indicatif::ProgressBar {
+fn bar(json: bool, what: &str) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(1000);
     if json {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} pre-warming [{bar:40}] {percent:>3}% {elapsed}",
-        )
+        indicatif::ProgressStyle::with_template(&format!(
+            "{{spinner}} {what} [{{bar:40}}] {{percent:>3}}% {{elapsed}}"
+        ))
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     bar
 }
 
+/// `7.5,8.6` as a list.
+fn arch_list(arch: Option<&str>) -> Vec<&str> {
+    arch.map(|l| {
+        l.split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
 pub fn run(json: bool, d: Daemon, args: &PrewarmArgs, out: &mut String) -> Result<u8> {
-    let e = |e| BusError::of("prewarm", e);
-    let archs: Vec<&str> = args
-        .arch
-        .as_deref()
-        .map(|l| {
-            l.split(',')
-                .map(str::trim)
-                .filter(|a| !a.is_empty())
-                .collect()
-        })
-        .unwrap_or_default();
+    if args.from_registry {
+        return pull(json, d, args, true, out);
+    }
+    let archs = arch_list(args.arch.as_deref());
     let pkgs: Vec<&str> = args.packages.iter().map(String::as_str).collect();
+    let e = |e| BusError::of("prewarm", e);
     // Starting the job is answered at once; the job then takes as long as
     // its builds take, and reports progress.
     let path = d.ask(async {
         let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
         kc.prewarm(&pkgs, &archs).await.map_err(e)
     })?;
-    let bar = bar(json);
+    follow(json, &d, path, "pre-warming", out)
+}
+
+/// Pull `args` from the registry, pinning when `pin` (a pre-warm).
+pub fn pull(json: bool, d: Daemon, args: &PrewarmArgs, pin: bool, out: &mut String) -> Result<u8> {
+    let archs = arch_list(args.arch.as_deref());
+    let pkgs: Vec<&str> = args.packages.iter().map(String::as_str).collect();
+    let e = |e| BusError::of("pull", e);
+    let path = d.ask(async {
+        let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+        kc.pull(&pkgs, &archs, pin).await.map_err(e)
+    })?;
+    follow(json, &d, path, "pulling", out)
+}
+
+pub fn push(json: bool, d: Daemon, args: &PushArgs, out: &mut String) -> Result<u8> {
+    let archs = arch_list(args.arch.as_deref());
+    let pkgs: Vec<&str> = args.packages.iter().map(String::as_str).collect();
+    let e = |e| BusError::of("push", e);
+    let path = d.ask(async {
+        let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+        kc.push(&pkgs, &archs).await.map_err(e)
+    })?;
+    follow(json, &d, path, "pushing", out)
+}
+
+/// The files are opened here, as the caller, and passed to gpuarchd as
+/// descriptors: it reads what the caller may read, wherever it is.
+pub fn import(json: bool, d: Daemon, args: &ImportArgs, out: &mut String) -> Result<u8> {
+    let mut files = Vec::new();
+    for p in &args.files {
+        let f = std::fs::File::open(p).with_context(|| format!("{}", p.display()))?;
+        let name = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .with_context(|| format!("{}: no file name", p.display()))?
+            .to_owned();
+        files.push((name, f));
+    }
+    let e = |e| BusError::of("import", e);
+    let path = d.ask(async {
+        let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+        let fds: Vec<(&str, zbus::Fd<'_>)> = files
+            .iter()
+            .map(|(n, f)| (n.as_str(), zbus::Fd::from(f)))
+            .collect();
+        kc.import(&args.name, &fds, args.ldconfig).await.map_err(e)
+    })?;
+    follow(json, &d, path, "importing", out)
+}
+
+/// Follow the job at `path` to its end: a progress bar, then its log and
+/// outcome.
+fn follow(
+    json: bool,
+    d: &Daemon,
+    path: zbus::OwnedObjectPath,
+    what: &'static str,
+    out: &mut String,
+) -> Result<u8> {
+    let e = |e| BusError::of(what, e);
+    let bar = bar(json, what);
     d.wait(async {
         let job = JobProxy::builder(&d.conn)
             .path(path.clone())

@@ -1,0 +1,173 @@
+//! Prebuilt libraries an admin imports (`gpuarchctl kernels import NAME
+//! FILE…`): a wheel's `.so` built for some TORCH_CUDA_ARCH_LIST, a vendor's
+//! fatbin. gpuarch did not build them, so it only stores and serves them.
+//!
+//! Each file is one store entry (backend `import`), keyed by the import's
+//! name, the file's name and its sha256: content-addressed like a build,
+//! verified on every lookup like one. What a file runs on is what the
+//! inspector reads from its bytes (every SASS and PTX target, kept as the
+//! entry's `targets`), never its name. An import's current files are
+//! recorded in `imports/<NAME>.json` of the store and pinned; a new import
+//! of the same name replaces the record and unpins the files it no longer
+//! has, for the LRU to take.
+
+use std::io;
+
+use gpuarch_core::arch::{CodeKind, Target};
+use gpuarch_core::config::valid_package_name;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::inspect;
+use crate::spec::sha256_hex;
+use crate::store::{self, BuildError, BuildInfo, Entry, Meta, Store};
+
+/// The backend named in an imported file's entry manifest.
+pub const BACKEND: &str = "import";
+/// Where the records live, in the store's root.
+const DIR: &str = "imports";
+
+/// An import as recorded: its files' store keys, in the order given.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Record {
+    pub name: String,
+    /// Add each served file's directory to the container's loader cache.
+    pub ldconfig: bool,
+    pub keys: Vec<String>,
+    pub imported_at: u64,
+}
+
+/// The key of file `file` (contents `sha256`) of import `name`.
+pub fn key(name: &str, file: &str, sha256: &str) -> String {
+    let record = json!({
+        "schema": store::SCHEMA,
+        "backend": BACKEND,
+        "package": name,
+        "file": file,
+        "sha256": sha256,
+    });
+    sha256_hex(record.to_string().as_bytes())
+}
+
+/// Why a file cannot be imported.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    #[error("{0:?} is not a valid name (letters, digits, '.', '_', '-')")]
+    Name(String),
+    #[error("{file}: {why}")]
+    File { file: String, why: String },
+    #[error("{0}")]
+    Store(#[from] io::Error),
+}
+
+/// Store `data` as file `file` of import `name`: the entry, new or found.
+/// The file must carry GPU code the inspector can read.
+pub fn store_file(
+    store: &Store,
+    name: &str,
+    file: &str,
+    data: &[u8],
+) -> Result<Entry, ImportError> {
+    if !valid_package_name(name) {
+        return Err(ImportError::Name(name.to_owned()));
+    }
+    let bad = |why: String| ImportError::File {
+        file: file.to_owned(),
+        why,
+    };
+    if !valid_package_name(file) || file == store::MANIFEST {
+        return Err(bad("not a plain file name".into()));
+    }
+    let objs = inspect::inspect(data).map_err(|e| bad(e.to_string()))?;
+    // The entry's arch, for listings: its best SASS, else its best PTX.
+    let best = |k: CodeKind| objs.iter().map(|o| o.target).filter(|t| t.kind == k).max();
+    let arch: Target = best(CodeKind::Sass)
+        .or_else(|| best(CodeKind::Ptx))
+        .ok_or_else(|| bad("it carries no GPU code (no cubin, PTX or .nv_fatbin)".into()))?;
+    let sha = sha256_hex(data);
+    let meta = Meta {
+        package: name.to_owned(),
+        version: format!("sha256:{}", &sha[..12]),
+        variant: file.to_owned(),
+        dtype: None,
+        arch,
+        backend: BACKEND.to_owned(),
+        exports: Vec::new(),
+    };
+    let k = key(name, file, &sha);
+    let outcome = store
+        .build(&k, &meta, |out| {
+            std::fs::write(out.join(file), data)?;
+            Ok(BuildInfo {
+                toolkit: BACKEND.to_owned(),
+                min_driver_cuda: None,
+                origin: None,
+            })
+        })
+        .map_err(|e| match e {
+            BuildError::Rejected(why) | BuildError::Tool(why) => bad(why),
+        })?;
+    Ok(outcome.entry().clone())
+}
+
+fn record_path(store: &Store, name: &str) -> std::path::PathBuf {
+    store.root().join(DIR).join(format!("{name}.json"))
+}
+
+/// Make `record` the import of its name: its files pinned, the files of the
+/// import it replaces that it no longer has unpinned. Returns the record
+/// it replaced.
+pub fn commit(store: &Store, record: &Record) -> io::Result<Option<Record>> {
+    let old = read(store, &record.name)?;
+    for k in &record.keys {
+        store.pin(k)?;
+    }
+    let dir = store.root().join(DIR);
+    std::fs::create_dir_all(&dir)?;
+    let body = serde_json::to_vec_pretty(record).map_err(io::Error::other)?;
+    gpuarch_fs::write_atomic(&record_path(store, &record.name), &body)?;
+    if let Some(old) = &old {
+        for k in old.keys.iter().filter(|k| !record.keys.contains(k)) {
+            store.unpin(k)?;
+        }
+    }
+    Ok(old)
+}
+
+/// The import named `name`, if there is one.
+pub fn read(store: &Store, name: &str) -> io::Result<Option<Record>> {
+    match std::fs::read(record_path(store, name)) {
+        Ok(b) => serde_json::from_slice(&b)
+            .map(Some)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("import {name}: {e}"))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Every import, by name; a record that cannot be read is reported, not
+/// served.
+pub fn all(store: &Store) -> (Vec<Record>, Vec<String>) {
+    let mut out = Vec::new();
+    let mut errors = Vec::new();
+    let Ok(rd) = std::fs::read_dir(store.root().join(DIR)) else {
+        return (out, errors);
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(stem) = name.strip_suffix(".json") else {
+            continue;
+        };
+        if !valid_package_name(stem) {
+            continue;
+        }
+        match read(store, stem) {
+            Ok(Some(r)) => out.push(r),
+            Ok(None) => {}
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    (out, errors)
+}
