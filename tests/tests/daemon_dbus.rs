@@ -1743,32 +1743,113 @@ fn a_second_node_prewarms_from_the_registry_with_no_build() {
     let Some(cuda) = gpuarch_tests::cuda_dir() else {
         return;
     };
-    let reg = gpuarch_tests::registry::Registry::start();
+    let mut reg = gpuarch_tests::registry::Registry::start();
     let repo = format!("{}/gpuarch/kernels", reg.host());
-    let remote = |push: bool| {
+    let remote = |push: bool, extra: &str| {
         format!(
-            "  prewarm: false\n  remote:\n    repository: {repo}\n    plain_http: true\n    push: {push}\n"
+            "  prewarm: false\n{extra}  remote:\n    repository: {repo}\n    plain_http: true\n    push: {push}\n    pull_timeout_ms: 2000\n"
         )
     };
-    let set = ["prewarm", "saxpy", "rmsnorm", "--arch", "7.5,8.6"];
-    let mut a = Node::with_kernels(&cuda, &remote(true));
+    let count = |out: &str, what: &str| out.matches(what).count();
+    let ctl = |node: &Node, args: &[&str]| {
+        let o = node.ctl(None, args);
+        (o.status.code(), all_text(&o))
+    };
+
+    // Node A pushes as it builds: 4 builds, 4 artifacts.
+    let set = ["saxpy", "rmsnorm", "--arch", "7.5,8.6"];
+    let mut a = Node::with_kernels(&cuda, &remote(true, ""));
     a.start(&[]);
-    let o = a.ctl(None, &set);
-    let out = all_text(&o);
-    assert_eq!(o.status.code(), Some(0), "{out}");
-    assert_eq!(out.matches(": built ").count(), 4, "{out}");
-    assert!(a.log().matches("pushed ").count() >= 4, "{}", a.log());
+    let (code, out) = ctl(&a, &[&["prewarm"][..], &set].concat());
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(count(&out, ": built "), 4, "{out}");
+    assert!(count(&a.log(), "pushed ") >= 4, "{}", a.log());
+    // rotary for three archs, built without pushing, then pushed by hand.
+    a.stop();
+    std::fs::write(a.path("config.yaml"), {
+        let mut y = std::fs::read_to_string(a.path("config.yaml")).unwrap();
+        y = y.replace("    push: true\n", "    push: false\n");
+        y
+    })
+    .unwrap();
+    a.start(&[]);
+    let (code, out) = ctl(&a, &["prewarm", "rotary", "--arch", "7.5,8.6,9.0"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(count(&a.log(), "pushed "), 0, "{}", a.log());
+    let (code, out) = ctl(&a, &["kernels", "push", "rotary"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(
+        count(&out, &format!(": pushed to {repo}@sha256:")),
+        3,
+        "{out}"
+    );
+    assert!(out.contains("3 of 3 pushed"), "{out}");
     a.stop();
 
-    let mut b = Node::with_kernels(&cuda, &remote(false));
+    // Node B fetches one without pinning it, then pre-warms from the
+    // registry only: everything pulled or cached, nothing built.
+    let mut b = Node::with_kernels(&cuda, &remote(false, ""));
     b.start(&[]);
-    let o = b.ctl(None, &set);
+    let (code, out) = ctl(&b, &["kernels", "pull", "saxpy", "--arch", "7.5"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("saxpy sm_75: pulled "), "{out}");
+    let (_, list) = ctl(&b, &["--json", "kernels"]);
+    let list: serde_json::Value = serde_json::from_str(&list).unwrap();
+    assert_eq!(list["kernels"][0]["pinned"], false, "{list}");
+    let (code, out) = ctl(&b, &[&["prewarm", "--from-registry"][..], &set].concat());
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(count(&out, ": built "), 0, "node B built: {out}");
+    assert_eq!(count(&out, ": pulled "), 3, "{out}");
+    assert_eq!(count(&out, ": cached "), 1, "{out}");
+    assert!(out.contains(&format!("from {repo}@sha256:")), "{out}");
+    // What the registry lacks is not built by a pull: it fails and says so.
+    let (code, out) = ctl(
+        &b,
+        &["prewarm", "--from-registry", "rotary", "--arch", "8.0"],
+    );
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("not in the registry"), "{out}");
+    assert_eq!(count(&out, ": built "), 0, "{out}");
+    b.stop();
+
+    // Node C pre-warms all nine while the registry goes away: what it
+    // pulled before is kept, the rest is built here, and all is served.
+    let mut c = Node::with_kernels(&cuda, &remote(false, "  workers: 1\n"));
+    c.start(&[]);
+    let job = c
+        .ctl_cmd(
+            None,
+            &[
+                "prewarm",
+                "saxpy",
+                "rmsnorm",
+                "rotary",
+                "--arch",
+                "7.5,8.6,9.0",
+            ],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !c.log().contains("pulled ") {
+        assert!(t0.elapsed() < Duration::from_secs(30), "{}", c.log());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    reg.stop();
+    let o = job.wait_with_output().unwrap();
     let out = all_text(&o);
     assert_eq!(o.status.code(), Some(0), "{out}");
-    assert_eq!(out.matches(": built ").count(), 0, "node B built: {out}");
-    assert_eq!(out.matches(": pulled ").count(), 4, "{out}");
-    assert!(out.contains(&format!("from {repo}@sha256:")), "{out}");
-    b.stop();
+    let (pulled, built) = (count(&out, ": pulled "), count(&out, ": built "));
+    assert!(
+        pulled >= 1 && built >= 1,
+        "pulled {pulled}, built {built}: {out}"
+    );
+    assert_eq!(pulled + built, 9, "{out}");
+    eprintln!("registry stopped mid pre-warm: {pulled} pulled, {built} built here");
+    assert!(c.log().contains("building here"), "{}", c.log());
+    c.stop();
 }
 
 /// `gpuarch-hook precreate` on `node`'s config and inventory for a
@@ -1945,6 +2026,17 @@ fn imported_libraries_serve_each_container_by_the_code_they_carry() {
         served(&view_manifest(&cfg, "saxpy").unwrap()),
         ["sm_75 libsaxpy.so/libsaxpy.so"]
     );
+
+    // Without kernels.remote there is nothing to push to or pull from.
+    for args in [&["kernels", "push"][..], &["kernels", "pull"]] {
+        let o = node.ctl(None, args);
+        assert_eq!(o.status.code(), Some(2), "{}", all_text(&o));
+        assert!(
+            all_text(&o).contains("no registry: kernels.remote is not set"),
+            "{}",
+            all_text(&o)
+        );
+    }
 
     // Only root and group gpuarch import; a file name can't be passed twice.
     let o = node.ctl(Some(&[]), &["kernels", "import", "x", &s(&both)]);
