@@ -23,7 +23,7 @@ use crate::spec::sha256_hex;
 use crate::store::{self, BuildError, BuildInfo, Entry, Meta, Store};
 
 /// The backend named in an imported file's entry manifest.
-pub const BACKEND: &str = "import";
+pub use crate::store::IMPORT_BACKEND as BACKEND;
 /// Where the records live, in the store's root.
 const DIR: &str = "imports";
 

@@ -36,6 +36,9 @@ use crate::spec::sha256_hex;
 /// Version of the entry manifest layout (and part of every key).
 pub const SCHEMA: u32 = 1;
 pub const MANIFEST: &str = "manifest.json";
+/// The backend of an entry an admin imported ([`crate::import`]): its
+/// files are checked to carry GPU code, of any arch.
+pub const IMPORT_BACKEND: &str = "import";
 
 /// What an entry is: written as its `manifest.json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -604,12 +607,12 @@ pub fn check_outputs(out: &Path, meta: &Meta) -> Result<BTreeMap<String, FileInf
             Err(err) => return Err(BuildError::Rejected(format!("output {name}: {err}"))),
         };
         // An imported file runs where its code says; nothing to match.
-        if meta.backend == crate::import::BACKEND {
+        if meta.backend == IMPORT_BACKEND {
             found |= !targets.is_empty();
         }
         for o in targets
             .iter()
-            .filter(|_| meta.backend != crate::import::BACKEND)
+            .filter(|_| meta.backend != IMPORT_BACKEND)
         {
             let fits = match o.target.kind {
                 CodeKind::Sass => o.target == meta.arch,

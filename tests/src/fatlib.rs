@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// `dir/<name>` built with gcc from a one-function C file; with `fatbin`
+/// `dir/<name>` (also its soname) built with gcc from a one-function C file; with `fatbin`
 /// non-empty, it is added as the `.nv_fatbin` section with objcopy, where
 /// nvcc puts a library's device code.
 #[allow(clippy::unwrap_used)] // test helper: a failed build is a failed test
@@ -14,7 +14,9 @@ pub fn shared_library_with(dir: &Path, name: &str, fatbin: &[u8]) -> PathBuf {
     std::fs::write(&src, "int probe(void) { return 42; }\n").unwrap();
     let lib = dir.join(name);
     let ok = Command::new("gcc")
-        .args(["-shared", "-fPIC", "-o"])
+        .args(["-shared", "-fPIC"])
+        .arg(format!("-Wl,-soname,{name}"))
+        .arg("-o")
         .arg(&lib)
         .arg(&src)
         .status()

@@ -532,6 +532,85 @@ fn mounted_libraries_reach_the_containers_loader_cache() {
     assert!(seen.ok().ld_cache.is_empty(), "{}", seen.ld_cache);
 }
 
+/// An import made with `--ldconfig`, stored and published by gpuarch's own
+/// code as gpuarchd does: its library reaches the loader cache of a
+/// container its code runs on (sm_80 SASS on the 3090), from the read-only
+/// view; a container with the 2080 Ti gets neither the package nor a cache
+/// entry.
+#[test]
+fn an_imported_library_reaches_the_loader_cache_where_it_runs() {
+    require!("runc", "gcc", "objcopy");
+    let Some(cuda) = gpuarch_tests::cuda_dir() else {
+        return;
+    };
+    use gpuarch_kernels::{import, publish, store::Store, toolchain::Nvrtc};
+    let nvrtc = Nvrtc::load(std::slice::from_ref(&cuda)).unwrap();
+    let src = std::fs::read(workspace_root().join("kernels/packages/saxpy/saxpy.cu")).unwrap();
+    let sm80 = nvrtc
+        .compile(
+            ("saxpy.cu", &src),
+            &[],
+            gpuarch_core::arch::Target::parse("sm_80").unwrap(),
+            &[],
+        )
+        .unwrap()
+        .code;
+    let mut s = Scene::new();
+    let lib = gpuarch_tests::fatlib::shared_library_with(
+        s.path(),
+        "libsaxpy80.so",
+        &gpuarch_kernels::inspect::write_fatbin(&[(2, 80, &sm80)]),
+    );
+    let (root, cache) = (s.path().join("kernels"), s.path().join("cache"));
+    let store = Store::open(&cache, 1 << 30).unwrap();
+    let entry = import::store_file(
+        &store,
+        "saxpy80",
+        "libsaxpy80.so",
+        &std::fs::read(&lib).unwrap(),
+    )
+    .unwrap();
+    let record = import::Record {
+        name: "saxpy80".into(),
+        ldconfig: true,
+        keys: vec![entry.manifest.key.clone()],
+        imported_at: 0,
+    };
+    import::commit(&store, &record).unwrap();
+    publish::publish_import(&root, &record, &[entry]).unwrap();
+    s.config_yaml = format!(
+        "kernels:\n  mount_root: {}\n  cache_dir: {}\n  spool_dir: {}\n",
+        root.display(),
+        cache.display(),
+        s.path().join("spool").display()
+    );
+
+    let seen = s.shim("runc", &["NVIDIA_VISIBLE_DEVICES=1"]);
+    seen.ok();
+    assert!(
+        seen.ld_cache
+            .contains("/opt/gpuarch/kernels/saxpy80/libsaxpy80.so/libsaxpy80.so"),
+        "loader cache: {:?}\nstderr: {}",
+        seen.ld_cache,
+        seen.stderr()
+    );
+    let conf = std::fs::read_to_string(s.rootfs().join("etc/ld.so.conf.d/gpuarch.conf")).unwrap();
+    assert_eq!(conf, "/opt/gpuarch/kernels/saxpy80/libsaxpy80.so\n");
+    std::fs::remove_file(s.rootfs().join("etc/ld.so.cache")).unwrap();
+    s.take_log();
+    let seen = s.shim("runc", &["NVIDIA_VISIBLE_DEVICES=0"]);
+    assert!(seen.ok().ld_cache.is_empty(), "{}", seen.ld_cache);
+    let log = s.take_log();
+    assert!(
+        log.contains("kernel package saxpy80 not mounted: no imported file runs on all of"),
+        "{log}"
+    );
+    assert!(
+        std::fs::read_dir(s.path().join("spool")).map_or(true, |mut d| d.next().is_none()),
+        "an import was requested as a build"
+    );
+}
+
 /// Engines with neither precreate nor the shim run gpuarch-hook as a plain
 /// OCI hook: the env can no longer change, so the Plan is written into the
 /// container for shells, at createContainer (runc says "creating", crun
