@@ -204,11 +204,11 @@ pub enum KernelsCmd {
     /// Push stored builds to the registry in kernels.remote (root or group
     /// gpuarch): PKG... (default: all) for --arch (default: every stored
     /// arch). Exit status 1 when a push fails.
-    Push(PushArgs),
+    Push(SelectArgs),
     /// Fetch builds from the registry into the cache without building or
     /// pinning them (root or group gpuarch). Exit status 1 when one is not
     /// pulled.
-    Pull(PrewarmArgs),
+    Pull(SelectArgs),
     /// Import prebuilt libraries or fatbins as package NAME (root or group
     /// gpuarch): each container gets the file that runs on its GPUs, by the
     /// SASS and PTX read from each file. Replaces an earlier import of NAME.
@@ -216,10 +216,11 @@ pub enum KernelsCmd {
 }
 
 #[derive(Debug, clap::Args)]
-pub struct PushArgs {
-    /// Packages to push (default: all).
+pub struct SelectArgs {
+    /// Packages (default: all).
     pub packages: Vec<String>,
-    /// Architectures (7.5,8.6 or sm_75,sm_86; default: every stored one).
+    /// Architectures (7.5,8.6 or sm_75,sm_86; default: every stored one for
+    /// a push, the host's for a pull).
     #[arg(long, value_name = "LIST")]
     pub arch: Option<String>,
 }

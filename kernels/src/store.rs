@@ -610,10 +610,7 @@ pub fn check_outputs(out: &Path, meta: &Meta) -> Result<BTreeMap<String, FileInf
         if meta.backend == IMPORT_BACKEND {
             found |= !targets.is_empty();
         }
-        for o in targets
-            .iter()
-            .filter(|_| meta.backend != IMPORT_BACKEND)
-        {
+        for o in targets.iter().filter(|_| meta.backend != IMPORT_BACKEND) {
             let fits = match o.target.kind {
                 CodeKind::Sass => o.target == meta.arch,
                 CodeKind::Ptx => o.target.cap == meta.arch.cap,

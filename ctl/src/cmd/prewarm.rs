@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use gpuarch_wire::dbus::{JobProxy, JobState, KernelCacheProxy};
 use serde_json::json;
 
-use crate::cli::{ImportArgs, PrewarmArgs, PushArgs};
+use crate::cli::{ImportArgs, PrewarmArgs, SelectArgs};
 use crate::render;
 use crate::source::{BusError, Daemon};
 
@@ -43,7 +43,11 @@ fn arch_list(arch: Option<&str>) -> Vec<&str> {
 
 pub fn run(json: bool, d: Daemon, args: &PrewarmArgs, out: &mut String) -> Result<u8> {
     if args.from_registry {
-        return pull(json, d, args, true, out);
+        let pick = SelectArgs {
+            packages: args.packages.clone(),
+            arch: args.arch.clone(),
+        };
+        return pull(json, d, &pick, true, out);
     }
     let archs = arch_list(args.arch.as_deref());
     let pkgs: Vec<&str> = args.packages.iter().map(String::as_str).collect();
@@ -58,7 +62,7 @@ pub fn run(json: bool, d: Daemon, args: &PrewarmArgs, out: &mut String) -> Resul
 }
 
 /// Pull `args` from the registry, pinning when `pin` (a pre-warm).
-pub fn pull(json: bool, d: Daemon, args: &PrewarmArgs, pin: bool, out: &mut String) -> Result<u8> {
+pub fn pull(json: bool, d: Daemon, args: &SelectArgs, pin: bool, out: &mut String) -> Result<u8> {
     let archs = arch_list(args.arch.as_deref());
     let pkgs: Vec<&str> = args.packages.iter().map(String::as_str).collect();
     let e = |e| BusError::of("pull", e);
@@ -69,7 +73,7 @@ pub fn pull(json: bool, d: Daemon, args: &PrewarmArgs, pin: bool, out: &mut Stri
     follow(json, &d, path, "pulling", out)
 }
 
-pub fn push(json: bool, d: Daemon, args: &PushArgs, out: &mut String) -> Result<u8> {
+pub fn push(json: bool, d: Daemon, args: &SelectArgs, out: &mut String) -> Result<u8> {
     let archs = arch_list(args.arch.as_deref());
     let pkgs: Vec<&str> = args.packages.iter().map(String::as_str).collect();
     let e = |e| BusError::of("push", e);
