@@ -462,14 +462,19 @@ impl Cache {
         let result = tokio::task::spawn_blocking(move || me.import_files(&n, files, ldconfig, &st))
             .await
             .unwrap_or_else(|e| Err(e.to_string()));
-        let failed = match result {
+        match result {
             Ok(()) => {
                 self.republish(vec![name]).await;
-                Vec::new()
+                finish(&state, &[], "imported");
             }
-            Err(why) => vec![why],
-        };
-        finish(&state, &failed, "imported");
+            // All or nothing: not "1 of 3 not imported".
+            Err(why) => {
+                if let Ok(mut s) = state.lock() {
+                    s.state = JobState::Failed;
+                    s.message = format!("{name} not imported, nothing changed: {why}");
+                }
+            }
+        }
     }
 
     fn import_files(
@@ -1111,7 +1116,7 @@ fn finish(state: &Mutex<JobStatus>, failed: &[String], verb: &str) {
             s.state = JobState::Failed;
             s.message = format!(
                 "{} of {} not {verb}: {}",
-                failed.len().min(s.total.max(1)),
+                failed.len(),
                 s.total,
                 failed.join("; ")
             );
