@@ -259,18 +259,22 @@ impl Cache {
         }
     }
 
+    /// The packages, once every one of `packages` is among them.
+    fn known(&self, packages: &[String]) -> Result<BTreeMap<String, Package>, RequestError> {
+        let known = self.packages();
+        match packages.iter().find(|p| !known.contains_key(*p)) {
+            Some(p) => Err(RequestError::NoPackage {
+                name: p.clone(),
+                known: known.keys().cloned().collect::<Vec<_>>().join(", "),
+            }),
+            None => Ok(known),
+        }
+    }
+
     /// Check `packages` and `archs` of a request; empty means all packages,
     /// and the host's archs.
     pub fn tasks(&self, packages: &[String], archs: &[String]) -> Result<Vec<Task>, RequestError> {
-        let known = self.packages();
-        for p in packages {
-            if !known.contains_key(p) {
-                return Err(RequestError::NoPackage {
-                    name: p.clone(),
-                    known: known.keys().cloned().collect::<Vec<_>>().join(", "),
-                });
-            }
-        }
+        let known = self.known(packages)?;
         let targets: BTreeSet<Target> = if archs.is_empty() {
             host_archs(&self.shared)
         } else {
@@ -379,13 +383,7 @@ impl Cache {
         packages: &[String],
         archs: &[String],
     ) -> Result<Vec<store::Entry>, RequestError> {
-        let known = self.packages();
-        if let Some(p) = packages.iter().find(|p| !known.contains_key(*p)) {
-            return Err(RequestError::NoPackage {
-                name: p.clone(),
-                known: known.keys().cloned().collect::<Vec<_>>().join(", "),
-            });
-        }
+        let known = self.known(packages)?;
         let targets: BTreeSet<Target> = archs
             .iter()
             .map(|a| parse_arch(a))
@@ -492,6 +490,9 @@ impl Cache {
         }
         let store = &self.builder.store;
         let snap = self.shared.snapshot();
+        let driver = snap
+            .as_ref()
+            .and_then(|s| gpuarch_core::arch::CudaVersion::parse(&s.cuda_driver_version).ok());
         let mut keys = Vec::new();
         for (file, f) in files {
             let meta = f.metadata().map_err(|e| format!("{file}: {e}"))?;
@@ -506,15 +507,12 @@ impl Cache {
             if data.len() as u64 > limit {
                 return Err(format!("{file}: larger than kernels.max_bytes ({limit})"));
             }
-            let entry = import::store_file(store, name, &file, &data).map_err(|e| e.to_string())?;
+            let (entry, objs) =
+                import::store_file(store, name, &file, &data).map_err(|e| e.to_string())?;
             let info = &entry.manifest.files[&file];
             let mut line = format!("{file}: carries {}", info.targets.join(", "));
-            let objs = inspect::inspect(&data).unwrap_or_default();
             let mut runs = 0;
             for d in snap.iter().flat_map(|s| s.devices.iter()) {
-                let driver = snap.as_ref().and_then(|s| {
-                    gpuarch_core::arch::CudaVersion::parse(&s.cuda_driver_version).ok()
-                });
                 let p = inspect::placement(&objs, d.compute_capability, driver);
                 runs += usize::from(!matches!(p, inspect::Placement::No(_)));
                 line.push_str(&format!(

@@ -368,6 +368,23 @@ fn store_error(e: std::io::Error) -> fdo::Error {
 }
 
 impl KernelCache {
+    /// The job of a Prewarm or Pull: `packages` for `archs` by `fetch`.
+    async fn start_tasks(
+        &self,
+        packages: &[String],
+        archs: &[String],
+        fetch: Fetch,
+        pin: bool,
+    ) -> fdo::Result<zbus::OwnedObjectPath> {
+        let tasks = self
+            .cache
+            .tasks(packages, archs)
+            .map_err(|e| fdo::Error::InvalidArgs(e.to_string()))?;
+        crate::cache::start_job(self.cache.clone(), tasks, fetch, pin)
+            .await
+            .map_err(|e| fdo::Error::Failed(e.to_string()))
+    }
+
     fn remote_configured(&self) -> fdo::Result<()> {
         if self.cache.builder.remote().is_some() {
             return Ok(());
@@ -430,13 +447,8 @@ impl KernelCache {
         // Sizes first: cheap, and says nothing about who may call.
         let (packages, archs) = request_lists(packages, archs)?;
         authorize(conn, &hdr, "Prewarm").await?;
-        let tasks = self
-            .cache
-            .tasks(&packages, &archs)
-            .map_err(|e| fdo::Error::InvalidArgs(e.to_string()))?;
-        crate::cache::start_job(self.cache.clone(), tasks, Fetch::Build, true)
+        self.start_tasks(&packages, &archs, Fetch::Build, true)
             .await
-            .map_err(|e| fdo::Error::Failed(e.to_string()))
     }
 
     /// As Prewarm, but only from the registry (`kernels.remote`): nothing
@@ -454,13 +466,7 @@ impl KernelCache {
         let (packages, archs) = request_lists(packages, archs)?;
         authorize(conn, &hdr, "Pull").await?;
         self.remote_configured()?;
-        let tasks = self
-            .cache
-            .tasks(&packages, &archs)
-            .map_err(|e| fdo::Error::InvalidArgs(e.to_string()))?;
-        crate::cache::start_job(self.cache.clone(), tasks, Fetch::Pull, pin)
-            .await
-            .map_err(|e| fdo::Error::Failed(e.to_string()))
+        self.start_tasks(&packages, &archs, Fetch::Pull, pin).await
     }
 
     /// Push the stored builds of `packages` (empty: all) for `archs`

@@ -61,14 +61,15 @@ pub enum ImportError {
     Store(#[from] io::Error),
 }
 
-/// Store `data` as file `file` of import `name`: the entry, new or found.
-/// The file must carry GPU code the inspector can read.
+/// Store `data` as file `file` of import `name`: the entry, new or found,
+/// and the code the inspector read from it. The file must carry GPU code
+/// the inspector can read.
 pub fn store_file(
     store: &Store,
     name: &str,
     file: &str,
     data: &[u8],
-) -> Result<Entry, ImportError> {
+) -> Result<(Entry, Vec<inspect::CodeObject>), ImportError> {
     if !valid_package_name(name) {
         return Err(ImportError::Name(name.to_owned()));
     }
@@ -108,7 +109,7 @@ pub fn store_file(
         .map_err(|e| match e {
             BuildError::Rejected(why) | BuildError::Tool(why) => bad(why),
         })?;
-    Ok(outcome.entry().clone())
+    Ok((outcome.entry().clone(), objs))
 }
 
 fn record_path(store: &Store, name: &str) -> std::path::PathBuf {

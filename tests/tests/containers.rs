@@ -563,7 +563,7 @@ fn an_imported_library_reaches_the_loader_cache_where_it_runs() {
     );
     let (root, cache) = (s.path().join("kernels"), s.path().join("cache"));
     let store = Store::open(&cache, 1 << 30).unwrap();
-    let entry = import::store_file(
+    let (entry, _) = import::store_file(
         &store,
         "saxpy80",
         "libsaxpy80.so",
