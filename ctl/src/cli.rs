@@ -213,6 +213,13 @@ pub enum KernelsCmd {
     /// gpuarch): each container gets the file that runs on its GPUs, by the
     /// SASS and PTX read from each file. Replaces an earlier import of NAME.
     Import(ImportArgs),
+    /// Remove import NAME (root or group gpuarch): containers started from
+    /// now on no longer get it; running ones keep what they mount. Its
+    /// files are unpinned, left to the cache's LRU.
+    Unimport {
+        /// The import's name.
+        name: String,
+    },
 }
 
 #[derive(Debug, clap::Args)]

@@ -80,6 +80,9 @@ pub fn run(cli: &Cli) -> Result<u8> {
             Some(KernelsCmd::Import(args)) => {
                 cmd::prewarm::import(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, args, &mut out)?
             }
+            Some(KernelsCmd::Unimport { name }) => {
+                cmd::kernels::unimport(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, name, &mut out)?
+            }
         },
         Cmd::Gc => cmd::gc::run(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, &mut out)?,
         Cmd::Slurm(SlurmCmd::Gres { write, node }) => {

@@ -552,6 +552,31 @@ impl Cache {
         Ok(())
     }
 
+    /// Remove import `name`: new containers no longer get it; those that
+    /// mount it keep it, and its files are left to the LRU. Returns how
+    /// many files it had, or the imports there are when none is `name`.
+    pub fn remove_import(&self, name: &str) -> std::io::Result<Result<usize, Vec<String>>> {
+        let store = &self.builder.store;
+        let Some(gone) = import::remove(store, name)? else {
+            return Ok(Err(import::all(store)
+                .0
+                .into_iter()
+                .map(|r| r.name)
+                .collect()));
+        };
+        // A kernel package of that name is what is published there.
+        if !self.packages().contains_key(name)
+            && let Err(e) = publish::unpublish(&self.cfg.mount_root, name)
+        {
+            warn!("cannot unpublish import {name}: {e}");
+        }
+        info!(
+            "import {name} removed: {} file(s) unpinned",
+            gone.keys.len()
+        );
+        Ok(Ok(gone.keys.len()))
+    }
+
     /// A new job number and its object path.
     pub fn new_job_path(&self) -> String {
         format!(

@@ -540,6 +540,38 @@ impl KernelCache {
         .map_err(|e| fdo::Error::Failed(e.to_string()))
     }
 
+    /// Remove import `name`: containers started from now on no longer get
+    /// it; those that mount it keep it. Its files are unpinned, for the
+    /// LRU to take. Returns how many files it had. For root and group
+    /// gpuarch.
+    #[zbus(out_args("files"))]
+    async fn remove_import(
+        &self,
+        name: &str,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> fdo::Result<u32> {
+        authorize(conn, &hdr, "RemoveImport").await?;
+        if !gpuarch_core::config::valid_package_name(name) {
+            return Err(fdo::Error::InvalidArgs(format!(
+                "{name:?} is not a valid name (letters, digits, '.', '_', '-')"
+            )));
+        }
+        let (c, n) = (self.cache.clone(), name.to_owned());
+        match blocking(&ROOT_WORK, move || c.remove_import(&n)).await? {
+            Ok(Ok(files)) => Ok(u32::try_from(files).unwrap_or(u32::MAX)),
+            Ok(Err(known)) => Err(fdo::Error::InvalidArgs(format!(
+                "no import named {name} (imports: {})",
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            ))),
+            Err(e) => Err(fdo::Error::Failed(format!("removing import {name}: {e}"))),
+        }
+    }
+
     /// Evict least recently used builds above LimitBytes (never pinned or
     /// mounted ones); returns the bytes freed. For root and group gpuarch.
     #[zbus(out_args("freed_bytes"))]

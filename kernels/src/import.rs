@@ -9,7 +9,7 @@
 //! entry's `targets`), never its name. An import's current files are
 //! recorded in `imports/<NAME>.json` of the store and pinned; a new import
 //! of the same name replaces the record and unpins the files it no longer
-//! has, for the LRU to take.
+//! has, for the LRU to take; [`remove`] unpins all of them.
 
 use std::io;
 
@@ -136,6 +136,20 @@ pub fn commit(store: &Store, record: &Record) -> io::Result<Option<Record>> {
     Ok(old)
 }
 
+/// Forget the import named `name`: its record removed first (so it is
+/// published no more), then its files unpinned, left to the LRU once no
+/// container mounts them. Returns the record removed.
+pub fn remove(store: &Store, name: &str) -> io::Result<Option<Record>> {
+    let Some(old) = read(store, name)? else {
+        return Ok(None);
+    };
+    std::fs::remove_file(record_path(store, name))?;
+    for k in &old.keys {
+        store.unpin(k)?;
+    }
+    Ok(Some(old))
+}
+
 /// The import named `name`, if there is one.
 pub fn read(store: &Store, name: &str) -> io::Result<Option<Record>> {
     match std::fs::read(record_path(store, name)) {
@@ -171,4 +185,32 @@ pub fn all(store: &Store) -> (Vec<Record>, Vec<String>) {
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     (out, errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remove_forgets_the_record_and_unpins_only_its_files() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(tmp.path(), 1 << 30).expect("store");
+        let record = |name: &str, keys: &[&str]| Record {
+            name: name.to_owned(),
+            ldconfig: false,
+            keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+            imported_at: 1,
+        };
+        commit(&store, &record("a", &["k1", "k2"])).expect("commit a");
+        commit(&store, &record("b", &["k3"])).expect("commit b");
+        let gone = remove(&store, "a").expect("remove a");
+        assert_eq!(gone, Some(record("a", &["k1", "k2"])));
+        assert!(!store.pinned("k1") && !store.pinned("k2"));
+        assert!(store.pinned("k3"), "another import's file was unpinned");
+        assert_eq!(read(&store, "a").expect("read a"), None);
+        let (left, errors) = all(&store);
+        assert_eq!(left, [record("b", &["k3"])]);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(remove(&store, "a").expect("remove a again"), None);
+    }
 }

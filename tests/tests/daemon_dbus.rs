@@ -2052,5 +2052,46 @@ fn imported_libraries_serve_each_container_by_the_code_they_carry() {
     let (code, out) = import(&["x", &s(&both), &s(&both)]);
     assert_eq!(code, Some(2), "{out}");
     assert!(out.contains("given twice"), "{out}");
+
+    // Unimport: new containers no longer get it, its file is unpinned and
+    // stays in the cache for the LRU; the other imports are untouched.
+    let o = node.ctl(Some(&[]), &["kernels", "unimport", "saxpy80"]);
+    assert_eq!(o.status.code(), Some(2), "{}", all_text(&o));
+    assert!(
+        all_text(&o).contains("permission denied by the bus policy"),
+        "{}",
+        all_text(&o)
+    );
+    let o = node.ctl(None, &["kernels", "unimport", "saxpy80"]);
+    assert_eq!(o.status.code(), Some(0), "{}", all_text(&o));
+    assert!(
+        all_text(&o).contains("removed import saxpy80: 1 file(s) unpinned"),
+        "{}",
+        all_text(&o)
+    );
+    assert!(!node.path("kernels/saxpy80").exists());
+    let (cfg, log) = precreate(&node, "1");
+    assert!(view_manifest(&cfg, "saxpy80").is_none(), "{log}");
+    assert!(view_manifest(&cfg, "saxpy").is_some(), "{log}");
+    let listed: serde_json::Value =
+        serde_json::from_slice(&node.ctl(None, &["--json", "kernels"]).stdout).unwrap();
+    let pinned = |pkg: &str| -> Vec<bool> {
+        listed["kernels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|k| k["package"] == pkg)
+            .map(|k| k["pinned"].as_bool().unwrap())
+            .collect()
+    };
+    assert_eq!(pinned("saxpy80"), [false], "{listed}");
+    assert_eq!(pinned("saxpy"), [true], "{listed}");
+    let o = node.ctl(None, &["kernels", "unimport", "saxpy80"]);
+    assert_eq!(o.status.code(), Some(2), "{}", all_text(&o));
+    assert!(
+        all_text(&o).contains("no import named saxpy80 (imports: saxpy, saxpy90)"),
+        "{}",
+        all_text(&o)
+    );
     node.stop();
 }

@@ -1,4 +1,5 @@
-//! `gpuarchctl kernels`: the kernel cache, one line per build.
+//! `gpuarchctl kernels`: the kernel cache, one line per build; and
+//! `kernels unimport`.
 
 use std::fmt::Write as _;
 
@@ -66,6 +67,23 @@ pub fn run(json: bool, d: Daemon, out: &mut String) -> Result<u8> {
             yes(k.pinned),
             yes(k.in_use),
             k.key.get(..12).unwrap_or(&k.key),
+        );
+    }
+    Ok(0)
+}
+
+pub fn unimport(json: bool, d: Daemon, name: &str, out: &mut String) -> Result<u8> {
+    let files = d.ask(async {
+        let e = |e| BusError::of("unimport", e);
+        let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+        kc.remove_import(name).await.map_err(e)
+    })?;
+    if json {
+        render::json(out, &json!({"removed": name, "files": files}))?;
+    } else {
+        let _ = writeln!(
+            out,
+            "removed import {name}: {files} file(s) unpinned; running containers keep what they mount"
         );
     }
     Ok(0)
