@@ -519,11 +519,8 @@ impl KernelCache {
             )));
         }
         authorize(conn, &hdr, "Import").await?;
-        if !gpuarch_core::config::valid_package_name(name) {
-            return Err(fdo::Error::InvalidArgs(format!(
-                "{name:?} is not a valid name (letters, digits, '.', '_', '-')"
-            )));
-        }
+        gpuarch_kernels::import::check_name(name)
+            .map_err(|e| fdo::Error::InvalidArgs(e.to_string()))?;
         let mut seen = std::collections::BTreeSet::new();
         if let Some((dup, _)) = files.iter().find(|(f, _)| !seen.insert(f.clone())) {
             return Err(fdo::Error::InvalidArgs(format!("{dup} given twice")));
@@ -552,11 +549,8 @@ impl KernelCache {
         #[zbus(connection)] conn: &Connection,
     ) -> fdo::Result<u32> {
         authorize(conn, &hdr, "RemoveImport").await?;
-        if !gpuarch_core::config::valid_package_name(name) {
-            return Err(fdo::Error::InvalidArgs(format!(
-                "{name:?} is not a valid name (letters, digits, '.', '_', '-')"
-            )));
-        }
+        gpuarch_kernels::import::check_name(name)
+            .map_err(|e| fdo::Error::InvalidArgs(e.to_string()))?;
         let (c, n) = (self.cache.clone(), name.to_owned());
         match blocking(&ROOT_WORK, move || c.remove_import(&n)).await? {
             Ok(Ok(files)) => Ok(u32::try_from(files).unwrap_or(u32::MAX)),

@@ -61,6 +61,16 @@ pub enum ImportError {
     Store(#[from] io::Error),
 }
 
+/// `name` may name an import: it is what containers see under
+/// `/opt/gpuarch/kernels/`, so a package name's rules.
+pub fn check_name(name: &str) -> Result<(), ImportError> {
+    if valid_package_name(name) {
+        Ok(())
+    } else {
+        Err(ImportError::Name(name.to_owned()))
+    }
+}
+
 /// Store `data` as file `file` of import `name`: the entry, new or found,
 /// and the code the inspector read from it. The file must carry GPU code
 /// the inspector can read.
@@ -70,9 +80,7 @@ pub fn store_file(
     file: &str,
     data: &[u8],
 ) -> Result<(Entry, Vec<inspect::CodeObject>), ImportError> {
-    if !valid_package_name(name) {
-        return Err(ImportError::Name(name.to_owned()));
-    }
+    check_name(name)?;
     let bad = |why: String| ImportError::File {
         file: file.to_owned(),
         why,
