@@ -43,7 +43,7 @@ fn without_a_driver_every_part_says_so_and_the_report_is_written() {
         "{stdout}{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    for p in 1..=6 {
+    for p in 1..=7 {
         let line =
             format!("FAIL part{p} prerequisites: no NVIDIA driver here (nvidia-smi not found)\n");
         assert!(stdout.contains(&line), "{stdout}");
@@ -51,8 +51,101 @@ fn without_a_driver_every_part_says_so_and_the_report_is_written() {
     let report: Value =
         serde_json::from_slice(&std::fs::read(out.path().join("gpu-check.json")).unwrap()).unwrap();
     assert_eq!(report["passed"], 0);
-    assert_eq!(report["failed"], 6);
+    assert_eq!(report["failed"], 7);
     assert!(report["gpu"].is_null());
+}
+
+/// Part 7 rehearsed where there is no GPU: real runc through
+/// gpuarch-runtime with `jit_cache` on, the host's software as the image,
+/// and a stand-in for torch's `cpp_extension.load` that builds into
+/// `TORCH_EXTENSIONS_DIR` unless a build is there. What this holds is the
+/// scene a GPU run depends on (docs/gpu/README.md): the hook's cache is
+/// mounted where the variables say, a second container of the same uid and
+/// image finds the first one's build, and another uid (the system Python,
+/// which others can run) or another image (a Python under root's home)
+/// gets a cache of its own.
+#[test]
+fn part_7_rehearsed_without_a_gpu_shares_a_cache_per_uid_and_image() {
+    gpuarch_tests::require!(gpuarch_tests::cannot_run(
+        "to run containers",
+        &["runc", "unshare"]
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bundle/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let a = artifacts();
+    for p in [
+        &a.gpuarchctl,
+        &a.gpuarchd,
+        &a.gpuarch_hook,
+        &a.gpuarch_runtime,
+        &a.gpu_check,
+    ] {
+        std::os::unix::fs::symlink(p, bin.join(p.file_name().unwrap())).unwrap();
+    }
+    for (python, other) in [("/usr/bin/python3", "uid"), ("python3", "")] {
+        let out = dir.path().join(format!("out-{other}"));
+        let o = Command::new(python)
+            .arg(workspace_root().join("scripts/gpu-check"))
+            .args(["run", "--parts", "7", "--rehearse", "--bundle"])
+            .arg(dir.path().join("bundle"))
+            .arg("--out")
+            .arg(&out)
+            .env_remove("GPUARCH_INVENTORY")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(o.status.code(), Some(0), "{python}: {stdout}{}", said(&o));
+        let report: Value =
+            serde_json::from_slice(&std::fs::read(out.join("gpu-check.json")).unwrap()).unwrap();
+        assert_eq!(report["rehearsal"], true);
+        let checks = report["checks"].as_array().unwrap();
+        let names: Vec<&str> = checks.iter().map(|c| c["name"].as_str().unwrap()).collect();
+        // The Python on PATH may sit where other users cannot reach it
+        // (CI's is under /root): then the other tenant is another image.
+        let other = match other {
+            "" if names[2] == "another image builds its own" => {
+                let detail = checks[2]["detail"].as_str().unwrap();
+                assert!(
+                    detail.contains("is not reachable by other users"),
+                    "{detail}"
+                );
+                "image"
+            }
+            "" => "uid",
+            o => o,
+        };
+        assert_eq!(
+            names,
+            [
+                "build in a container",
+                "reuse by a second container",
+                &format!("another {other} builds its own"),
+            ],
+            "{stdout}"
+        );
+        let result = |i: usize| &checks[i]["data"]["result"];
+        let (first, second, third) = (result(0), result(1), result(2));
+        assert_eq!(
+            first["env"]["TORCH_EXTENSIONS_DIR"],
+            "/var/cache/gpuarch/jit/torch_extensions"
+        );
+        assert_eq!(first["env"]["TORCH_CUDA_ARCH_LIST"], "9.0");
+        assert_eq!(second["host_cache"], first["host_cache"]);
+        assert_ne!(third["host_cache"], first["host_cache"]);
+        let first_cache = first["host_cache"].as_str().unwrap();
+        assert!(first_cache.ends_with("/sm_90"), "{first_cache}");
+        let (uid, scope) = if other == "uid" {
+            (1000, "/uid1000-image-")
+        } else {
+            (0, "/uid0-image-")
+        };
+        assert_eq!(third["uid"], uid);
+        assert!(
+            third["host_cache"].as_str().unwrap().contains(scope),
+            "{third}"
+        );
+    }
 }
 
 #[test]
