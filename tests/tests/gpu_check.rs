@@ -58,8 +58,8 @@ fn without_a_driver_every_part_says_so_and_the_report_is_written() {
 /// Part 7 rehearsed where there is no GPU: real runc through
 /// gpuarch-runtime with `jit_cache` on, the host's software as the image,
 /// and a stand-in for torch's `cpp_extension.load` that builds into
-/// `TORCH_EXTENSIONS_DIR` (and a Triton kernel into `TRITON_CACHE_DIR`)
-/// unless a build is there. What this holds is the
+/// `TORCH_EXTENSIONS_DIR` (a Triton kernel into `TRITON_CACHE_DIR`, the
+/// driver's PTX JIT into `CUDA_CACHE_PATH`) unless a build is there. What this holds is the
 /// scene a GPU run depends on (docs/gpu/README.md): the hook's cache is
 /// mounted where the variables say, a second container of the same uid and
 /// image finds the first one's build, and another uid (the system Python,
@@ -105,8 +105,8 @@ fn part_7_rehearsed_without_a_gpu_shares_a_cache_per_uid_and_image() {
         // The Python on PATH may sit where other users cannot reach it
         // (CI's is under /root): then the other tenant is another image.
         let other = match other {
-            "" if names[3] == "another image builds its own" => {
-                let detail = checks[3]["detail"].as_str().unwrap();
+            "" if names[4] == "another image builds its own" => {
+                let detail = checks[4]["detail"].as_str().unwrap();
                 assert!(
                     detail.contains("is not reachable by other users"),
                     "{detail}"
@@ -122,17 +122,26 @@ fn part_7_rehearsed_without_a_gpu_shares_a_cache_per_uid_and_image() {
                 "build in a container",
                 "reuse by a second container",
                 "Triton's cache reused by a second container",
+                "the driver's PTX JIT cache reused by a second container",
                 &format!("another {other} builds its own"),
             ],
             "{stdout}"
         );
         let result = |i: usize| &checks[i]["data"]["result"];
-        let (first, second, third) = (result(0), result(1), result(3));
+        let (first, second, third) = (result(0), result(1), result(4));
         assert_eq!(
             first["env"]["TRITON_CACHE_DIR"],
             "/var/cache/gpuarch/jit/triton"
         );
         assert_eq!(checks[2]["data"]["second"]["before"], 1);
+        assert_eq!(
+            first["env"]["CUDA_CACHE_PATH"],
+            "/var/cache/gpuarch/jit/nv-compute-cache"
+        );
+        assert_eq!(
+            (first["ptx_files"].as_u64(), second["ptx_files"].as_u64()),
+            (Some(1), Some(1))
+        );
         assert_eq!(
             first["env"]["TORCH_EXTENSIONS_DIR"],
             "/var/cache/gpuarch/jit/torch_extensions"
