@@ -26,11 +26,12 @@ pub enum EnvVar {
     TorchInductorCacheDir,
     CudaCachePath,
     FlashinferWorkspaceBase,
+    VllmCacheRoot,
 }
 
 impl EnvVar {
     /// Every variable, in the order they are injected.
-    pub const ALL: [EnvVar; 17] = [
+    pub const ALL: [EnvVar; 18] = [
         EnvVar::TorchCudaArchList,
         EnvVar::FlashinferCudaArchList,
         EnvVar::FlashAttnCudaArchs,
@@ -48,16 +49,18 @@ impl EnvVar {
         EnvVar::TorchInductorCacheDir,
         EnvVar::CudaCachePath,
         EnvVar::FlashinferWorkspaceBase,
+        EnvVar::VllmCacheRoot,
     ];
 
     /// The JIT caches' variables, set (each under the usual rules) when a
     /// container is given a cache; their directories inside it.
-    pub const JIT: [(EnvVar, &'static str); 5] = [
+    pub const JIT: [(EnvVar, &'static str); 6] = [
         (EnvVar::TorchExtensionsDir, "torch_extensions"),
         (EnvVar::TritonCacheDir, "triton"),
         (EnvVar::TorchInductorCacheDir, "torchinductor"),
         (EnvVar::CudaCachePath, "nv-compute-cache"),
         (EnvVar::FlashinferWorkspaceBase, "flashinfer"),
+        (EnvVar::VllmCacheRoot, "vllm"),
     ];
 
     pub fn name(self) -> &'static str {
@@ -79,6 +82,7 @@ impl EnvVar {
             EnvVar::TorchInductorCacheDir => "TORCHINDUCTOR_CACHE_DIR",
             EnvVar::CudaCachePath => "CUDA_CACHE_PATH",
             EnvVar::FlashinferWorkspaceBase => "FLASHINFER_WORKSPACE_BASE",
+            EnvVar::VllmCacheRoot => "VLLM_CACHE_ROOT",
         }
     }
 
