@@ -6,8 +6,11 @@
 //! only when the toolkit in the container knows it: nvcc 12.8 stops at
 //! sm_120, so a GB10 (12.1) under it needs `12.0`, whose SASS runs on 12.1.
 //! The table below is NVIDIA's, release by release (the CUDA toolkit release
-//! notes: what each release added and dropped); a toolkit newer than the
-//! table's last change is taken to accept what that last one does.
+//! notes: what each release added and dropped), and each release's row is
+//! what that release's NVRTC answers to `nvrtcGetSupportedArchs`
+//! (scripts/consumers asks NVRTC 11.8, 12.0, 12.8, 12.9, 13.0, 13.4 and
+//! 13.5 from NVIDIA's wheels); a toolkit newer than the table's last change
+//! is taken to accept what that last one does.
 
 use crate::arch::{ComputeCapability, CudaVersion};
 use crate::oci::ContainerView;
@@ -40,12 +43,16 @@ const TABLE: &[(ComputeCapability, CudaVersion, Option<CudaVersion>)] = &[
     (cc(8, 0), cuda(11, 0), None),
     (cc(8, 6), cuda(11, 1), None),
     (cc(8, 7), cuda(11, 4), None),
+    // In NVRTC from 13.0 (not 12.9); no GPU of 8.8 is in KNOWN yet.
+    (cc(8, 8), cuda(13, 0), None),
     (cc(8, 9), cuda(11, 8), None),
     (cc(9, 0), cuda(11, 8), None),
     (cc(10, 0), cuda(12, 8), None),
     // Thor: sm_101 until CUDA 13.0 renamed it sm_110 (see [`alias`]).
     (cc(10, 1), cuda(12, 8), Some(cuda(13, 0))),
     (cc(10, 3), cuda(12, 9), None),
+    // In NVRTC from 13.4 (not 13.3); torch 2.15 knows it, KNOWN does not yet.
+    (cc(10, 7), cuda(13, 4), None),
     (cc(11, 0), cuda(13, 0), None),
     (cc(12, 0), cuda(12, 8), None),
     (cc(12, 1), cuda(12, 9), None),
@@ -275,6 +282,18 @@ mod tests {
         assert_eq!(best(c("9.0"), v("11.4")), Build::Ptx(c("8.6")));
         // Newer than the table: as its last release.
         assert_eq!(best(c("12.1"), v("13.5")), Build::Exact(c("12.1")));
+    }
+
+    #[test]
+    fn what_nvrtc_added_after_the_release_notes() {
+        // sm_107 from NVRTC 13.4: before it, sm_103 SASS of its family.
+        assert_eq!(best(c("10.7"), v("13.3")), Build::Family(c("10.3")));
+        assert_eq!(best(c("10.7"), v("13.4")), Build::Exact(c("10.7")));
+        assert_eq!(best(c("10.7"), v("13.5")), Build::Exact(c("10.7")));
+        // sm_88 from 13.0; 12.9 builds 8.6 SASS for it.
+        assert_eq!(best(c("8.8"), v("12.9")), Build::Family(c("8.6")));
+        assert_eq!(best(c("8.8"), v("13.0")), Build::Exact(c("8.8")));
+        assert!(releases().contains(&v("13.4")));
     }
 
     #[test]
