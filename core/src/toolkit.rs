@@ -8,8 +8,8 @@
 //! The table below is NVIDIA's, release by release (the CUDA toolkit release
 //! notes: what each release added and dropped), and each release's row is
 //! what that release's NVRTC answers to `nvrtcGetSupportedArchs`
-//! (scripts/consumers asks NVRTC 11.8, 12.0, 12.8, 12.9, 13.0, 13.4 and
-//! 13.5 from NVIDIA's wheels); a toolkit newer than the table's last change
+//! (scripts/consumers asks NVRTC 11.8, 12.0, 12.8, 12.9, 13.0, 13.3, 13.4
+//! and 13.5 from NVIDIA's wheels); a toolkit newer than the table's last change
 //! is taken to accept what that last one does.
 
 use crate::arch::{ComputeCapability, CudaVersion};
