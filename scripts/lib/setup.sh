@@ -68,6 +68,34 @@ ensure_cuda_wheels() {
     export GPUARCH_CUDA_DIR="$CUDA_DIR"
 }
 
+# A venv of Debian's python3 holding torch and the CUDA 13 toolkit from
+# PyPI (scripts/lib/torch-image.txt), for the container half of
+# scripts/gpu-check part 7 where there is no GPU: torch's own
+# cpp_extension.load building a CUDA extension with nvcc, and Triton
+# compiling a kernel. Debian's python3, because a uid other than root must
+# be able to run it (pyenv's sits in root's home). About 5 GiB; installed
+# once, again only when the list changes. Exports GPUARCH_TORCH_PYTHON and
+# GPUARCH_TORCH_CUDA_HOME.
+ensure_torch_image() {
+    local dir="$PWD/.local/torch-image" list="$PWD/scripts/lib/torch-image.txt"
+    local stamp="$dir/installed" site
+    if ! [ -f "$stamp" ] || ! cmp -s "$stamp" "$list"; then
+        rm -rf "$dir"
+        echo "installing torch and the CUDA 13.0 toolkit into $dir (about 3 GB of wheels)" >&2
+        /usr/bin/python3 -m venv "$dir"
+        "$dir/bin/pip" install -q --no-cache-dir --no-deps --only-binary=:all: -r "$list"
+        # The runtime wheel carries libcudart.so.13 alone; torch links
+        # extensions with -lcudart, which wants the development link a
+        # toolkit (or NVIDIA's -devel image) has beside it.
+        site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+        ln -sf libcudart.so.13 "$site/nvidia/cu13/lib/libcudart.so"
+        cp "$list" "$stamp"
+    fi
+    export GPUARCH_TORCH_PYTHON="$dir/bin/python"
+    site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    export GPUARCH_TORCH_CUDA_HOME="$site/nvidia/cu13"
+}
+
 # A cargo subcommand from crates.io at a pinned version: ensure_cargo_tool
 # CRATE VERSION (cargo-deb for scripts/package, cargo-fuzz for scripts/fuzz).
 ensure_cargo_tool() {
