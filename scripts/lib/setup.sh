@@ -84,15 +84,14 @@ ensure_torch_image() {
         echo "installing torch and the CUDA 13.0 toolkit into $dir (about 3 GB of wheels)" >&2
         /usr/bin/python3 -m venv "$dir"
         "$dir/bin/pip" install -q --no-cache-dir --no-deps --only-binary=:all: -r "$list"
-        # The runtime wheel carries libcudart.so.13 alone; torch links
-        # extensions with -lcudart, which wants the development link a
-        # toolkit (or NVIDIA's -devel image) has beside it.
-        site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-        ln -sf libcudart.so.13 "$site/nvidia/cu13/lib/libcudart.so"
         cp "$list" "$stamp"
     fi
-    export GPUARCH_TORCH_PYTHON="$dir/bin/python"
     site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    # The runtime wheel carries libcudart.so.13 alone; torch links
+    # extensions with -lcudart, which wants the development link a toolkit
+    # (or NVIDIA's -devel image) has beside it.
+    ln -sf libcudart.so.13 "$site/nvidia/cu13/lib/libcudart.so"
+    export GPUARCH_TORCH_PYTHON="$dir/bin/python"
     export GPUARCH_TORCH_CUDA_HOME="$site/nvidia/cu13"
 }
 
