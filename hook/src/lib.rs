@@ -18,6 +18,7 @@ pub mod context;
 pub mod edit;
 pub mod jit;
 pub mod kernels;
+pub mod ldconfig;
 pub mod log;
 pub mod rootfs;
 pub mod shim;

@@ -21,10 +21,11 @@
 //! in the runtime's namespace) and says so in its notes.
 //!
 //! When kernel packages with `libraries` are mounted, their directories go
-//! into `/etc/ld.so.conf.d/gpuarch.conf` and the host's `ldconfig -r` (which
-//! chroots into the rootfs) rebuilds the container's loader cache. It runs
-//! with an empty environment plus a fixed PATH: nothing of the container's
-//! env (`LD_PRELOAD`, `LD_LIBRARY_PATH`, ...) reaches it.
+//! into `/etc/ld.so.conf.d/gpuarch.conf` and, at createContainer only, the
+//! host's ldconfig rebuilds the container's loader cache, pivoted into the
+//! rootfs with no procfs and no capability to mount ([`crate::ldconfig`]).
+//! It runs with an empty environment plus a fixed PATH: nothing of the
+//! container's env (`LD_PRELOAD`, `LD_LIBRARY_PATH`, ...) reaches it.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -215,7 +216,10 @@ pub fn run(stage: Stage, state: &State, ctx: &Context) -> Result<Outcome, StageE
     }
     root.write_file(Path::new(ENV_FILE), env_file.as_bytes(), 0o644)?;
     root.write_file(Path::new(PROFILE_FILE), profile.as_bytes(), 0o644)?;
-    if !libs.is_empty() && stage == Stage::BeforeRuntime {
+    if !libs.is_empty() && stage != Stage::CreateContainer {
+        // Prestart runs in the runtime's namespaces, where the rootfs is
+        // reached through /proc/PID/root; the createContainer entry that
+        // precreate and the shim add for mounted libraries runs it.
         notes.push(format!(
             "ldconfig not run for {}: only the createContainer stage runs it",
             libs.join(", ")
@@ -391,7 +395,8 @@ fn library_dirs(config: &serde_json::Value, mount_root: &Path, view_dir: &Path) 
     dirs
 }
 
-/// Rebuild the container's loader cache with the host's ldconfig.
+/// Rebuild the container's loader cache with the host's ldconfig, confined
+/// to the rootfs ([`crate::ldconfig`]).
 fn ldconfig(rootfs: &Path, dirs: &[String]) -> Result<(), StageError> {
     let bin = LDCONFIG
         .iter()
@@ -400,26 +405,7 @@ fn ldconfig(rootfs: &Path, dirs: &[String]) -> Result<(), StageError> {
         .ok_or_else(|| {
             StageError::Ldconfig(format!("not found (looked for {})", LDCONFIG.join(", ")))
         })?;
-    let out = std::process::Command::new(bin)
-        .arg("-r")
-        .arg(rootfs)
-        .args(dirs)
-        .env_clear()
-        .env("PATH", context::SAFE_PATH)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| StageError::Ldconfig(format!("{}: {e}", bin.display())))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        let err = String::from_utf8_lossy(&out.stderr);
-        Err(StageError::Ldconfig(format!(
-            "{} exited with {}: {}",
-            bin.display(),
-            out.status,
-            err.lines().last().unwrap_or("")
-        )))
-    }
+    crate::ldconfig::run(bin, rootfs, dirs, context::SAFE_PATH).map_err(StageError::Ldconfig)
 }
 
 #[cfg(test)]

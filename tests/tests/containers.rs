@@ -1232,6 +1232,77 @@ fn each_path_the_hook_writes_may_lead_to_the_host() {
     }
 }
 
+/// An image that points the loader's configuration at the host through
+/// `/proc`: its `/etc/ld.so.conf` names host library directories as
+/// `/proc/N/root/...` (N of the processes a hook may see at
+/// createContainer), and its `/var/cache/ldconfig` is a link to a host
+/// directory the same way. ldconfig follows whatever paths the image
+/// names, so it must run where `/proc` leads nowhere: with runc, crun and
+/// the shim, the container gets its loader cache (gpuarch's library is in
+/// it) and the host directories hold exactly what they held, no soname
+/// link, no aux-cache.
+#[test]
+fn the_images_loader_config_never_leads_ldconfig_to_the_host() {
+    require!("runc", "crun", "unshare", "gcc");
+    let (s, _) = kernel_scene();
+    let libs = host_dir(&s, "lib");
+    // A real library whose soname differs from its file name: ldconfig
+    // makes the soname link in every directory it scans.
+    let src = s.path().join("hostile.c");
+    std::fs::write(&src, "int hostile(void) { return 1; }\n").unwrap();
+    let o = Command::new("gcc")
+        .args(["-shared", "-fPIC", "-Wl,-soname,libhostile.so.1", "-o"])
+        .arg(libs.join("libhostile.so.1.0"))
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let aux = host_dir(&s, "aux");
+    let conf: String = (1..=64)
+        .map(|n| {
+            format!(
+                "/proc/{n}/root{}\n/proc/self/root{}\n",
+                libs.display(),
+                libs.display()
+            )
+        })
+        .collect();
+    std::fs::write(s.rootfs().join("etc/ld.so.conf"), conf).unwrap();
+    std::fs::create_dir_all(s.rootfs().join("var/cache")).unwrap();
+    symlink(
+        format!("/proc/1/root{}", aux.display()),
+        s.rootfs().join("var/cache/ldconfig"),
+    )
+    .unwrap();
+    let before = (host_extra(&libs), host_extra(&aux));
+    assert_eq!(before.0.len(), 1, "{before:?}");
+    let check_libs = |what: &str| {
+        let after = (host_extra(&libs), host_extra(&aux));
+        assert_eq!(after, before, "{what}: written on the host");
+    };
+    let in_cache = |seen: &Seen, what: &str| {
+        assert!(
+            seen.ld_cache
+                .contains("/opt/gpuarch/kernels/fa2/lib/libgpuarchdemo.so.1"),
+            "{what}: loader cache {:?}\nstderr: {}\nlog: {}",
+            seen.ld_cache,
+            seen.stderr(),
+            s.take_log()
+        );
+    };
+    let seen = s.shim("runc", &["NVIDIA_VISIBLE_DEVICES=1"]);
+    in_cache(seen.ok(), "shim, runc");
+    check_libs("shim, runc");
+    for runtime in ["runc", "crun"] {
+        let _ = std::fs::remove_file(s.rootfs().join("etc/ld.so.cache"));
+        let hooks = json!({ "createContainer": s.hook_entry("create-container") });
+        let b = s.bundle_with(runtime, &["NVIDIA_VISIBLE_DEVICES=1"], Some(hooks));
+        let seen = s.run_bundle(runtime, &b, false);
+        in_cache(seen.ok(), runtime);
+        check_libs(runtime);
+    }
+}
+
 /// Entries other than the canary under `d`: (path, is a directory).
 fn host_extra(d: &Path) -> Vec<(PathBuf, bool)> {
     let mut out = Vec::new();
