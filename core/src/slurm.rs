@@ -28,6 +28,8 @@ pub enum SlurmError {
     NoSuchIndex { index: u32, count: usize },
     #[error("{0:?} is not a Slurm GPU list (comma-separated indices or ranges: 0,2-3)")]
     BadList(String),
+    #[error("a Slurm GPU list of {len} bytes: at most {max} are taken")]
+    TooLong { len: usize, max: usize },
 }
 
 /// The node's GPUs in Slurm's order: by minor number.
@@ -96,11 +98,27 @@ pub fn short_name(hostname: &str) -> String {
     }
 }
 
+/// The longest GPU list taken: a node's 1,024 GPUs written one by one
+/// (`0,1,...,1023`) are 4,010 bytes. Anything longer is refused before it
+/// is read, so a caller's cost is bounded by this, not by the bus's 32 MiB.
+pub const MAX_LIST_BYTES: usize = 4096;
+/// The most indices a list may name, counting repeats and every index of
+/// a range: far above any node's GPUs, and a bound on the work.
+pub const MAX_LIST_INDICES: usize = 4096;
+
 /// Slurm's GPU list (`0,2-3`) as indices, in the order given, repeats
-/// dropped.
+/// dropped. Linear in its length, which is at most [`MAX_LIST_BYTES`].
 pub fn parse_list(list: &str) -> Result<Vec<u32>, SlurmError> {
+    if list.len() > MAX_LIST_BYTES {
+        return Err(SlurmError::TooLong {
+            len: list.len(),
+            max: MAX_LIST_BYTES,
+        });
+    }
     let bad = || SlurmError::BadList(list.chars().take(64).collect());
     let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut named = 0usize;
     for part in list.trim().split(',').filter(|p| !p.is_empty()) {
         let (a, b) = match part.split_once('-') {
             Some((a, b)) => (a, b),
@@ -110,8 +128,12 @@ pub fn parse_list(list: &str) -> Result<Vec<u32>, SlurmError> {
         if b < a || b - a > 1024 {
             return Err(bad());
         }
+        named += (b - a) as usize + 1;
+        if named > MAX_LIST_INDICES {
+            return Err(bad());
+        }
         for i in a..=b {
-            if !out.contains(&i) {
+            if seen.insert(i) {
                 out.push(i);
             }
         }
@@ -210,6 +232,28 @@ mod tests {
         for bad in ["a", "3-1", "0-99999", "1;2", "-1"] {
             assert!(parse_list(bad).is_err(), "{bad}");
         }
+        let all: Vec<String> = (0..1024).map(|i| i.to_string()).collect();
+        assert_eq!(parse_list(&all.join(",")).unwrap().len(), 1024);
+        // The list that made the old parser quadratic: ranges of 1,025
+        // named again and again. Refused by its count, not parsed.
+        let ranges = vec!["0-1024"; 500].join(",");
+        assert!(ranges.len() < MAX_LIST_BYTES);
+        assert!(parse_list(&ranges).is_err());
+        let huge = "0,".repeat(16 << 20);
+        let t = std::time::Instant::now();
+        let e = parse_list(&huge).unwrap_err();
+        assert!(
+            t.elapsed() < std::time::Duration::from_millis(10),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "a Slurm GPU list of {} bytes: at most 4096 are taken",
+                32 << 20
+            )
+        );
     }
 
     #[test]

@@ -103,9 +103,18 @@ impl Inventory {
 
     /// Plan for a Slurm job step: `gpus` as SLURM_STEP_GPUS says them
     /// (indices in gres.conf order, which gpuarch writes in minor order;
-    /// "0,2-3"). An index the node has not is an InvalidArgs error.
+    /// "0,2-3"). An index the node has not is an InvalidArgs error, as is
+    /// a list longer than 4096 bytes.
     #[zbus(out_args("env", "notes"))]
     fn slurm_plan(&self, gpus: &str) -> fdo::Result<(Env, Vec<String>)> {
+        // Bounded before any work: the bus lets a caller send 32 MiB.
+        if gpus.len() > gpuarch_core::slurm::MAX_LIST_BYTES {
+            return Err(fdo::Error::InvalidArgs(format!(
+                "a Slurm GPU list of {} bytes: at most {} are taken",
+                gpus.len(),
+                gpuarch_core::slurm::MAX_LIST_BYTES
+            )));
+        }
         let snap = current(&self.shared)?;
         let p = gpuarch_core::slurm::plan(gpus, &snap, &self.shared.config().env)
             .map_err(fdo::Error::InvalidArgs)?;

@@ -7,6 +7,7 @@
 //! `disk-reads` (ListKernels and UsedBytes, the reads that touch the disk),
 //! `privileged` (Reload, Prewarm, GarbageCollect, Verify), `huge-plan:N`
 //! (Plan with N entries), `huge-match:N` (Match with an N-byte requirement),
+//! `huge-slurm:N` (SlurmPlan with an N-byte list of ranges),
 //! `huge-prewarm:N` (Prewarm with N packages).
 //!
 //! usage: dbus-flood MODE WORKERS SECONDS
@@ -70,6 +71,7 @@ fn call_of(mode: &str, i: u64) -> (&'static str, &'static str, Body) {
         },
         "huge-plan" => (inv, "Plan", Body::Strings(vec!["0".into(); n])),
         "huge-match" => (inv, "Match", Body::Str("arch>=8.0,".repeat(n / 10))),
+        "huge-slurm" => (inv, "SlurmPlan", Body::Str("0-1024,".repeat(n / 7))),
         "huge-prewarm" => (
             kc,
             "Prewarm",
