@@ -253,6 +253,13 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
     outcome
 }
 
+/// How many incoming messages gpuarchd holds before it has handled them;
+/// past that it stops reading, and the bus keeps the rest.
+const MAX_QUEUED: std::num::NonZeroUsize = match std::num::NonZeroUsize::new(2) {
+    Some(n) => n,
+    None => unreachable!(),
+};
+
 /// Connect to the system bus, serve gpuarchd's objects (and the jobs the
 /// cache keeps) and take the name; with the stream of `NameLost` signals,
 /// which ends when the connection does.
@@ -261,7 +268,9 @@ async fn connect(
     cache: Option<&Arc<cache::Cache>>,
     req_tx: &mpsc::Sender<Request>,
 ) -> Result<(zbus::Connection, zbus::MessageStream)> {
-    let mut builder = zbus::connection::Builder::system();
+    // Read ahead at most MAX_QUEUED messages: each may be 32 MiB (the
+    // bus's limit), and one not yet handled is held whole.
+    let mut builder = zbus::connection::Builder::system().max_queued(MAX_QUEUED);
     if let Some(c) = cache {
         builder = builder.serve_at(
             service::OBJECT_PATH,
@@ -294,6 +303,7 @@ async fn connect(
     if let Some(c) = cache {
         c.serve_jobs(&conn).await?;
     }
+    service::open_side_connection().await;
     let rule = zbus::MatchRule::builder()
         .msg_type(zbus::message::Type::Signal)
         .sender("org.freedesktop.DBus")
