@@ -8,8 +8,15 @@
 //! resolved, and the path as given) are owned by root or by the user
 //! running gpuarch, and none is writable by group or others. A directory
 //! above it may be world-writable with the sticky bit (`/tmp`): others can
-//! add entries there, but not replace ours. `/dev/null` is trusted as an
-//! empty file.
+//! add entries there, but not replace ours. A symlink on the way must be
+//! owned by root or that user too: in a sticky directory its owner could
+//! otherwise swap it between the check and the use. `/dev/null` is trusted
+//! as an empty file.
+//!
+//! [`open`] opens the file once and checks what it opened: the descriptor's
+//! own owner and mode, and that it is the file the checked path leads to.
+//! Callers read, load or exec through that descriptor, never the path
+//! again.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -47,6 +54,69 @@ pub fn check(path: &Path) -> Result<(), Untrusted> {
     Ok(())
 }
 
+/// Open `path` for reading (following links, close-on-exec) and check it:
+/// the path as [`check`] does, then the descriptor itself (owner and mode,
+/// as for the path) and that it is the very file the checked path leads
+/// to. What is returned is what was checked, whatever happens to the path
+/// afterwards.
+pub fn open(path: &Path) -> Result<std::fs::File, OpenError> {
+    let file = std::fs::File::open(path).map_err(|source| OpenError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    if path == Path::new("/dev/null") {
+        return Ok(file);
+    }
+    check(path)?;
+    let fd = file.metadata().map_err(|source| OpenError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    let me = nix::unistd::geteuid().as_raw();
+    let fail = |why: String| {
+        OpenError::Untrusted(Untrusted {
+            path: path.to_owned(),
+            why,
+            fix: format!("check who changed {} and why", path.display()),
+        })
+    };
+    if fd.uid() != 0 && fd.uid() != me {
+        return Err(fail(format!(
+            "the file opened is owned by uid {}",
+            fd.uid()
+        )));
+    }
+    if fd.permissions().mode() & 0o022 != 0 {
+        return Err(fail(format!(
+            "the file opened is writable by others (mode {:o})",
+            fd.permissions().mode() & 0o7777
+        )));
+    }
+    match std::fs::metadata(path) {
+        Ok(now) if now.dev() == fd.dev() && now.ino() == fd.ino() => Ok(file),
+        _ => Err(fail("it was replaced while it was being checked".into())),
+    }
+}
+
+/// Why [`open`] gave no file.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Untrusted(#[from] Untrusted),
+}
+
+impl OpenError {
+    /// The file is not there.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+    }
+}
+
 fn check_chain(path: &Path, follow: bool) -> Result<(), Untrusted> {
     let me = nix::unistd::geteuid().as_raw();
     for (depth, p) in path.ancestors().enumerate() {
@@ -60,16 +130,23 @@ fn check_chain(path: &Path, follow: bool) -> Result<(), Untrusted> {
             // says what is absent).
             continue;
         };
-        if meta.file_type().is_symlink() {
-            // A link's own mode means nothing; its directory is checked
-            // as the next ancestor, and its target by the resolved pass.
-            continue;
-        }
         let fail = |why: String, fix: String| Untrusted {
             path: p.to_owned(),
             why,
             fix,
         };
+        if meta.file_type().is_symlink() {
+            // A link's own mode means nothing (its directory is checked as
+            // the next ancestor, and its target by the resolved pass), but
+            // its owner may replace it even in a sticky directory.
+            if meta.uid() != 0 && meta.uid() != me {
+                return Err(fail(
+                    format!("a symlink owned by uid {}, not root", meta.uid()),
+                    format!("chown -h root {}", p.display()),
+                ));
+            }
+            continue;
+        }
         if meta.uid() != 0 && meta.uid() != me {
             return Err(fail(
                 format!("owned by uid {}, not root", meta.uid()),
@@ -156,6 +233,42 @@ mod tests {
         symlink(&target, &link).unwrap();
         // The link sits in a safe place but leads into a world-writable one.
         assert_eq!(check(&link).unwrap_err().path, open);
+    }
+
+    #[test]
+    fn a_symlink_another_user_owns_is_refused_even_in_a_sticky_directory() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: needs root to give a link away");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let sticky = tmp.path().join("tmp");
+        std::fs::create_dir(&sticky).unwrap();
+        chmod(&sticky, 0o1777);
+        let safe = tmp.path().join("safe");
+        std::fs::create_dir(&safe).unwrap();
+        chmod(&safe, 0o755);
+        let target = safe.join("config.yaml");
+        std::fs::write(&target, "x").unwrap();
+        chmod(&target, 0o644);
+        let link = sticky.join("config.yaml");
+        symlink(&target, &link).unwrap();
+        // root's link: fine, nobody can swap it.
+        check(&link).unwrap();
+        open(&link).unwrap();
+        // nobody's: they could point it elsewhere between check and use.
+        nix::unistd::fchownat(
+            nix::fcntl::AT_FDCWD,
+            &link,
+            Some(nix::unistd::Uid::from_raw(65534)),
+            None,
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .unwrap();
+        let e = check(&link).unwrap_err();
+        assert_eq!(e.path, link);
+        assert_eq!(e.why, "a symlink owned by uid 65534, not root");
+        assert!(matches!(open(&link), Err(OpenError::Untrusted(_))));
     }
 
     #[test]

@@ -204,6 +204,88 @@ fn trusted(runtime: PathBuf) -> Result<PathBuf, ShimError> {
     }
 }
 
+/// The runtime found by [`find_runtime`], opened once and checked as
+/// opened ([`gpuarch_inventory::trust::open`]): [`exec_runtime`] runs
+/// exactly this file, whatever happens to its path meanwhile.
+#[derive(Debug)]
+pub struct Runtime {
+    pub path: PathBuf,
+    file: std::fs::File,
+}
+
+/// Open the runtime at `path` for [`exec_runtime`].
+pub fn open_runtime(path: PathBuf) -> Result<Runtime, ShimError> {
+    use gpuarch_inventory::trust::{self, OpenError};
+    match trust::open(&path) {
+        Ok(file) => Ok(Runtime { path, file }),
+        Err(OpenError::Untrusted(source)) => Err(ShimError::Untrusted {
+            runtime: path,
+            source,
+        }),
+        Err(OpenError::Io { .. }) => Err(ShimError::BadRuntime(path)),
+    }
+}
+
+/// Exec `rt` through its descriptor (`execveat(AT_EMPTY_PATH)`) with
+/// `args` and this process's environment plus `extra`. Returns only on
+/// failure. The descriptor is left open across the exec so that a script
+/// runtime's interpreter can read it as `/dev/fd/N`.
+pub fn exec_runtime(
+    rt: &Runtime,
+    args: &[std::ffi::OsString],
+    extra: (&str, &str),
+) -> std::io::Error {
+    use std::ffi::CString;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let cstr = |b: &[u8]| {
+        CString::new(b).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+    };
+    let build = || -> std::io::Result<(Vec<CString>, Vec<CString>)> {
+        let argv = std::iter::once(cstr(rt.path.as_os_str().as_bytes()))
+            .chain(args.iter().map(|a| cstr(a.as_bytes())))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut envp = Vec::new();
+        for (k, v) in std::env::vars_os() {
+            if k.as_bytes() == extra.0.as_bytes() {
+                continue;
+            }
+            let mut kv = k.as_bytes().to_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            envp.push(cstr(&kv)?);
+        }
+        envp.push(cstr(format!("{}={}", extra.0, extra.1).as_bytes())?);
+        Ok((argv, envp))
+    };
+    let (argv, envp) = match build() {
+        Ok(v) => v,
+        Err(e) => return e,
+    };
+    let ptrs = |v: &[CString]| {
+        v.iter()
+            .map(|c| c.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect::<Vec<_>>()
+    };
+    let (argv_p, envp_p) = (ptrs(&argv), ptrs(&envp));
+    let fd = rt.file.as_raw_fd();
+    // SAFETY: a live fd, NUL-terminated strings and NULL-terminated
+    // arrays that outlive the calls; execveat returns only on failure.
+    unsafe {
+        libc::fcntl(fd, libc::F_SETFD, 0);
+        libc::syscall(
+            libc::SYS_execveat,
+            fd,
+            c"".as_ptr(),
+            argv_p.as_ptr(),
+            envp_p.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        );
+    }
+    std::io::Error::last_os_error()
+}
+
 /// Apply the Plan to `<bundle>/config.json`. A no-op Plan leaves the file
 /// as it was; otherwise it is replaced atomically (a temporary file in the
 /// bundle renamed over it) with its mode and owner kept.

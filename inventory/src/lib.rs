@@ -7,7 +7,7 @@
 pub use gpuarch_fs::{trust, write_atomic};
 
 use std::ffi::OsStr;
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -329,15 +329,17 @@ pub fn read_config_at(
     path: &Path,
     must_exist: bool,
 ) -> Result<gpuarch_core::config::Config, ConfigFileError> {
-    if path.exists() {
-        trust::check(path)?;
-    }
-    let text = match fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound && !must_exist => {
+    // Opened once and checked as opened: what is read is what was checked.
+    let text = match trust::open(path) {
+        Ok(f) => io::read_to_string(f).map_err(|source| ConfigFileError::Read {
+            path: path.to_owned(),
+            source,
+        })?,
+        Err(e) if e.is_not_found() && !must_exist => {
             return Ok(gpuarch_core::config::Config::default());
         }
-        Err(source) => {
+        Err(trust::OpenError::Untrusted(u)) => return Err(u.into()),
+        Err(trust::OpenError::Io { source, .. }) => {
             return Err(ConfigFileError::Read {
                 path: path.to_owned(),
                 source,
@@ -402,6 +404,7 @@ pub fn now_rfc3339() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     fn sample() -> Snapshot {
         Snapshot {

@@ -139,3 +139,125 @@ fn the_shim_never_runs_another_users_runtime_nor_obeys_a_writable_config() {
         "a world-writable config chose the runtime"
     );
 }
+
+/// nobody owns a symlink in a sticky directory and flips it, as fast as it
+/// can, between root's file and another (issue 33, break 11). Before, a
+/// symlink's owner was never looked at and the path was checked, then
+/// opened or exec'd again: nobody's script ran as uid 0 through
+/// `runtime.path` in 15 of 300 starts, and nobody's config was obeyed in 14
+/// of 300. Now a link on a trusted path must be root's, and the shim reads
+/// its config and execs its runtime through the descriptor it checked: in
+/// 300 starts each, nobody's file never counts.
+#[test]
+fn a_symlink_nobody_flips_never_chooses_what_root_runs() {
+    gpuarch_tests::require!(cannot_run(
+        ": to give files away",
+        &["chown", "runc", "setpriv", "/usr/bin/python3"]
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let sticky = dir.path().join("sticky");
+    std::fs::create_dir(&sticky).unwrap();
+    std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let (root_ran, nobody_ran) = (dir.path().join("ROOT_RAN"), dir.path().join("NOBODY_RAN"));
+    let script = |name: &str, marker: &Path| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, format!("#!/bin/sh\necho x >> {}\n", marker.display())).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    };
+    // Root's runtime, and one nobody may not have run as root: its own
+    // script (nobody's), or a root's runtime that only nobody's config
+    // names (so a run of it means nobody's config was obeyed).
+    let good = script("good.sh", &root_ran);
+    let theirs = script("theirs.sh", &nobody_ran);
+    chown_r(&theirs, NOBODY);
+    let other = script("other.sh", &nobody_ran);
+    let cfg = |name: &str, runtime: &Path| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, format!("runtime:\n  path: {}\n", runtime.display())).unwrap();
+        p
+    };
+    let flip = |link: &Path, a: &Path, b: &Path| {
+        let py = format!(
+            "import os\nl={l:?}\nt=l+'.t'\nwhile True:\n  for x in ({a:?},{b:?}):\n    \
+             try: os.unlink(t)\n    except OSError: pass\n    os.symlink(x,t); os.rename(t,l)\n",
+            l = link.display().to_string(),
+            a = a.display().to_string(),
+            b = b.display().to_string()
+        );
+        let c = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .args(["/usr/bin/python3", "-c", &py])
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while std::fs::symlink_metadata(link).is_err() && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            std::fs::symlink_metadata(link).is_ok(),
+            "nobody's flipper made no link"
+        );
+        c
+    };
+    let runs = 300;
+    let start = |config: &Path| {
+        Command::new(&artifacts().gpuarch_runtime)
+            .arg("--version")
+            .env("GPUARCH_CONFIG", config)
+            .output()
+            .unwrap()
+    };
+
+    // runtime.path through nobody's link, flipping between root's runtime
+    // and nobody's script.
+    let link = sticky.join("runtime");
+    let config = cfg("root.yaml", &link);
+    let mut flipper = flip(&link, &good, &theirs);
+    let mut refused = 0;
+    for _ in 0..runs {
+        let o = start(&config);
+        let err = String::from_utf8_lossy(&o.stderr);
+        if !o.status.success() && err.contains("a symlink owned by uid 65534") {
+            refused += 1;
+        }
+    }
+    let _ = flipper.kill();
+    let _ = flipper.wait();
+    let count = |p: &Path| std::fs::read_to_string(p).map_or(0, |s| s.lines().count());
+    assert!(
+        !nobody_ran.exists(),
+        "nobody's runtime ran as root in {} of {runs} starts",
+        count(&nobody_ran)
+    );
+    assert_eq!(refused, runs, "nobody's link was not refused by its owner");
+
+    // The config through nobody's link, flipping between root's config
+    // and one of nobody's naming other.sh: never obeyed, so the defaults
+    // find runc.
+    let _ = std::fs::remove_file(&link);
+    let link = sticky.join("config.yaml");
+    let (rootcfg, theircfg) = (cfg("a.yaml", &good), cfg("b.yaml", &other));
+    chown_r(&theircfg, NOBODY);
+    let mut flipper = flip(&link, &rootcfg, &theircfg);
+    let mut defaults = 0;
+    for _ in 0..runs {
+        let o = start(&link);
+        if o.status.success() && String::from_utf8_lossy(&o.stdout).contains("runc version") {
+            defaults += 1;
+        }
+    }
+    let _ = flipper.kill();
+    let _ = flipper.wait();
+    assert!(
+        !nobody_ran.exists(),
+        "nobody's config was obeyed in {} of {runs} starts",
+        count(&nobody_ran)
+    );
+    assert_eq!(defaults, runs, "a config behind nobody's link was obeyed");
+    assert!(
+        !root_ran.exists(),
+        "a config behind nobody's link was obeyed"
+    );
+}

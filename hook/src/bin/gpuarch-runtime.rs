@@ -10,7 +10,6 @@
 //! shim exits 1 with a one-line reason instead.
 
 use std::ffi::OsString;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -37,7 +36,9 @@ fn main() -> ExitCode {
         cfg.runtime.path.as_deref(),
         std::env::var_os("PATH").as_deref(),
         &myself,
-    ) {
+    )
+    .and_then(shim::open_runtime)
+    {
         Ok(r) => r,
         Err(e) => {
             log::fatal(&e.to_string());
@@ -76,10 +77,7 @@ fn main() -> ExitCode {
             Err(e) => log::warn(&format!("{e}; the container starts unchanged")),
         }
     }
-    let err = std::process::Command::new(&runtime)
-        .args(&args)
-        .env(shim::ACTIVE_ENV, "1")
-        .exec();
-    log::fatal(&format!("cannot run {}: {err}", runtime.display()));
+    let err = shim::exec_runtime(&runtime, &args, (shim::ACTIVE_ENV, "1"));
+    log::fatal(&format!("cannot run {}: {err}", runtime.path.display()));
     ExitCode::from(127)
 }
