@@ -175,6 +175,8 @@ pub fn fatal(msg: &str) {
     emit(LogLevel::Error, msg);
     let mut s = state();
     let program = s.program;
+    let msg = clean(msg);
+    let msg = msg.as_ref();
     let to_engine = match &s.runtime_log {
         Some((path, json)) => append_runtime_log(path, *json, program, msg).is_ok(),
         None => false,
@@ -188,6 +190,40 @@ fn emit(level: LogLevel, msg: &str) {
     emit_all(level, &[msg]);
 }
 
+/// The most bytes of one record; the rest is cut and counted. Far above
+/// any note gpuarch writes, far below what a config can carry.
+pub const MAX_RECORD_BYTES: usize = 4096;
+
+/// `msg` as one bounded line: control characters (a newline from an image
+/// annotation, an escape sequence in an env value) written as `\n`,
+/// `\u{1b}`, and so on, so no record can forge another or drive a
+/// terminal; past [`MAX_RECORD_BYTES`], cut with the count of what was cut.
+pub fn clean(msg: &str) -> std::borrow::Cow<'_, str> {
+    if msg.len() <= MAX_RECORD_BYTES && !msg.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(msg);
+    }
+    let mut out = String::with_capacity(msg.len().min(MAX_RECORD_BYTES) + 48);
+    let mut taken = 0;
+    for c in msg.chars() {
+        let piece: std::borrow::Cow<'_, str> = match c {
+            '\n' => "\\n".into(),
+            '\r' => "\\r".into(),
+            '\t' => "\\t".into(),
+            c if c.is_control() => format!("\\u{{{:x}}}", c as u32).into(),
+            c => c.encode_utf8(&mut [0; 4]).to_owned().into(),
+        };
+        if out.len() + piece.len() > MAX_RECORD_BYTES {
+            break;
+        }
+        out.push_str(&piece);
+        taken += c.len_utf8();
+    }
+    if taken < msg.len() {
+        out.push_str(&format!(" [{} more bytes cut]", msg.len() - taken));
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Each of `msgs` a line. To a file they go in one `write` (a line each
 /// cost an open and a write of its own: on a disk filesystem most of what
 /// the notes of a container start cost).
@@ -196,6 +232,9 @@ fn emit_all(level: LogLevel, msgs: &[&str]) {
     if level > s.level || msgs.is_empty() {
         return;
     }
+    let cleaned: Vec<std::borrow::Cow<'_, str>> = msgs.iter().map(|m| clean(m)).collect();
+    let msgs: Vec<&str> = cleaned.iter().map(|m| m.as_ref()).collect();
+    let msgs = msgs.as_slice();
     let program = s.program;
     match sink(&mut s) {
         Sink::Stderr => msgs.iter().for_each(|msg| eprintln!("{program}: {msg}")),
@@ -321,6 +360,53 @@ fn append_runtime_log(path: &Path, json: bool, program: &str, msg: &str) -> std:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_is_one_bounded_line_whatever_it_carries() {
+        assert_eq!(clean("plain note"), "plain note");
+        let forged = "image x\n2026-11-24T00:00:00Z gpuarch-hook[1] info: all is well";
+        let c = clean(forged);
+        assert!(!c.contains('\n'), "{c}");
+        assert!(c.starts_with("image x\\n2026"), "{c}");
+        assert_eq!(
+            clean("a\u{1b}[2Jb\rc\u{85}d\u{7f}"),
+            "a\\u{1b}[2Jb\\rc\\u{85}d\\u{7f}"
+        );
+        let huge = "v".repeat(12 << 20);
+        let c = clean(&huge);
+        assert!(c.len() < MAX_RECORD_BYTES + 64, "{}", c.len());
+        assert!(
+            c.ends_with(&format!(
+                "[{} more bytes cut]",
+                (12 << 20) - MAX_RECORD_BYTES
+            )),
+            "{}",
+            &c[c.len() - 40..]
+        );
+        // Multi-byte characters are never split.
+        let wide = "é".repeat(MAX_RECORD_BYTES);
+        assert!(clean(&wide).is_char_boundary(0));
+        // A record to the file: one line, bounded, for a 12 MiB value with
+        // newlines in it.
+        let tmp = tempfile::tempdir().unwrap();
+        let f = tmp.path().join("log");
+        let msg = format!(
+            "TORCH_CUDA_ARCH_LIST={}",
+            "8.6\nfake line\n".repeat(1 << 20)
+        );
+        let cleaned = clean(&msg);
+        to_file(
+            &f,
+            1 << 30,
+            LogLevel::Info,
+            "gpuarch-hook",
+            &[cleaned.as_ref()],
+        )
+        .unwrap();
+        let text = std::fs::read_to_string(&f).unwrap();
+        assert_eq!(text.lines().count(), 1, "{}", &text[..200]);
+        assert!(text.len() < MAX_RECORD_BYTES + 128);
+    }
 
     #[test]
     fn the_env_names_a_target_a_level_or_both() {

@@ -1471,6 +1471,51 @@ fn jit_bundle(
     b
 }
 
+/// An image name with a newline in it and a 12 MiB env value full of
+/// newlines (issue 33, break 10: the first forged a log line, the second
+/// became one 12 MiB line past `log.max_bytes`). Through the shim (runc)
+/// and with the createContainer hook alone (runc, crun), every record the
+/// hook and the shim write is one line of at most 4 KiB, and no line is
+/// the one the image forged.
+#[test]
+fn what_a_container_says_never_forges_nor_floods_a_log_line() {
+    require!("runc", "crun", "unshare");
+    let mut s = Scene::new();
+    let jit = s.path().join("jit");
+    s.config_yaml = format!("jit_cache:\n  enable: true\n  dir: {}\n", jit.display());
+    let forged = "2026-01-01T00:00:00Z gpuarch-hook[1] info: FORGED";
+    let image = format!("torch:2.7\n{forged}");
+    let value = format!(
+        "TORCH_CUDA_ARCH_LIST={}",
+        format!("8.6\n{forged}\n").repeat((12 << 20) / (forged.len() + 5))
+    );
+    for (runtime, shim) in [("runc", true), ("runc", false), ("crun", false)] {
+        let hooks = (!shim).then(|| json!({ "createContainer": s.hook_entry("create-container") }));
+        let gpu = ["NVIDIA_VISIBLE_DEVICES=1", value.as_str()];
+        let b = jit_bundle(&s, runtime, 0, &image, &gpu, hooks);
+        // The 12 MiB variable is past what exec takes: the start may fail,
+        // after gpuarch has logged.
+        let _ = s.run_bundle(runtime, &b, shim);
+        let log = s.take_log();
+        assert!(
+            log.contains("JIT cache"),
+            "{runtime} shim={shim}: {}",
+            &log[..log.len().min(2000)]
+        );
+        for line in log.lines() {
+            assert!(
+                !line.starts_with(forged),
+                "{runtime} shim={shim}: a forged line: {line}"
+            );
+            assert!(
+                line.len() <= 4096 + 128,
+                "{runtime} shim={shim}: a line of {} bytes",
+                line.len()
+            );
+        }
+    }
+}
+
 /// Per-arch JIT caches (issue 20): containers on the same GPU with the same
 /// uid and image share one, read-write, through runc, crun and the
 /// createContainer hook alone; another arch, uid or image gets its own;
