@@ -2,10 +2,11 @@
 //! them; see `gpuarch_core::jit`): what is there, and eviction of the least
 //! recently started above `jit_cache.max_bytes`.
 //!
-//! Everything a container wrote is walked without following a symlink
-//! (`lstat`, `read_dir`), and only names the hook makes are touched: a
-//! cache's contents can neither point gpuarchd elsewhere on the host nor
-//! hide from the size count behind a link.
+//! Everything a container wrote is walked by handle ([`crate::tree`]):
+//! never following a symlink, at any depth, each inode once; and only names
+//! the hook makes are touched. A cache's contents can neither point
+//! gpuarchd elsewhere on the host nor hide from the size count behind a
+//! link, a depth or many names for one file.
 
 use std::collections::HashSet;
 use std::io;
@@ -99,38 +100,16 @@ fn read_label(scope: &Path) -> Option<Label> {
     serde_json::from_slice(&text).ok()
 }
 
-/// Bytes allocated to `dir` and everything in it, never following a
-/// symlink. What cannot be read is not counted, and said once per cache.
+/// Bytes allocated to `dir` and everything in it, by handle
+/// ([`crate::tree::size`]): never following a symlink, at any depth, each
+/// inode once. A walk cut short (a directory moved during it) counts what
+/// it saw, and says so.
 pub fn disk_use(dir: &Path) -> u64 {
-    let mut total = 0u64;
-    let mut todo = vec![dir.to_owned()];
-    let mut unread = None;
-    while let Some(d) = todo.pop() {
-        if let Ok(m) = std::fs::symlink_metadata(&d) {
-            total = total.saturating_add(m.blocks() * 512);
-        }
-        let entries = match std::fs::read_dir(&d) {
-            Ok(e) => e,
-            Err(e) => {
-                unread.get_or_insert((d, e));
-                continue;
-            }
-        };
-        for e in entries.flatten() {
-            // DirEntry::metadata is lstat: a symlink is counted as itself.
-            let Ok(m) = e.metadata() else { continue };
-            if m.is_dir() {
-                todo.push(e.path());
-            } else {
-                total = total.saturating_add(m.blocks() * 512);
-            }
-        }
-    }
-    if let Some((d, e)) = unread {
+    let (total, err) = crate::tree::size(dir);
+    if let Some(e) = err {
         tracing::warn!(
-            "JIT cache {}: {} cannot be read ({e}); its size is not counted",
-            dir.display(),
-            d.display()
+            "JIT cache {}: sized in part ({e}); {total} bytes counted",
+            dir.display()
         );
     }
     total
@@ -262,15 +241,10 @@ fn leftovers(dir: &Path) {
     }
 }
 
-/// `remove_dir_all` (which never follows a symlink) on a thread with a
-/// large stack: a container may have left a very deep tree.
+/// Remove a cache by handle ([`crate::tree::remove`]): never following a
+/// symlink, at any depth.
 fn remove_tree(p: &Path) -> io::Result<()> {
-    let p = p.to_owned();
-    std::thread::Builder::new()
-        .stack_size(256 << 20)
-        .spawn(move || std::fs::remove_dir_all(p))?
-        .join()
-        .unwrap_or_else(|_| Err(io::Error::other("removal panicked")))
+    crate::tree::remove(p)
 }
 
 #[cfg(test)]
@@ -289,6 +263,92 @@ mod tests {
         std::fs::write(p.join("torch_extensions/ext.so"), vec![7u8; bytes]).unwrap();
         set_age(&p, age_s);
         p
+    }
+
+    /// Issue 33, breaks 6 and 7: 2,000 names for one 10 MiB file counted
+    /// as 20 GiB and evicted another uid's cache under a 64 MiB cap; a tree
+    /// deeper than PATH_MAX counted as 0 and was never freed.
+    #[test]
+    fn many_names_for_one_file_and_a_deep_tree_are_sized_truly() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("jit");
+        let victim = cache(&dir, "uid2-shared", "sm_86", 4 << 20, 9000);
+        let linked = cache(&dir, "uid1-shared", "sm_90", 10 << 20, 3600);
+        for i in 0..2000 {
+            std::fs::hard_link(
+                linked.join("torch_extensions/ext.so"),
+                linked.join(format!("torch_extensions/l{i}")),
+            )
+            .unwrap();
+        }
+        let cfg = JitCacheConfig {
+            dir: dir.clone(),
+            max_bytes: 64 << 20,
+            ..JitCacheConfig::default()
+        };
+        let l = list(&cfg, &HashSet::new()).unwrap();
+        let total: u64 = l.iter().map(|c| c.bytes).sum();
+        assert!(total < 20 << 20, "{l:?}");
+        assert_eq!(gc(&cfg, &HashSet::new()).unwrap(), GcReport::default());
+        assert!(victim.exists());
+
+        // A 1,000-level tree of 16 MiB: counted, and the first to go when
+        // it is the oldest over the cap.
+        let deep = dir.join("uid3-shared/sm_80");
+        std::fs::create_dir_all(dir.join("uid3-shared")).unwrap();
+        crate::tree::tests::deep(&deep, 1000, 16 << 20);
+        set_age(&deep, 99_999);
+        let l = list(&cfg, &HashSet::new()).unwrap();
+        let d = l.iter().find(|c| c.targets == "sm_80").unwrap();
+        assert!(d.bytes >= 16 << 20, "{d:?}");
+        let tight = JitCacheConfig {
+            max_bytes: 20 << 20,
+            ..cfg.clone()
+        };
+        let r = gc(&tight, &HashSet::new()).unwrap();
+        assert_eq!(r.removed, std::slice::from_ref(&deep), "{r:?}");
+        assert!(!deep.exists() && victim.exists() && linked.exists());
+    }
+
+    /// Issue 33, break 8: a directory in a container's own cache swapped,
+    /// over and over, with a link to another uid's cache (and to `/`):
+    /// sizing never counts what is behind the link.
+    #[test]
+    fn a_directory_swapped_with_a_link_is_never_followed() {
+        use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("jit");
+        let other = cache(&dir, "uid2-shared", "sm_86", 32 << 20, 100);
+        let mine = cache(&dir, "uid1-shared", "sm_90", 1 << 20, 100);
+        let sub = mine.join("torch_extensions");
+        let link = mine.join("swap");
+        symlink(&other, &link).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let (stop, sub, link) = (stop.clone(), sub.clone(), link.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    renameat2(
+                        AT_FDCWD,
+                        &sub,
+                        AT_FDCWD,
+                        &link,
+                        RenameFlags::RENAME_EXCHANGE,
+                    )
+                    .unwrap();
+                    n += 1;
+                }
+                n
+            })
+        };
+        for _ in 0..3000 {
+            let n = disk_use(&mine);
+            assert!(n < 8 << 20, "{n} bytes: the link was followed");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(swapper.join().unwrap() > 0);
+        assert!(other.join("torch_extensions/ext.so").exists());
     }
 
     #[test]

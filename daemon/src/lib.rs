@@ -23,6 +23,7 @@ pub mod refresh;
 pub mod sdnotify;
 pub mod service;
 pub mod state;
+pub mod tree;
 pub mod watch;
 
 use std::path::PathBuf;
