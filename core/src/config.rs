@@ -137,12 +137,17 @@ impl Default for JitCacheConfig {
 pub enum JitScope {
     /// Containers of one uid running one image (as the runtime names it:
     /// containerd's CRI and CRI-O do; Docker and podman do not, and their
-    /// containers get no cache under this scope).
+    /// containers get no cache under this scope), and in one Kubernetes
+    /// namespace where the engine names it (containerd's
+    /// `io.kubernetes.cri.sandbox-namespace`): two tenants running one
+    /// image as one uid never share.
     #[default]
     Image,
     /// Containers of one uid: for nodes where the uid is the tenant.
     Uid,
-    /// Containers of one uid in one Kubernetes namespace.
+    /// Containers of one uid in one Kubernetes namespace, as the engine
+    /// names it (containerd's `io.kubernetes.cri.sandbox-namespace`; a
+    /// pod's own `io.kubernetes.pod.namespace` is a claim, not taken).
     Namespace,
     /// Every container of one uid: for trusted single-tenant nodes.
     Shared,

@@ -41,11 +41,14 @@ const IMAGE_KEYS: [&str; 5] = [
     "io.kubernetes.cri.image-name",
 ];
 
-/// Annotations naming the pod's namespace: CRI-O's, containerd's.
-const NAMESPACE_KEYS: [&str; 2] = [
-    "io.kubernetes.pod.namespace",
-    "io.kubernetes.cri.sandbox-namespace",
-];
+/// The annotation naming the pod's namespace that only the engine sets:
+/// containerd's CRI writes it from the sandbox it made.
+const NAMESPACE_KEYS: [&str; 1] = ["io.kubernetes.cri.sandbox-namespace"];
+
+/// Namespace annotations a pod's own annotations can carry into the spec
+/// (containerd passes allowed pod annotations through; CRI-O copies them):
+/// a claim, never taken as the namespace, only noted.
+const CLAIMED_NAMESPACE_KEYS: [&str; 1] = ["io.kubernetes.pod.namespace"];
 
 /// Who a scope belongs to, as `<scope>/scope.json` records it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,7 +81,13 @@ impl Label {
     pub fn dir_name(&self) -> String {
         let uid = self.uid;
         match (self.scope, &self.image, &self.namespace) {
-            (JitScope::Image, Some(image), _) => format!("uid{uid}-image-{}", short_digest(image)),
+            // The namespace first (tenants never share), then the image.
+            (JitScope::Image, Some(image), Some(ns)) => {
+                format!("uid{uid}-image-{}", short_digest(&format!("{ns}\0{image}")))
+            }
+            (JitScope::Image, Some(image), None) => {
+                format!("uid{uid}-image-{}", short_digest(image))
+            }
             (JitScope::Namespace, _, Some(ns)) if dns_label(ns) => format!("uid{uid}-ns-{ns}"),
             (JitScope::Namespace, _, Some(ns)) => format!("uid{uid}-ns-{}", short_digest(ns)),
             (JitScope::Shared, ..) => format!("uid{uid}-shared"),
@@ -151,6 +160,24 @@ fn targets_dir(
     Some(name)
 }
 
+/// A note when the container carries a namespace annotation gpuarch does
+/// not take (see [`CLAIMED_NAMESPACE_KEYS`]) that differs from the engine's.
+pub fn claimed_namespace_note(view: &ContainerView) -> Option<String> {
+    let claimed = annotation(view, &CLAIMED_NAMESPACE_KEYS)?;
+    let engine = annotation(view, &NAMESPACE_KEYS);
+    (engine != Some(claimed)).then(|| {
+        format!(
+            "annotation {} ({claimed:?}) ignored for the JIT cache's scope: a pod's own \
+             annotations can set it; the namespace is {}",
+            CLAIMED_NAMESPACE_KEYS[0],
+            engine.map_or_else(
+                || "not named by the engine".to_owned(),
+                |e| format!("{e:?}")
+            )
+        )
+    })
+}
+
 /// The cache for the container of `view` given `plan`, or why it gets none.
 pub fn cache_for(
     plan: &Plan,
@@ -172,13 +199,17 @@ pub fn cache_for(
                     IMAGE_KEYS.join(", ")
                 )
             })?;
-            (Some(image.to_owned()), None)
+            // The engine's own namespace, where it names one: pods of two
+            // namespaces running one image as one uid are two tenants.
+            let ns = annotation(view, &NAMESPACE_KEYS).map(str::to_owned);
+            (Some(image.to_owned()), ns)
         }
         JitScope::Namespace => {
             let ns = annotation(view, &NAMESPACE_KEYS).ok_or_else(|| {
                 format!(
-                    "jit_cache.scope is namespace, and the container has no Kubernetes namespace (annotation {})",
-                    NAMESPACE_KEYS.join(", ")
+                    "jit_cache.scope is namespace, and the engine names no Kubernetes namespace (annotation {}, which containerd's CRI sets; {} is not taken: a pod's own annotations can carry it)",
+                    NAMESPACE_KEYS.join(", "),
+                    CLAIMED_NAMESPACE_KEYS.join(", ")
                 )
             })?;
             (None, Some(ns.to_owned()))
@@ -310,7 +341,7 @@ mod tests {
         let ns = |n: &str| {
             view(serde_json::json!({
                 "process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"]},
-                "annotations": {"io.kubernetes.pod.namespace": n},
+                "annotations": {"io.kubernetes.cri.sandbox-namespace": n},
             }))
         };
         assert_eq!(
@@ -321,6 +352,48 @@ mod tests {
             .unwrap()
             .scope_dir;
         assert!(odd.starts_with("uid0-ns-") && valid_dir_name(&odd), "{odd}");
+    }
+
+    /// Issue 33, break 9: under the default scope, pods of two namespaces
+    /// running one image as uid 0 shared one writable cache; and a pod's
+    /// own `io.kubernetes.pod.namespace` overrode containerd's namespace.
+    #[test]
+    fn tenants_never_share_and_a_pods_claim_is_not_its_namespace() {
+        let pod = |engine_ns: Option<&str>, claim: Option<&str>| {
+            let mut a = serde_json::Map::new();
+            a.insert(CRI.into(), "vllm:0.9".into());
+            if let Some(n) = engine_ns {
+                a.insert("io.kubernetes.cri.sandbox-namespace".into(), n.into());
+            }
+            if let Some(n) = claim {
+                a.insert("io.kubernetes.pod.namespace".into(), n.into());
+            }
+            view(serde_json::json!({
+                "process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"], "user": {"uid": 0, "gid": 0}},
+                "annotations": a,
+            }))
+        };
+        let dir = |v: &ContainerView, s: JitScope| cache(v, s).unwrap().scope_dir;
+        let (a, b) = (pod(Some("team-a"), None), pod(Some("team-b"), None));
+        assert_ne!(dir(&a, JitScope::Image), dir(&b, JitScope::Image));
+        assert_eq!(
+            dir(&a, JitScope::Image),
+            dir(&pod(Some("team-a"), None), JitScope::Image)
+        );
+        // team-b claims team-a's namespace in its own annotation: nothing
+        // changes, and the claim is noted.
+        let liar = pod(Some("team-b"), Some("team-a"));
+        assert_eq!(dir(&liar, JitScope::Image), dir(&b, JitScope::Image));
+        assert_eq!(dir(&liar, JitScope::Namespace), "uid0-ns-team-b");
+        let note = claimed_namespace_note(&liar).unwrap();
+        assert!(
+            note.contains("\"team-a\") ignored") && note.contains("\"team-b\""),
+            "{note}"
+        );
+        assert_eq!(claimed_namespace_note(&pod(Some("x"), Some("x"))), None);
+        // A claim alone names no namespace.
+        let e = cache(&pod(None, Some("team-a")), JitScope::Namespace).unwrap_err();
+        assert!(e.contains("not taken"), "{e}");
     }
 
     #[test]

@@ -278,6 +278,9 @@ pub fn plan_cache(
         );
         return None;
     }
+    if let Some(note) = jit::claimed_namespace_note(view) {
+        plan.notes.push(note);
+    }
     let cache = match jit::cache_for(plan, view, jit_cfg, env_cfg) {
         Ok(c) => c,
         Err(why) => {
@@ -305,7 +308,8 @@ pub fn add_env(plan: &mut Plan, p: &Prepared, view: &ContainerView, cfg: &EnvCon
     }
     let l = &p.cache.label;
     let whose = match (&l.image, &l.namespace) {
-        (Some(i), _) => format!("uid {}, image {i}", l.uid),
+        (Some(i), Some(n)) => format!("uid {}, namespace {n}, image {i}", l.uid),
+        (Some(i), None) => format!("uid {}, image {i}", l.uid),
         (_, Some(n)) => format!("uid {}, namespace {n}", l.uid),
         _ => format!("uid {}", l.uid),
     };

@@ -1516,6 +1516,57 @@ fn what_a_container_says_never_forges_nor_floods_a_log_line() {
     }
 }
 
+/// Pods of two Kubernetes namespaces run one image as uid 0 (issue 33,
+/// break 9: under the default scope they mounted one read-write cache, so
+/// one tenant could plant an extension the other loads; and a pod's own
+/// `io.kubernetes.pod.namespace` overrode containerd's namespace). With
+/// runc through the shim: two namespaces, two caches; a pod of team-b
+/// claiming team-a in its own annotation gets team-b's.
+#[test]
+fn tenants_running_one_image_never_share_a_jit_cache() {
+    require!("runc");
+    let mut s = Scene::new();
+    let jit = s.path().join("jit");
+    s.config_yaml = format!("jit_cache:\n  enable: true\n  dir: {}\n", jit.display());
+    let start = |engine_ns: &str, claim: Option<&str>| {
+        let b = jit_bundle(
+            &s,
+            "runc",
+            0,
+            "vllm:0.9",
+            &["NVIDIA_VISIBLE_DEVICES=1"],
+            None,
+        );
+        let path = b.join("config.json");
+        let mut c: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        c["annotations"]["io.kubernetes.cri.sandbox-namespace"] = json!(engine_ns);
+        if let Some(n) = claim {
+            c["annotations"]["io.kubernetes.pod.namespace"] = json!(n);
+        }
+        std::fs::write(&path, c.to_string()).unwrap();
+        s.run_bundle("runc", &b, true).ok();
+        s.take_log()
+    };
+    let scopes = || {
+        let mut v: Vec<String> = std::fs::read_dir(&jit)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        v.sort();
+        v
+    };
+    start("team-a", None);
+    assert_eq!(scopes().len(), 1, "{:?}", scopes());
+    start("team-b", None);
+    let two = scopes();
+    assert_eq!(two.len(), 2, "{two:?}");
+    let log = start("team-b", Some("team-a"));
+    assert_eq!(scopes(), two, "a pod's claim chose another cache");
+    assert!(log.contains("ignored for the JIT cache's scope"), "{log}");
+    assert!(log.contains("namespace team-b, image vllm:0.9"), "{log}");
+}
+
 /// Per-arch JIT caches (issue 20): containers on the same GPU with the same
 /// uid and image share one, read-write, through runc, crun and the
 /// createContainer hook alone; another arch, uid or image gets its own;
