@@ -1,5 +1,6 @@
 //! gpuarch-registry: the kernel store's remote tier, builds shared through
-//! an OCI registry (the distribution API, by `oci-client`).
+//! an OCI registry (the distribution API, by gpuarch's own bounded client,
+//! [`http`]: one host, bounded bodies, credentials only over TLS).
 //!
 //! One entry is one artifact in `kernels.remote.repository`, tagged by its
 //! store key. Its config blob is the entry's `manifest.json`
@@ -11,26 +12,19 @@
 //! ([`gpuarch_kernels::store::check_outputs`]). An artifact that fails is refused and
 //! recorded, and the build runs here.
 
+pub mod http;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::Path;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use gpuarch_core::config::RemoteConfig;
-use oci_client::client::{
-    Certificate, CertificateEncoding, ClientConfig, ClientProtocol, Config, ImageLayer,
-};
-use oci_client::errors::{OciDistributionError, OciErrorCode};
-use oci_client::manifest::{OciDescriptor, OciImageManifest, OciManifest};
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
-use serde::Deserialize;
-use tokio::io::AsyncWrite;
+use serde::{Deserialize, Serialize};
 
 use gpuarch_kernels::remote::{Pulled, Remote, RemoteError};
 use gpuarch_kernels::store::{Entry, EntryManifest, MANIFEST, Meta, SCHEMA};
+use http::{Http, HttpError};
 
 /// The artifact type of a gpuarch build.
 pub const ARTIFACT_TYPE: &str = "application/vnd.gpuarch.kernel.v1";
@@ -44,6 +38,34 @@ const MAX_CONFIG_BYTES: i64 = 1 << 20;
 /// The most files one entry may have.
 const MAX_FILES: usize = 256;
 
+/// An OCI descriptor, as far as gpuarch reads one. Its `urls` (other
+/// places to fetch the blob from) are never read: blobs come from the
+/// registry alone.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Descriptor {
+    media_type: String,
+    digest: String,
+    size: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+/// An OCI image manifest, as far as gpuarch reads one.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ImageManifest {
+    schema_version: u32,
+    #[serde(default)]
+    media_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    artifact_type: Option<String>,
+    config: Descriptor,
+    layers: Vec<Descriptor>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    annotations: Option<BTreeMap<String, String>>,
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Credentials {
@@ -55,8 +77,7 @@ struct Credentials {
 /// runtime of their own), for the store's build threads.
 pub struct OciRemote {
     cfg: RemoteConfig,
-    client: Client,
-    auth: RegistryAuth,
+    client: Http,
     /// Always `Some` until dropped.
     rt: Option<tokio::runtime::Runtime>,
 }
@@ -104,8 +125,8 @@ fn read_trusted(path: &Path, what: &str, secret: bool) -> Result<Vec<u8>, Remote
 impl OciRemote {
     pub fn new(cfg: &RemoteConfig) -> Result<Self, RemoteError> {
         cfg.check().map_err(RemoteError::Config)?;
-        let auth = match &cfg.credentials {
-            None => RegistryAuth::Anonymous,
+        let basic = match &cfg.credentials {
+            None => None,
             Some(p) => {
                 let bytes = read_trusted(p, "credentials", true)?;
                 let c: Credentials = serde_json::from_slice(&bytes).map_err(|e| {
@@ -114,30 +135,24 @@ impl OciRemote {
                         p.display()
                     ))
                 })?;
-                RegistryAuth::Basic(c.username, c.password)
+                Some((c.username, c.password))
             }
         };
-        let mut extra = Vec::new();
-        if let Some(p) = &cfg.ca_file {
-            extra.push(Certificate {
-                encoding: CertificateEncoding::Pem,
-                data: read_trusted(p, "ca_file", false)?,
-            });
-        }
+        let ca = match &cfg.ca_file {
+            Some(p) => Some(read_trusted(p, "ca_file", false)?),
+            None => None,
+        };
         // reqwest is built without a TLS provider of its own: ring's, once
         // per process (a second install is refused, harmlessly).
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = Client::new(ClientConfig {
-            protocol: if cfg.plain_http {
-                ClientProtocol::Http
-            } else {
-                ClientProtocol::Https
-            },
-            extra_root_certificates: extra,
-            connect_timeout: Some(Duration::from_secs(5)),
-            read_timeout: Some(Duration::from_secs(30)),
-            ..ClientConfig::default()
-        });
+        let client = Http::new(
+            cfg.registry(),
+            cfg.path(),
+            cfg.plain_http,
+            basic,
+            ca.as_deref(),
+        )
+        .map_err(RemoteError::Config)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("gpuarch-registry")
@@ -147,7 +162,6 @@ impl OciRemote {
         Ok(Self {
             cfg: cfg.clone(),
             client,
-            auth,
             rt: Some(rt),
         })
     }
@@ -161,30 +175,26 @@ impl OciRemote {
         &self.cfg
     }
 
-    fn reference(&self, key: &str) -> Reference {
-        Reference::with_tag(
-            self.cfg.registry().to_owned(),
-            self.cfg.path().to_owned(),
-            key.to_owned(),
-        )
+    /// How a tag is shown: `registry/path:key`.
+    fn shown(&self, key: &str) -> String {
+        format!("{}:{key}", self.cfg.repository)
     }
 
     async fn fetch(
         &self,
-        reference: &Reference,
         key: &str,
         meta: &Meta,
         out: &Path,
         max_bytes: u64,
     ) -> Result<Option<Pulled>, RemoteError> {
-        let shown = reference.whole();
-        let unavailable = |e: OciDistributionError| RemoteError::Unavailable {
+        let shown = self.shown(key);
+        let unavailable = |e: HttpError| RemoteError::Unavailable {
             reference: shown.clone(),
             message: e.to_string(),
         };
-        let (manifest, digest) = match self.client.pull_manifest(reference, &self.auth).await {
+        let (bytes, digest) = match self.client.manifest(key).await {
             Ok(m) => m,
-            Err(e) if not_found(&e) => return Ok(None),
+            Err(HttpError::NotFound) => return Ok(None),
             Err(e) => return Err(unavailable(e)),
         };
         let refused = |reason: String| RemoteError::Refused {
@@ -192,9 +202,8 @@ impl OciRemote {
             digest: digest.clone(),
             reason,
         };
-        let OciManifest::Image(m) = manifest else {
-            return Err(refused("an image index, not a gpuarch build".into()));
-        };
+        let m: ImageManifest = serde_json::from_slice(&bytes)
+            .map_err(|e| refused(format!("not an image manifest (an index?): {e}")))?;
         if m.artifact_type.as_deref() != Some(ARTIFACT_TYPE)
             || m.config.media_type != CONFIG_MEDIA_TYPE
         {
@@ -204,18 +213,18 @@ impl OciRemote {
                 m.config.media_type
             )));
         }
-        if m.config.size > MAX_CONFIG_BYTES || m.layers.len() > MAX_FILES {
+        if m.config.size > MAX_CONFIG_BYTES || m.config.size < 0 || m.layers.len() > MAX_FILES {
             return Err(refused("config or file list too large".into()));
         }
-        let mut config = Vec::new();
-        self.client
-            .pull_blob(
-                reference,
-                &m.config,
-                Limited::new(&mut config, m.config.size),
-            )
+        let blob_error = |e: HttpError| match e {
+            HttpError::Refused(r) => refused(r),
+            e => unavailable(e),
+        };
+        let config = self
+            .client
+            .blob(&m.config.digest, m.config.size as u64)
             .await
-            .map_err(|e| pull_error(e, &refused, &unavailable))?;
+            .map_err(blob_error)?;
         let em: EntryManifest = serde_json::from_slice(&config)
             .map_err(|e| refused(format!("config is not an entry manifest: {e}")))?;
         let want = [
@@ -237,8 +246,7 @@ impl OciRemote {
                 em.schema
             )));
         }
-        let names: BTreeMap<&str, &OciDescriptor> =
-            m.layers.iter().map(|l| (title(l), l)).collect();
+        let names: BTreeMap<&str, &Descriptor> = m.layers.iter().map(|l| (title(l), l)).collect();
         let listed: BTreeSet<&str> = em.files.keys().map(String::as_str).collect();
         if names.len() != m.layers.len() || names.keys().copied().collect::<BTreeSet<_>>() != listed
         {
@@ -266,7 +274,7 @@ impl OciRemote {
                     "{name}: the layer is not the file its manifest lists"
                 )));
             }
-            let file = tokio::fs::OpenOptions::new()
+            let mut file = tokio::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .open(out.join(name))
@@ -275,11 +283,10 @@ impl OciRemote {
                     reference: shown.clone(),
                     message: format!("{}: {e}", out.join(name).display()),
                 })?;
-            let mut file = file;
             self.client
-                .pull_blob(reference, layer, Limited::new(&mut file, layer.size))
+                .blob_into(&layer.digest, info.bytes, &mut file)
                 .await
-                .map_err(|e| pull_error(e, &refused, &unavailable))?;
+                .map_err(blob_error)?;
             file.sync_all()
                 .await
                 .map_err(|e| RemoteError::Unavailable {
@@ -295,41 +302,11 @@ impl OciRemote {
     }
 }
 
-fn title(l: &OciDescriptor) -> &str {
+fn title(l: &Descriptor) -> &str {
     l.annotations
         .as_ref()
         .and_then(|a| a.get(TITLE))
         .map_or("", String::as_str)
-}
-
-fn not_found(e: &OciDistributionError) -> bool {
-    match e {
-        OciDistributionError::ImageManifestNotFoundError(_) => true,
-        OciDistributionError::RegistryError { envelope, .. } => envelope.errors.iter().any(|x| {
-            matches!(
-                x.code,
-                OciErrorCode::ManifestUnknown | OciErrorCode::NameUnknown | OciErrorCode::NotFound
-            )
-        }),
-        OciDistributionError::ServerError { code: 404, .. } => true,
-        _ => false,
-    }
-}
-
-/// A blob that does not match its digest, or runs past its size, is the
-/// artifact's fault; anything else is the registry's or the network's.
-fn pull_error(
-    e: OciDistributionError,
-    refused: &impl Fn(String) -> RemoteError,
-    unavailable: &impl Fn(OciDistributionError) -> RemoteError,
-) -> RemoteError {
-    match &e {
-        OciDistributionError::DigestError(_) => refused(format!("digest: {e}")),
-        OciDistributionError::IoError(io) if io.kind() == io::ErrorKind::FileTooLarge => {
-            refused(format!("a blob is larger than its descriptor says: {e}"))
-        }
-        _ => unavailable(e),
-    }
 }
 
 /// Remove what a failed pull left in `out`.
@@ -341,53 +318,6 @@ fn clear_dir(out: &Path) {
     }
 }
 
-/// A writer that refuses more than `left` bytes: a registry cannot fill the
-/// disk by sending more than the descriptor said before the digest fails.
-struct Limited<W> {
-    inner: W,
-    left: u64,
-}
-
-impl<W> Limited<W> {
-    fn new(inner: W, size: i64) -> Self {
-        Self {
-            inner,
-            left: u64::try_from(size).unwrap_or(0),
-        }
-    }
-}
-
-impl<W: AsyncWrite + Unpin> AsyncWrite for Limited<W> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        if buf.len() as u64 > self.left {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::FileTooLarge,
-                "more bytes than the descriptor's size",
-            )));
-        }
-        let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_write(cx, buf) {
-            Poll::Ready(Ok(n)) => {
-                this.left -= n as u64;
-                Poll::Ready(Ok(n))
-            }
-            other => other,
-        }
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
 impl Remote for OciRemote {
     fn pull_into(
         &self,
@@ -396,11 +326,10 @@ impl Remote for OciRemote {
         out: &Path,
         max_bytes: u64,
     ) -> Result<Option<Pulled>, RemoteError> {
-        let reference = self.reference(key);
-        let shown = reference.whole();
+        let shown = self.shown(key);
         let budget = Duration::from_millis(self.cfg.pull_timeout_ms);
         let r = self.runtime().block_on(async {
-            tokio::time::timeout(budget, self.fetch(&reference, key, meta, out, max_bytes))
+            tokio::time::timeout(budget, self.fetch(key, meta, out, max_bytes))
                 .await
                 .unwrap_or_else(|_| {
                     Err(RemoteError::Unavailable {
@@ -431,25 +360,13 @@ impl Remote for OciRemote {
 
     fn push(&self, entry: &Entry) -> Result<String, RemoteError> {
         let m = &entry.manifest;
-        let reference = self.reference(&m.key);
-        let shown = reference.whole();
+        let shown = self.shown(&m.key);
         let unavailable = |message: String| RemoteError::Unavailable {
             reference: shown.clone(),
             message,
         };
         let config_bytes =
             std::fs::read(entry.dir.join(MANIFEST)).map_err(|e| unavailable(e.to_string()))?;
-        let mut layers = Vec::new();
-        for name in m.files.keys() {
-            let data = std::fs::read(entry.dir.join(name))
-                .map_err(|e| unavailable(format!("{name}: {e}")))?;
-            layers.push(ImageLayer::new(
-                data,
-                FILE_MEDIA_TYPE.to_owned(),
-                Some([(TITLE.to_owned(), name.clone())].into()),
-            ));
-        }
-        let config = Config::new(config_bytes, CONFIG_MEDIA_TYPE.to_owned(), None);
         let annotations: BTreeMap<String, String> = [
             ("io.gpuarch.package", m.package.clone()),
             ("io.gpuarch.variant", m.variant.clone()),
@@ -459,17 +376,37 @@ impl Remote for OciRemote {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
-        let mut manifest = OciImageManifest::build(&layers, &config, Some(annotations));
-        manifest.artifact_type = Some(ARTIFACT_TYPE.to_owned());
         let digest = self
             .runtime()
             .block_on(async {
-                self.client
-                    .push(&reference, &layers, config, &self.auth, Some(manifest))
-                    .await?;
-                self.client
-                    .fetch_manifest_digest(&reference, &self.auth)
-                    .await
+                let config = Descriptor {
+                    media_type: CONFIG_MEDIA_TYPE.to_owned(),
+                    digest: self.client.push_blob(&config_bytes).await?,
+                    size: config_bytes.len() as i64,
+                    annotations: None,
+                };
+                let mut layers = Vec::new();
+                for name in m.files.keys() {
+                    let data = std::fs::read(entry.dir.join(name))
+                        .map_err(|e| HttpError::Unavailable(format!("{name}: {e}")))?;
+                    layers.push(Descriptor {
+                        media_type: FILE_MEDIA_TYPE.to_owned(),
+                        digest: self.client.push_blob(&data).await?,
+                        size: data.len() as i64,
+                        annotations: Some([(TITLE.to_owned(), name.clone())].into()),
+                    });
+                }
+                let manifest = ImageManifest {
+                    schema_version: 2,
+                    media_type: Some(http::MANIFEST_TYPE.to_owned()),
+                    artifact_type: Some(ARTIFACT_TYPE.to_owned()),
+                    config,
+                    layers,
+                    annotations: Some(annotations),
+                };
+                let bytes = serde_json::to_vec(&manifest)
+                    .map_err(|e| HttpError::Unavailable(e.to_string()))?;
+                self.client.push_manifest(&m.key, &bytes).await
             })
             .map_err(|e| unavailable(e.to_string()))?;
         Ok(format!("{}@{digest}", self.cfg.repository))
@@ -506,7 +443,11 @@ mod tests {
 
         mode(0o600);
         let r = remote(Some(&file)).unwrap();
-        assert!(matches!(&r.auth, RegistryAuth::Basic(u, p) if u == "ci" && p == "s3cret"));
+        assert!(
+            r.client
+                .credentials()
+                .is_some_and(|(u, p)| u == "ci" && p == "s3cret")
+        );
 
         mode(0o640);
         let e = remote(Some(&file)).unwrap_err().to_string();
@@ -526,9 +467,6 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("absent.json"), "{e}");
-        assert!(matches!(
-            remote(None).unwrap().auth,
-            RegistryAuth::Anonymous
-        ));
+        assert!(remote(None).unwrap().client.credentials().is_none());
     }
 }
