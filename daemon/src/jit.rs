@@ -108,7 +108,7 @@ pub fn disk_use(dir: &Path) -> u64 {
     let (total, err) = crate::tree::size(dir);
     if let Some(e) = err {
         tracing::warn!(
-            "JIT cache {}: sized in part ({e}); {total} bytes counted",
+            "JIT cache {}: cannot be read ({e}); only the {total} bytes read so far are counted",
             dir.display()
         );
     }
