@@ -77,7 +77,7 @@ pub fn run(bin: &Path, rootfs: &Path, dirs: &[String], path_env: &str) -> Result
         .map_err(|e| format!("reading /proc/self/mountinfo: {e}"))?;
     let cstr = |b: &[u8]| CString::new(b).map_err(|_| "a path holds a NUL byte".to_owned());
     let mut procs = proc_mounts_under(&mountinfo, &rootfs);
-    procs.sort_by_key(|p| p.as_os_str().len());
+    procs.sort_by(|a, b| (a.as_os_str().len(), a).cmp(&(b.as_os_str().len(), b)));
     procs.dedup();
     let prepared = Prepared {
         rootfs: cstr(rootfs.as_os_str().as_bytes())?,
@@ -95,18 +95,7 @@ pub fn run(bin: &Path, rootfs: &Path, dirs: &[String], path_env: &str) -> Result
 }
 
 fn spawn_and_wait(p: &Prepared, bin: &Path) -> Result<(), String> {
-    let argv: Vec<*const libc::c_char> = p
-        .argv
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
-    let envp: Vec<*const libc::c_char> = p
-        .env
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
+    let (argv, envp) = (crate::exec::ptrs(&p.argv), crate::exec::ptrs(&p.env));
     let procs: Vec<*const libc::c_char> = p.procs.iter().map(|a| a.as_ptr()).collect();
     let devnull = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
     let (rd, wr) =
@@ -285,14 +274,7 @@ unsafe fn child(
         if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
             die(2, b"gpuarch: no_new_privs");
         }
-        libc::syscall(
-            libc::SYS_execveat,
-            bin,
-            c"".as_ptr(),
-            argv.as_ptr(),
-            envp.as_ptr(),
-            libc::AT_EMPTY_PATH,
-        );
+        crate::exec::execveat_fd(bin, argv, envp);
         die(2, b"gpuarch: execveat of the host's ldconfig")
     }
 }

@@ -16,6 +16,7 @@ pub mod budget;
 pub mod cli;
 pub mod context;
 pub mod edit;
+mod exec;
 pub mod jit;
 pub mod kernels;
 pub mod ldconfig;

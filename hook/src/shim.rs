@@ -168,12 +168,13 @@ fn executable(p: &Path) -> bool {
 }
 
 /// The real runtime: `configured` when set, else the first of
-/// [`DEFAULT_RUNTIMES`] on `path_env`; never `myself`.
+/// [`DEFAULT_RUNTIMES`] on `path_env`; never `myself`. Opened and checked
+/// once ([`open_runtime`]), for [`exec_runtime`].
 pub fn find_runtime(
     configured: Option<&Path>,
     path_env: Option<&OsStr>,
     myself: &Path,
-) -> Result<PathBuf, ShimError> {
+) -> Result<Runtime, ShimError> {
     if let Some(p) = configured {
         if same_file(p, myself) {
             return Err(ShimError::IsSelf(p.to_owned()));
@@ -181,7 +182,7 @@ pub fn find_runtime(
         if !executable(p) {
             return Err(ShimError::BadRuntime(p.to_owned()));
         }
-        return trusted(p.to_owned());
+        return open_runtime(p.to_owned());
     }
     let dirs: Vec<PathBuf> = path_env
         .map(|p| std::env::split_paths(p).collect())
@@ -190,21 +191,14 @@ pub fn find_runtime(
         for d in &dirs {
             let p = d.join(name);
             if executable(&p) && !same_file(&p, myself) {
-                return trusted(p);
+                return open_runtime(p);
             }
         }
     }
     Err(ShimError::NoRuntime)
 }
 
-fn trusted(runtime: PathBuf) -> Result<PathBuf, ShimError> {
-    match gpuarch_inventory::trust::check(&runtime) {
-        Ok(()) => Ok(runtime),
-        Err(source) => Err(ShimError::Untrusted { runtime, source }),
-    }
-}
-
-/// The runtime found by [`find_runtime`], opened once and checked as
+/// The runtime [`find_runtime`] found, opened once and checked as
 /// opened ([`gpuarch_inventory::trust::open`]): [`exec_runtime`] runs
 /// exactly this file, whatever happens to its path meanwhile.
 #[derive(Debug)]
@@ -214,7 +208,7 @@ pub struct Runtime {
 }
 
 /// Open the runtime at `path` for [`exec_runtime`].
-pub fn open_runtime(path: PathBuf) -> Result<Runtime, ShimError> {
+fn open_runtime(path: PathBuf) -> Result<Runtime, ShimError> {
     use gpuarch_inventory::trust::{self, OpenError};
     match trust::open(&path) {
         Ok(file) => Ok(Runtime { path, file }),
@@ -262,28 +256,14 @@ pub fn exec_runtime(
         Ok(v) => v,
         Err(e) => return e,
     };
-    let ptrs = |v: &[CString]| {
-        v.iter()
-            .map(|c| c.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
-            .collect::<Vec<_>>()
-    };
-    let (argv_p, envp_p) = (ptrs(&argv), ptrs(&envp));
+    let (argv_p, envp_p) = (crate::exec::ptrs(&argv), crate::exec::ptrs(&envp));
     let fd = rt.file.as_raw_fd();
-    // SAFETY: a live fd, NUL-terminated strings and NULL-terminated
-    // arrays that outlive the calls; execveat returns only on failure.
+    // SAFETY: a live fd, and arrays from `ptrs` over strings that outlive
+    // the calls.
     unsafe {
         libc::fcntl(fd, libc::F_SETFD, 0);
-        libc::syscall(
-            libc::SYS_execveat,
-            fd,
-            c"".as_ptr(),
-            argv_p.as_ptr(),
-            envp_p.as_ptr(),
-            libc::AT_EMPTY_PATH,
-        );
+        crate::exec::execveat_fd(fd, &argv_p, &envp_p)
     }
-    std::io::Error::last_os_error()
 }
 
 /// Apply the Plan to `<bundle>/config.json`. A no-op Plan leaves the file
@@ -418,10 +398,10 @@ mod tests {
         let me = bin("gpuarch-runtime");
         let crun = bin("crun");
         let path = tmp.path().as_os_str();
-        assert_eq!(find_runtime(None, Some(path), &me).unwrap(), crun);
+        assert_eq!(find_runtime(None, Some(path), &me).unwrap().path, crun);
         std::os::unix::fs::symlink(&me, tmp.path().join("runc")).unwrap();
         assert_eq!(
-            find_runtime(None, Some(path), &me).unwrap(),
+            find_runtime(None, Some(path), &me).unwrap().path,
             crun,
             "a runc that is the shim is skipped"
         );

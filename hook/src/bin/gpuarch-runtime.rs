@@ -36,9 +36,7 @@ fn main() -> ExitCode {
         cfg.runtime.path.as_deref(),
         std::env::var_os("PATH").as_deref(),
         &myself,
-    )
-    .and_then(shim::open_runtime)
-    {
+    ) {
         Ok(r) => r,
         Err(e) => {
             log::fatal(&e.to_string());
