@@ -72,29 +72,15 @@ pub fn open(path: &Path) -> Result<std::fs::File, OpenError> {
         path: path.to_owned(),
         source,
     })?;
-    let me = nix::unistd::geteuid().as_raw();
-    let fail = |why: String| {
-        OpenError::Untrusted(Untrusted {
-            path: path.to_owned(),
-            why,
-            fix: format!("check who changed {} and why", path.display()),
-        })
-    };
-    if fd.uid() != 0 && fd.uid() != me {
-        return Err(fail(format!(
-            "the file opened is owned by uid {}",
-            fd.uid()
-        )));
-    }
-    if fd.permissions().mode() & 0o022 != 0 {
-        return Err(fail(format!(
-            "the file opened is writable by others (mode {:o})",
-            fd.permissions().mode() & 0o7777
-        )));
-    }
+    // The file opened, judged itself: it is what will be read or run.
+    judge(path, &fd, nix::unistd::geteuid().as_raw(), false)?;
     match std::fs::metadata(path) {
         Ok(now) if now.dev() == fd.dev() && now.ino() == fd.ino() => Ok(file),
-        _ => Err(fail("it was replaced while it was being checked".into())),
+        _ => Err(OpenError::Untrusted(Untrusted {
+            path: path.to_owned(),
+            why: "it was replaced while it was being checked".into(),
+            fix: format!("check who changed {} and why", path.display()),
+        })),
     }
 }
 
@@ -147,25 +133,38 @@ fn check_chain(path: &Path, follow: bool) -> Result<(), Untrusted> {
             }
             continue;
         }
-        if meta.uid() != 0 && meta.uid() != me {
-            return Err(fail(
-                format!("owned by uid {}, not root", meta.uid()),
-                format!("chown root {}", p.display()),
-            ));
-        }
-        let mode = meta.permissions().mode();
-        let sticky_above = depth > 0 && meta.is_dir() && mode & 0o1000 != 0;
-        if mode & 0o022 != 0 && !sticky_above {
-            let who = if mode & 0o002 != 0 {
-                "everyone"
-            } else {
-                "its group"
-            };
-            return Err(fail(
-                format!("writable by {who} (mode {:o})", mode & 0o7777),
-                format!("chmod go-w {}", p.display()),
-            ));
-        }
+        judge(p, &meta, me, depth > 0)?;
+    }
+    Ok(())
+}
+
+/// Whether the file or directory `p` whose metadata is `meta` is root's
+/// (or `me`'s) and writable by nobody else; a sticky directory may be
+/// world-writable when it is `above` the path.
+fn judge(p: &Path, meta: &std::fs::Metadata, me: u32, above: bool) -> Result<(), Untrusted> {
+    let fail = |why: String, fix: String| Untrusted {
+        path: p.to_owned(),
+        why,
+        fix,
+    };
+    if meta.uid() != 0 && meta.uid() != me {
+        return Err(fail(
+            format!("owned by uid {}, not root", meta.uid()),
+            format!("chown root {}", p.display()),
+        ));
+    }
+    let mode = meta.permissions().mode();
+    let sticky_above = above && meta.is_dir() && mode & 0o1000 != 0;
+    if mode & 0o022 != 0 && !sticky_above {
+        let who = if mode & 0o002 != 0 {
+            "everyone"
+        } else {
+            "its group"
+        };
+        return Err(fail(
+            format!("writable by {who} (mode {:o})", mode & 0o7777),
+            format!("chmod go-w {}", p.display()),
+        ));
     }
     Ok(())
 }

@@ -105,8 +105,8 @@ impl std::fmt::Debug for OciRemote {
 fn read_trusted(path: &Path, what: &str, secret: bool) -> Result<Vec<u8>, RemoteError> {
     use std::os::unix::fs::MetadataExt;
     let err = |e: &dyn std::fmt::Display| RemoteError::Config(format!("{what}: {e}"));
-    gpuarch_fs::trust::check(path).map_err(|e| err(&e))?;
-    let file = std::fs::File::open(path).map_err(|e| err(&format!("{}: {e}", path.display())))?;
+    // Opened once and checked as opened: what is read is what was checked.
+    let file = gpuarch_fs::trust::open(path).map_err(|e| err(&e))?;
     let md = file
         .metadata()
         .map_err(|e| err(&format!("{}: {e}", path.display())))?;
