@@ -244,11 +244,16 @@ static SIDE: tokio::sync::Mutex<Option<Connection>> = tokio::sync::Mutex::const_
 /// return after the bus restarted), rather than under the flood that a
 /// first privileged call may come in.
 pub(crate) async fn open_side_connection() {
-    let c = zbus::connection::Builder::system()
+    *SIDE.lock().await = side_connection().await;
+}
+
+/// A new side connection to the system bus, if one can be made.
+async fn side_connection() -> Option<Connection> {
+    zbus::connection::Builder::system()
         .method_timeout(std::time::Duration::from_secs(25))
         .build()
-        .await;
-    *SIDE.lock().await = c.ok();
+        .await
+        .ok()
 }
 
 /// GetConnectionCredentials of `sender`, asked on the side connection (made
@@ -268,11 +273,7 @@ async fn lookup_creds(conn: &Connection, sender: &str) -> fdo::Result<fdo::Conne
     let mut side = SIDE.lock().await;
     for _ in 0..2 {
         if side.is_none() {
-            *side = zbus::connection::Builder::system()
-                .method_timeout(std::time::Duration::from_secs(25))
-                .build()
-                .await
-                .ok();
+            *side = side_connection().await;
         }
         let Some(c) = side.clone() else { break };
         match ask(c).await {

@@ -120,8 +120,8 @@ trait Visit {
     fn left(&mut self, dir: &OwnedFd, name: &CStr) -> io::Result<()>;
 }
 
+/// A directory being walked (on the root's device: no other is entered).
 struct Frame {
-    dev: u64,
     ino: u64,
     /// The name it was entered by, in its parent (empty for the root).
     name: CString,
@@ -148,7 +148,6 @@ fn walk(root: OwnedFd, v: &mut impl Visit) -> io::Result<()> {
     let pending = subdirs(&root, v)?;
     let mut cur = root;
     let mut stack = vec![Frame {
-        dev: st.st_dev,
         ino: st.st_ino,
         name: CString::default(),
         pending,
@@ -166,7 +165,6 @@ fn walk(root: OwnedFd, v: &mut impl Visit) -> io::Result<()> {
             v.enter(&st);
             let pending = subdirs(&fd, v)?;
             stack.push(Frame {
-                dev: st.st_dev,
                 ino: st.st_ino,
                 name,
                 pending,
@@ -178,7 +176,7 @@ fn walk(root: OwnedFd, v: &mut impl Visit) -> io::Result<()> {
         let Some(parent) = stack.last() else { break };
         let up = open_dir_at(cur.as_raw_fd(), c"..", false)?;
         let st = fstat(&up)?;
-        if (st.st_dev, st.st_ino) != (parent.dev, parent.ino) {
+        if (st.st_dev, st.st_ino) != (dev, parent.ino) {
             return Err(io::Error::other(
                 "a directory was moved while it was walked",
             ));

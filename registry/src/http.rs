@@ -246,11 +246,7 @@ impl Http {
 
     /// The manifest tagged or digested `reference`: (bytes, digest).
     pub async fn manifest(&self, reference: &str) -> Result<(Vec<u8>, String), HttpError> {
-        let mut h = HeaderMap::new();
-        h.insert(
-            reqwest::header::ACCEPT,
-            HeaderValue::from_static(MANIFEST_TYPE),
-        );
+        let h = one_header(reqwest::header::ACCEPT, MANIFEST_TYPE);
         let res = self
             .send(
                 Method::GET,
@@ -345,11 +341,7 @@ impl Http {
             .ok_or_else(|| HttpError::Unavailable("upload without a Location".into()))?;
         let mut put = self.base.join(location).map_err(unavailable)?;
         put.query_pairs_mut().append_pair("digest", &digest);
-        let mut h = HeaderMap::new();
-        h.insert(
-            reqwest::header::CONTENT_TYPE,
-            HeaderValue::from_static("application/octet-stream"),
-        );
+        let h = one_header(reqwest::header::CONTENT_TYPE, "application/octet-stream");
         let res = self.send(Method::PUT, put, h, Some(data)).await?;
         ok(res).await?;
         Ok(digest)
@@ -357,11 +349,7 @@ impl Http {
 
     /// Put `manifest` under `tag`; its digest.
     pub async fn push_manifest(&self, tag: &str, manifest: &[u8]) -> Result<String, HttpError> {
-        let mut h = HeaderMap::new();
-        h.insert(
-            reqwest::header::CONTENT_TYPE,
-            HeaderValue::from_static(MANIFEST_TYPE),
-        );
+        let h = one_header(reqwest::header::CONTENT_TYPE, MANIFEST_TYPE);
         let res = self
             .send(
                 Method::PUT,
@@ -373,6 +361,13 @@ impl Http {
         ok(res).await?;
         Ok(format!("sha256:{}", hex(&Sha256::digest(manifest))))
     }
+}
+
+/// A header map of one header.
+fn one_header(name: reqwest::header::HeaderName, value: &'static str) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(name, HeaderValue::from_static(value));
+    h
 }
 
 /// A redirect the policy did not follow comes back as the 3xx itself.
