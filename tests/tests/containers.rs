@@ -487,11 +487,22 @@ fn library_package(root: &Path, scratch: &Path) {
         r#"{"targets": ["sm_80"], "libraries": ["lib"]}"#,
     )
     .unwrap();
-    let src = scratch.join("demo.c");
-    std::fs::write(&src, "int gpuarch_demo(void) { return 86; }\n").unwrap();
+    shared_library(
+        scratch,
+        "int gpuarch_demo(void) { return 86; }\n",
+        "libgpuarchdemo.so.1",
+        &lib.join("libgpuarchdemo.so.1"),
+    );
+}
+
+/// A real shared library at `out` with `soname`, built by gcc from `code`
+/// (its source written in `scratch`).
+fn shared_library(scratch: &Path, code: &str, soname: &str, out: &Path) {
+    let src = scratch.join(format!("{soname}.c"));
+    std::fs::write(&src, code).unwrap();
     let o = Command::new("gcc")
-        .args(["-shared", "-fPIC", "-Wl,-soname,libgpuarchdemo.so.1", "-o"])
-        .arg(lib.join("libgpuarchdemo.so.1"))
+        .args(["-shared", "-fPIC", &format!("-Wl,-soname,{soname}"), "-o"])
+        .arg(out)
         .arg(&src)
         .output()
         .unwrap();
@@ -1248,15 +1259,12 @@ fn the_images_loader_config_never_leads_ldconfig_to_the_host() {
     let libs = host_dir(&s, "lib");
     // A real library whose soname differs from its file name: ldconfig
     // makes the soname link in every directory it scans.
-    let src = s.path().join("hostile.c");
-    std::fs::write(&src, "int hostile(void) { return 1; }\n").unwrap();
-    let o = Command::new("gcc")
-        .args(["-shared", "-fPIC", "-Wl,-soname,libhostile.so.1", "-o"])
-        .arg(libs.join("libhostile.so.1.0"))
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{o:?}");
+    shared_library(
+        s.path(),
+        "int hostile(void) { return 1; }\n",
+        "libhostile.so.1",
+        &libs.join("libhostile.so.1.0"),
+    );
     let aux = host_dir(&s, "aux");
     let conf: String = (1..=64)
         .map(|n| {
