@@ -107,14 +107,7 @@ impl Inventory {
     /// a list longer than 4096 bytes.
     #[zbus(out_args("env", "notes"))]
     fn slurm_plan(&self, gpus: &str) -> fdo::Result<(Env, Vec<String>)> {
-        // Bounded before any work: the bus lets a caller send 32 MiB.
-        if gpus.len() > gpuarch_core::slurm::MAX_LIST_BYTES {
-            return Err(fdo::Error::InvalidArgs(format!(
-                "a Slurm GPU list of {} bytes: at most {} are taken",
-                gpus.len(),
-                gpuarch_core::slurm::MAX_LIST_BYTES
-            )));
-        }
+        // parse_list refuses a list over 4 KiB before reading it.
         let snap = current(&self.shared)?;
         let p = gpuarch_core::slurm::plan(gpus, &snap, &self.shared.config().env)
             .map_err(fdo::Error::InvalidArgs)?;
