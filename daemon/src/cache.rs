@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -50,6 +50,11 @@ pub struct Cache {
     packages: RwLock<BTreeMap<String, Package>>,
     package_errors: RwLock<Vec<String>>,
     workers: Arc<Semaphore>,
+    /// One import at a time: each streams to disk, and two at once would
+    /// only share the disk and the inspector's page cache.
+    imports: Semaphore,
+    /// Imports accepted and not finished: each holds its callers' files.
+    imports_pending: Arc<AtomicUsize>,
     /// Archs asked for since start, published alongside the host's.
     archs: Mutex<BTreeSet<Target>>,
     next_job: AtomicU64,
@@ -112,6 +117,8 @@ impl Cache {
             packages: RwLock::new(BTreeMap::new()),
             package_errors: RwLock::new(Vec::new()),
             workers: Arc::new(Semaphore::new(workers)),
+            imports: Semaphore::new(1),
+            imports_pending: Arc::new(AtomicUsize::new(0)),
             in_use_seen: Mutex::new(None),
             archs: Mutex::new(BTreeSet::new()),
             next_job: AtomicU64::new(1),
@@ -443,6 +450,15 @@ impl Cache {
         finish(&state, &failed, "pushed");
     }
 
+    /// A place among the imports accepted, or `None` when
+    /// [`MAX_PENDING_IMPORTS`] wait already (each holds up to 64 of its
+    /// caller's descriptors). The place is freed when the value drops.
+    pub fn import_place(&self) -> Option<ImportPlace> {
+        let n = self.imports_pending.fetch_add(1, Ordering::SeqCst);
+        let place = ImportPlace(self.imports_pending.clone());
+        (n < MAX_PENDING_IMPORTS).then_some(place)
+    }
+
     /// Import `files` (name, open file) as `name`: each stored, then the
     /// import recorded and published, or, if any file fails, nothing
     /// changed. A file that runs on none of the host's GPUs is stored with
@@ -453,7 +469,23 @@ impl Cache {
         files: Vec<(String, std::fs::File)>,
         ldconfig: bool,
         state: Arc<Mutex<JobStatus>>,
+        _place: ImportPlace,
     ) {
+        let permit = match self.imports.try_acquire() {
+            Ok(p) => Ok(p),
+            Err(_) => {
+                if let Ok(mut s) = state.lock() {
+                    s.message = "waiting for another import to finish".to_owned();
+                }
+                self.imports.acquire().await
+            }
+        };
+        let Ok(_permit) = permit else {
+            return;
+        };
+        if let Ok(mut s) = state.lock() {
+            s.message.clear();
+        }
         let me = self.clone();
         let st = state.clone();
         let n = name.clone();
@@ -482,7 +514,6 @@ impl Cache {
         ldconfig: bool,
         state: &Mutex<JobStatus>,
     ) -> Result<(), String> {
-        use std::io::Read;
         if self.packages().contains_key(name) {
             return Err(format!(
                 "{name} is a kernel package's name; import under another"
@@ -494,21 +525,33 @@ impl Cache {
             .as_ref()
             .and_then(|s| gpuarch_core::arch::CudaVersion::parse(&s.cuda_driver_version).ok());
         let mut keys = Vec::new();
+        // What the whole import may take: kernels.max_bytes, all files
+        // together, and never the store's last free bytes.
+        let mut left = store.max_bytes();
         for (file, f) in files {
             let meta = f.metadata().map_err(|e| format!("{file}: {e}"))?;
             if !meta.is_file() {
                 return Err(format!("{file}: not a regular file"));
             }
-            let limit = store.max_bytes();
-            let mut data = Vec::new();
-            f.take(limit.saturating_add(1))
-                .read_to_end(&mut data)
-                .map_err(|e| format!("{file}: {e}"))?;
-            if data.len() as u64 > limit {
-                return Err(format!("{file}: larger than kernels.max_bytes ({limit})"));
+            let too_large = || {
+                format!(
+                    "{file}: the import is larger than kernels.max_bytes ({})",
+                    store.max_bytes()
+                )
+            };
+            if meta.len() > left {
+                return Err(too_large());
             }
+            room(store.root(), &file, meta.len())?;
+            // A file that grows as it is read stops at the bound too.
+            let staged = import::stage(store, &f, left).map_err(|e| match e.kind() {
+                std::io::ErrorKind::FileTooLarge => too_large(),
+                _ => format!("{file}: {e}"),
+            })?;
+            left -= staged.bytes();
+            drop(f);
             let (entry, objs) =
-                import::store_file(store, name, &file, &data).map_err(|e| e.to_string())?;
+                import::store_file(store, name, &file, staged).map_err(|e| e.to_string())?;
             let info = &entry.manifest.files[&file];
             let mut line = format!("{file}: carries {}", info.targets.join(", "));
             let mut runs = 0;
@@ -1130,6 +1173,39 @@ pub fn watch(
 }
 
 /// End a job: done when nothing `failed`, else failed with each reason.
+/// Imports accepted at once: one runs, the others wait their turn.
+pub const MAX_PENDING_IMPORTS: usize = 8;
+
+/// A place among the imports accepted ([`Cache::import_place`]).
+#[derive(Debug)]
+pub struct ImportPlace(Arc<AtomicUsize>);
+
+impl Drop for ImportPlace {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Free bytes an import leaves on the store's filesystem, at least.
+const IMPORT_RESERVE: u64 = 256 << 20;
+
+/// Whether `len` more bytes fit on the filesystem of `root` and leave
+/// [`IMPORT_RESERVE`]: a clear refusal before the copy, not a full disk
+/// for every other writer there.
+fn room(root: &std::path::Path, file: &str, len: u64) -> Result<(), String> {
+    let Ok(fs) = nix::sys::statvfs::statvfs(root) else {
+        return Ok(()); // the copy's own errors say it
+    };
+    let free = fs.blocks_available().saturating_mul(fs.fragment_size());
+    if len.saturating_add(IMPORT_RESERVE) > free {
+        return Err(format!(
+            "{file}: {len} bytes, and {} has {free} bytes free; an import leaves {IMPORT_RESERVE}",
+            root.display()
+        ));
+    }
+    Ok(())
+}
+
 fn finish(state: &Mutex<JobStatus>, failed: &[String], verb: &str) {
     if let Ok(mut s) = state.lock() {
         if failed.is_empty() {

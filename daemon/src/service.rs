@@ -590,8 +590,9 @@ impl KernelCache {
     /// served by the code the inspector finds in it. With `ldconfig`, one
     /// file serves all of a container's GPUs and goes into its loader
     /// cache. Replaces an earlier import of `name`, or, if a file fails,
-    /// changes nothing. Returns the job at once. For root and group
-    /// gpuarch.
+    /// changes nothing. Returns the job at once. Imports run one at a
+    /// time, each streamed to disk; past 8 accepted and unfinished, a call
+    /// is answered LimitsExceeded. For root and group gpuarch.
     #[zbus(out_args("job"))]
     async fn import(
         &self,
@@ -614,13 +615,19 @@ impl KernelCache {
         if let Some((dup, _)) = files.iter().find(|(f, _)| !seen.insert(f.clone())) {
             return Err(fdo::Error::InvalidArgs(format!("{dup} given twice")));
         }
+        let place = self.cache.import_place().ok_or_else(|| {
+            fdo::Error::LimitsExceeded(format!(
+                "{} imports are waiting already; import again when one has finished",
+                crate::cache::MAX_PENDING_IMPORTS
+            ))
+        })?;
         let files: Vec<(String, std::fs::File)> = files
             .into_iter()
             .map(|(n, fd)| (n, std::fs::File::from(std::os::fd::OwnedFd::from(fd))))
             .collect();
         let (c, name) = (self.cache.clone(), name.to_owned());
         crate::cache::start_work(self.cache.clone(), files.len(), move |state| async move {
-            c.run_import(name, files, ldconfig, state).await;
+            c.run_import(name, files, ldconfig, state, place).await;
         })
         .await
         .map_err(|e| fdo::Error::Failed(e.to_string()))

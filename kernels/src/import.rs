@@ -71,14 +71,101 @@ pub fn check_name(name: &str) -> Result<(), ImportError> {
     }
 }
 
-/// Store `data` as file `file` of import `name`: the entry, new or found,
-/// and the code the inspector read from it. The file must carry GPU code
-/// the inspector can read.
+/// A file to import, copied into the store's own space as it was read:
+/// its sha256 taken on the way and its size bounded, so that nothing the
+/// caller does to its own file afterwards changes what is inspected and
+/// stored, and gpuarchd holds 1 MiB of it at a time, never the file.
+#[derive(Debug)]
+pub struct Staged {
+    file: std::fs::File,
+    sha256: String,
+    bytes: u64,
+}
+
+impl Staged {
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+/// Copy at most `limit` bytes of `from` into an unnamed file in the
+/// store's `tmp/` (gone with its descriptor, whatever happens). A file
+/// larger than `limit` is refused when the copy passes it.
+pub fn stage(store: &Store, from: impl io::Read, limit: u64) -> io::Result<Staged> {
+    let file = unnamed_file(&store.root().join("tmp"))?;
+    let (sha256, bytes) = crate::file::copy_hashed(from, io::BufWriter::new(&file), limit)
+        .map_err(|e| match e.kind() {
+            io::ErrorKind::FileTooLarge => {
+                io::Error::new(e.kind(), format!("larger than kernels.max_bytes ({limit})"))
+            }
+            _ => e,
+        })?;
+    Ok(Staged {
+        file,
+        sha256,
+        bytes,
+    })
+}
+
+/// A file in `dir` with no name (O_TMPFILE), or where the filesystem has
+/// none, one named and unlinked at once (a crash between the two leaves a
+/// name that [`Store::open`] clears).
+fn unnamed_file(dir: &std::path::Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let open = |o: &mut std::fs::OpenOptions, p: &std::path::Path| {
+        o.read(true).write(true).mode(0o600).open(p)
+    };
+    match open(
+        std::fs::OpenOptions::new().custom_flags(nix::libc::O_TMPFILE),
+        dir,
+    ) {
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(nix::libc::EOPNOTSUPP | nix::libc::EISDIR | nix::libc::EINVAL)
+            ) =>
+        {
+            static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let p = dir.join(format!("import-{}-{seq}", std::process::id()));
+            let f = open(std::fs::OpenOptions::new().create_new(true), &p)?;
+            std::fs::remove_file(&p)?;
+            Ok(f)
+        }
+        r => r,
+    }
+}
+
+/// Give the staged file the name `dest`: linked where it has no name yet,
+/// else copied by the kernel.
+fn place(staged: &std::fs::File, dest: &std::path::Path) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let proc = format!("/proc/self/fd/{}", staged.as_raw_fd());
+    let linked = nix::unistd::linkat(
+        nix::fcntl::AT_FDCWD,
+        proc.as_str(),
+        nix::fcntl::AT_FDCWD,
+        dest,
+        nix::fcntl::AtFlags::AT_SYMLINK_FOLLOW,
+    );
+    if linked.is_ok() {
+        return Ok(());
+    }
+    let mut from = staged;
+    io::Seek::seek(&mut from, io::SeekFrom::Start(0))?;
+    let mut to = std::fs::File::create_new(dest)?;
+    io::copy(&mut from, &mut to)?;
+    Ok(())
+}
+
+/// Store `staged` as file `file` of import `name`: the entry, new or
+/// found, and the code the inspector read from it, each target once. The
+/// file must carry GPU code the inspector can read.
 pub fn store_file(
     store: &Store,
     name: &str,
     file: &str,
-    data: &[u8],
+    staged: Staged,
 ) -> Result<(Entry, Vec<inspect::CodeObject>), ImportError> {
     check_name(name)?;
     let bad = |why: String| ImportError::File {
@@ -88,13 +175,16 @@ pub fn store_file(
     if !valid_package_name(file) || file == store::MANIFEST {
         return Err(bad("not a plain file name".into()));
     }
-    let objs = inspect::inspect(data).map_err(|e| bad(e.to_string()))?;
+    let objs = {
+        let mapped = crate::file::Mapped::new(&staged.file)?;
+        inspect::summarize(mapped.bytes()).map_err(|e| bad(e.to_string()))?
+    };
     // The entry's arch, for listings: its best SASS, else its best PTX.
     let best = |k: CodeKind| objs.iter().map(|o| o.target).filter(|t| t.kind == k).max();
     let arch: Target = best(CodeKind::Sass)
         .or_else(|| best(CodeKind::Ptx))
         .ok_or_else(|| bad("it carries no GPU code (no cubin, PTX or .nv_fatbin)".into()))?;
-    let sha = sha256_hex(data);
+    let sha = &staged.sha256;
     let meta = Meta {
         package: name.to_owned(),
         version: format!("sha256:{}", &sha[..12]),
@@ -104,10 +194,10 @@ pub fn store_file(
         backend: BACKEND.to_owned(),
         exports: Vec::new(),
     };
-    let k = key(name, file, &sha);
+    let k = key(name, file, sha);
     let outcome = store
         .build(&k, &meta, |out| {
-            std::fs::write(out.join(file), data)?;
+            place(&staged.file, &out.join(file))?;
             Ok(BuildInfo {
                 toolkit: BACKEND.to_owned(),
                 min_driver_cuda: None,

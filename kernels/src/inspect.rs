@@ -213,34 +213,119 @@ pub fn write_fatbin(entries: &[(u16, u32, &[u8])]) -> Vec<u8> {
     out
 }
 
-/// Read everything `data` carries. An empty list means a well-formed file
-/// with no GPU code (a host library without `.nv_fatbin`).
+/// Read everything `data` carries, each piece of code where it was found.
+/// An empty list means a well-formed file with no GPU code (a host library
+/// without `.nv_fatbin`).
 pub fn inspect(data: &[u8]) -> Result<Vec<CodeObject>, InspectError> {
+    walk(data, Sink::every())
+}
+
+/// What `data` carries, each distinct piece of code once: one object per
+/// target (and per whether it was verified), the first place it was found,
+/// the kernels of all its places. This is what gpuarchd keeps of a file it
+/// stores: its size is bounded by the targets there are, not by the file,
+/// however many entries a hostile fatbin has.
+pub fn summarize(data: &[u8]) -> Result<Vec<CodeObject>, InspectError> {
+    walk(data, Sink::distinct())
+}
+
+fn walk(data: &[u8], mut sink: Sink) -> Result<Vec<CodeObject>, InspectError> {
     if data.starts_with(b"\x7fELF") {
         let elf = Elf::parse(data)?;
         if elf.machine == EM_CUDA {
             return Ok(vec![cubin_object(&elf, "cubin".into())?]);
         }
-        let mut out = Vec::new();
         for name in [".nv_fatbin", "__nv_relfatbin"] {
             if let Some(sec) = elf.section(name)? {
-                out.extend(fatbins(sec, name)?);
+                fatbins(sec, name, &mut sink)?;
             }
         }
-        return Ok(out);
+        return Ok(sink.objs);
     }
     if u32_at(data, 0) == Some(FATBIN_MAGIC) {
-        return fatbins(data, "fatbin");
+        fatbins(data, "fatbin", &mut sink)?;
+        return Ok(sink.objs);
     }
-    if let Some(t) = ptx_target(data) {
+    if let Some((text, t)) = ptx_target(data) {
         return Ok(vec![CodeObject {
             target: t?,
             origin: "PTX".into(),
-            functions: ptx_entries(data),
+            functions: ptx_entries(text),
             verified: true,
         }]);
     }
     Err(InspectError::Unrecognised)
+}
+
+/// The most kernel names kept for one piece of code, and their most bytes:
+/// enough for any real library, and a bound on what a crafted symbol table
+/// (a million entries naming one long string) costs.
+const MAX_NAMES: usize = 1 << 16;
+const MAX_NAME_BYTES: usize = 4 << 20;
+
+/// Kernel names, each once, in order, within [`MAX_NAMES`] and
+/// [`MAX_NAME_BYTES`].
+#[derive(Default)]
+struct Names {
+    set: std::collections::BTreeSet<String>,
+    bytes: usize,
+}
+
+impl Names {
+    fn add(&mut self, n: &str) {
+        if self.set.len() < MAX_NAMES
+            && self.bytes + n.len() <= MAX_NAME_BYTES
+            && !self.set.contains(n)
+        {
+            self.bytes += n.len();
+            self.set.insert(n.to_owned());
+        }
+    }
+
+    fn into_vec(self) -> Vec<String> {
+        self.set.into_iter().collect()
+    }
+}
+
+/// Where the pieces of code a walk finds go.
+struct Sink {
+    objs: Vec<CodeObject>,
+    distinct: bool,
+}
+
+impl Sink {
+    fn every() -> Self {
+        Self {
+            objs: Vec::new(),
+            distinct: false,
+        }
+    }
+
+    fn distinct() -> Self {
+        Self {
+            objs: Vec::new(),
+            distinct: true,
+        }
+    }
+
+    fn push(&mut self, o: CodeObject) {
+        let same = self.distinct.then(|| {
+            self.objs
+                .iter_mut()
+                .find(|s| s.target == o.target && s.verified == o.verified)
+        });
+        match same.flatten() {
+            Some(s) if !o.functions.is_empty() => {
+                let mut names = Names::default();
+                for n in s.functions.iter().chain(&o.functions) {
+                    names.add(n);
+                }
+                s.functions = names.into_vec();
+            }
+            Some(_) => {}
+            None => self.objs.push(o),
+        }
+    }
 }
 
 /// The SASS target of a cubin, from its ELF header.
@@ -299,8 +384,9 @@ fn cubin_object(elf: &Elf<'_>, origin: String) -> Result<CodeObject, InspectErro
     })
 }
 
-/// The `.target` of PTX text, if `data` looks like PTX.
-fn ptx_target(data: &[u8]) -> Option<Result<Target, InspectError>> {
+/// The text and `.target` of PTX, if `data` looks like PTX: the text ends
+/// at the first NUL (a fatbin pads it so).
+fn ptx_target(data: &[u8]) -> Option<(&str, Result<Target, InspectError>)> {
     let text = std::str::from_utf8(data.split(|b| *b == 0).next()?).ok()?;
     if !text.lines().any(|l| l.trim_start().starts_with(".version")) {
         return None;
@@ -314,27 +400,31 @@ fn ptx_target(data: &[u8]) -> Option<Result<Target, InspectError>> {
         Some(d) => (d, true),
         None => (digits.strip_suffix('f').unwrap_or(digits), false),
     };
-    Some(
+    Some((
+        text,
         digits
             .parse::<u32>()
             .map_err(|_| malformed("PTX", format!("bad .target {first}")))
             .and_then(|sm| sm_target(sm, a, CodeKind::Ptx)),
-    )
+    ))
 }
 
-fn ptx_entries(data: &[u8]) -> Vec<String> {
-    let text = String::from_utf8_lossy(data);
-    text.lines()
-        .filter_map(|l| {
-            let rest = l.trim().strip_prefix(".visible .entry ")?;
-            Some(rest.split(['(', ' ']).next()?.to_owned())
-        })
-        .collect()
+fn ptx_entries(text: &str) -> Vec<String> {
+    let mut names = Names::default();
+    for l in text.lines() {
+        if let Some(n) = l
+            .trim()
+            .strip_prefix(".visible .entry ")
+            .and_then(|rest| rest.split(['(', ' ']).next())
+        {
+            names.add(n);
+        }
+    }
+    names.into_vec()
 }
 
 /// Every container in a fatbin blob (a `.fatbin` file or a section).
-fn fatbins(data: &[u8], name: &str) -> Result<Vec<CodeObject>, InspectError> {
-    let mut out = Vec::new();
+fn fatbins(data: &[u8], name: &str, out: &mut Sink) -> Result<(), InspectError> {
     let mut off = 0usize;
     let mut container = 0;
     while off + 16 <= data.len() {
@@ -374,11 +464,11 @@ fn fatbins(data: &[u8], name: &str) -> Result<Vec<CodeObject>, InspectError> {
             } else {
                 format!("{name} container {container} entry {entry}")
             };
-            e = fatbin_entry(data, e, end, origin, &mut out)?;
+            e = fatbin_entry(data, e, end, origin, out)?;
         }
         off = end;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Read the entry at `e`; push its object; return where the next begins.
@@ -387,7 +477,7 @@ fn fatbin_entry(
     e: usize,
     end: usize,
     origin: String,
-    out: &mut Vec<CodeObject>,
+    out: &mut Sink,
 ) -> Result<usize, InspectError> {
     let short = || malformed("fatbin", format!("{origin} is truncated"));
     let kind = u16_at(data, e).ok_or_else(short)?;
@@ -438,14 +528,18 @@ fn fatbin_entry(
             o
         }
         CodeKind::Ptx => {
-            let target = match ptx_target(payload) {
-                Some(t) => t?,
-                None => header_target,
+            let (target, functions) = match ptx_target(payload) {
+                Some((text, t)) => (t?, ptx_entries(text)),
+                None => {
+                    let text = payload.split(|b| *b == 0).next().unwrap_or_default();
+                    let names = std::str::from_utf8(text).map(ptx_entries);
+                    (header_target, names.unwrap_or_default())
+                }
             };
             CodeObject {
                 target,
                 origin,
-                functions: ptx_entries(payload),
+                functions,
                 verified: true,
             }
         }
@@ -536,10 +630,16 @@ impl<'a> Elf<'a> {
             .ok_or_else(|| malformed("ELF", "a section runs past the end of the file"))
     }
 
-    fn str_at(table: &[u8], off: u32) -> Option<&str> {
-        let rest = table.get(off as usize..)?;
-        let end = rest.iter().position(|b| *b == 0)?;
-        std::str::from_utf8(&rest[..end]).ok()
+    /// The NUL-terminated string at `off` of `table`, and the bytes
+    /// looked at to find its end.
+    fn str_at(table: &[u8], off: u32) -> (Option<&str>, usize) {
+        let Some(rest) = table.get(off as usize..) else {
+            return (None, 0);
+        };
+        match rest.iter().position(|b| *b == 0) {
+            Some(end) => (std::str::from_utf8(&rest[..end]).ok(), end + 1),
+            None => (None, rest.len()),
+        }
     }
 
     fn section(&self, name: &str) -> Result<Option<&'a [u8]>, InspectError> {
@@ -547,21 +647,37 @@ impl<'a> Elf<'a> {
             return Ok(None);
         };
         let strtab = self.bytes(strtab)?;
+        // Compared in place: a section name table without NULs costs each
+        // section a few bytes, not a scan to the end.
+        let want = |off: u32| {
+            let at = off as usize;
+            let end = at.checked_add(name.len())?;
+            Some(strtab.get(at..end)? == name.as_bytes() && strtab.get(end) == Some(&0))
+        };
         for s in &self.sections {
-            if Self::str_at(strtab, s.name) == Some(name) {
+            if want(s.name) == Some(true) {
                 return self.bytes(s).map(Some);
             }
         }
         Ok(None)
     }
 
-    /// Names of the kernel entry points in `.symtab`.
+    /// Names of the kernel entry points in `.symtab`. Symbol tables and
+    /// names may overlap, so the bytes read are bounded by the file's size:
+    /// a thousand tables over one region, or a million symbols pointing
+    /// into one string without an end, are malformed, not a quadratic read.
     fn functions(&self) -> Result<Vec<String>, InspectError> {
         const SHT_SYMTAB: u32 = 2;
         const STT_FUNC: u8 = 2;
-        let mut out = Vec::new();
+        let mut names = Names::default();
+        let mut read = 0usize;
+        let budget = self.data.len().saturating_mul(2);
         for s in self.sections.iter().filter(|s| s.kind == SHT_SYMTAB) {
             let syms = self.bytes(s)?;
+            read = read.saturating_add(syms.len());
+            if read > budget {
+                return Err(malformed("ELF", "symbol tables overlap"));
+            }
             let Some(strs) = self.sections.get(s.link as usize) else {
                 continue;
             };
@@ -572,18 +688,20 @@ impl<'a> Elf<'a> {
                 let info = sym[4];
                 // Kernels only: STO_CUDA_ENTRY in st_other, not device helpers.
                 let entry = sym[5] & 0x10 != 0;
-                if info & 0xf == STT_FUNC
-                    && entry
-                    && let Some(n) = Self::str_at(strs, name)
-                    && !n.is_empty()
-                {
-                    out.push(n.to_owned());
+                if info & 0xf != STT_FUNC || !entry {
+                    continue;
+                }
+                let (n, looked) = Self::str_at(strs, name);
+                read = read.saturating_add(looked);
+                if read > budget {
+                    return Err(malformed("ELF", "symbol names overlap"));
+                }
+                if let Some(n) = n.filter(|n| !n.is_empty()) {
+                    names.add(n);
                 }
             }
         }
-        out.sort();
-        out.dedup();
-        Ok(out)
+        Ok(names.into_vec())
     }
 }
 
@@ -648,5 +766,124 @@ mod tests {
         let o = inspect(ptx).unwrap();
         assert_eq!(o[0].target.to_string(), "compute_80");
         assert_eq!(o[0].functions, ["saxpy"]);
+    }
+
+    /// A cubin (sm_86) with one symbol table of `syms` kernel symbols,
+    /// each naming `strtab` at the offset `name(i)` gives.
+    fn cubin_with_symbols(strtab: &[u8], syms: usize, name: impl Fn(usize) -> u32) -> Vec<u8> {
+        let shstr = b"\0.shstrtab\0.symtab\0.strtab\0";
+        let mut symtab = Vec::with_capacity(syms * 24);
+        for i in 0..syms {
+            let mut e = [0u8; 24];
+            e[..4].copy_from_slice(&name(i).to_le_bytes());
+            e[4] = 2; // STT_FUNC
+            e[5] = 0x10; // STO_CUDA_ENTRY
+            symtab.extend(e);
+        }
+        let mut d = header(7, 0x0056_0556);
+        let place = |bytes: &[u8], d: &mut Vec<u8>| {
+            let at = d.len() as u64;
+            d.extend(bytes);
+            at
+        };
+        let shstr_at = place(shstr, &mut d);
+        let sym_at = place(&symtab, &mut d);
+        let str_at = place(strtab, &mut d);
+        let shoff = d.len() as u64;
+        // (name, type, offset, size, link, entsize)
+        let sections = [
+            (0u32, 0u32, 0u64, 0usize, 0u32, 0u64),
+            (1, 3, shstr_at, shstr.len(), 0, 0),
+            (11, 2, sym_at, symtab.len(), 3, 24),
+            (19, 3, str_at, strtab.len(), 0, 0),
+        ];
+        for (name, kind, off, size, link, entsize) in sections {
+            let mut h = [0u8; 64];
+            h[..4].copy_from_slice(&name.to_le_bytes());
+            h[4..8].copy_from_slice(&kind.to_le_bytes());
+            h[24..32].copy_from_slice(&off.to_le_bytes());
+            h[32..40].copy_from_slice(&(size as u64).to_le_bytes());
+            h[40..44].copy_from_slice(&link.to_le_bytes());
+            h[56..64].copy_from_slice(&entsize.to_le_bytes());
+            d.extend(h);
+        }
+        d[40..48].copy_from_slice(&shoff.to_le_bytes());
+        d[58..60].copy_from_slice(&64u16.to_le_bytes());
+        d[60..62].copy_from_slice(&4u16.to_le_bytes());
+        d[62..64].copy_from_slice(&1u16.to_le_bytes());
+        d
+    }
+
+    #[test]
+    fn a_cubins_kernels_are_named_each_once() {
+        let cubin = cubin_with_symbols(b"\0saxpy\0axpy\0", 6, |i| [1, 7, 1, 2][i % 4]);
+        let o = inspect(&cubin).unwrap();
+        assert_eq!(o[0].target.to_string(), "sm_86");
+        // Offset 2 names "axpy" inside "saxpy": tail-shared, as linkers do.
+        assert_eq!(o[0].functions, ["axpy", "saxpy"]);
+    }
+
+    /// Run `f` on a thread; it must answer within `secs`.
+    fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(f()));
+        rx.recv_timeout(std::time::Duration::from_secs(secs))
+            .unwrap_or_else(|_| panic!("no answer in {secs} s"))
+    }
+
+    #[test]
+    fn symbols_into_one_endless_string_are_malformed_not_a_quadratic_read() {
+        // 200,000 kernels naming 4 MiB without a NUL: each name read to the
+        // end of the table would be 800 GiB of reading.
+        let strtab = [b"\0".as_slice(), &vec![b'k'; 4 << 20]].concat();
+        let cubin = cubin_with_symbols(&strtab, 200_000, |i| 1 + (i % 4096) as u32);
+        let e = within(10, move || inspect(&cubin)).unwrap_err();
+        assert!(e.to_string().contains("symbol names overlap"), "{e}");
+    }
+
+    #[test]
+    fn a_section_name_table_without_nuls_is_not_read_per_section() {
+        // 65,535 sections, each named at another offset of 16 MiB without
+        // a NUL: finding .nv_fatbin must not read to the end each time.
+        let mut d = header(7, 0x56);
+        d[18..20].copy_from_slice(&62u16.to_le_bytes()); // x86-64: a host library
+        let names_at = d.len() as u64;
+        d.extend(vec![b'n'; 16 << 20]);
+        let shoff = d.len() as u64;
+        for i in 0..65_535u32 {
+            let mut h = [0u8; 64];
+            h[..4].copy_from_slice(&i.to_le_bytes());
+            h[4..8].copy_from_slice(&3u32.to_le_bytes());
+            h[24..32].copy_from_slice(&names_at.to_le_bytes());
+            h[32..40].copy_from_slice(&(16u64 << 20).to_le_bytes());
+            d.extend(h);
+        }
+        d[40..48].copy_from_slice(&shoff.to_le_bytes());
+        d[58..60].copy_from_slice(&64u16.to_le_bytes());
+        d[60..62].copy_from_slice(&65_535u16.to_le_bytes());
+        d[62..64].copy_from_slice(&0u16.to_le_bytes());
+        assert_eq!(within(10, move || inspect(&d)), Ok(Vec::new()));
+    }
+
+    #[test]
+    fn a_summary_keeps_each_target_once_however_many_entries_carry_it() {
+        let ptx = b".version 8.0\n.target sm_80\n.visible .entry k(\n".as_slice();
+        let sass = header(7, 0x0056_0556);
+        let mut entries = vec![(1u16, 80u32, ptx); 100_000];
+        entries.push((2, 86, &sass));
+        let fb = write_fatbin(&entries);
+        assert_eq!(inspect(&fb).unwrap().len(), 100_001);
+        let s = summarize(&fb).unwrap();
+        let got: Vec<String> = s
+            .iter()
+            .map(|o| format!("{} {} {:?}", o.target, o.origin, o.functions))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "compute_80 fatbin entry 1 [\"k\"]",
+                "sm_86 fatbin entry 100001 []"
+            ]
+        );
     }
 }

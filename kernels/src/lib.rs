@@ -9,12 +9,14 @@
 //!   key across processes, verification, quarantine, LRU with pins);
 //! - [`build`]: variant choice and fallback for one package and arch;
 //! - [`inspect`]: what a cubin, fatbin, PTX file or library really carries;
+//! - [`file`]: stored files digested and inspected without being held;
 //! - [`remote`]: builds shared through an OCI registry (`kernels.remote`);
 //! - [`import`]: prebuilt libraries an admin imports, served by what they carry.
 
 pub mod build;
 pub mod command;
 pub mod error;
+pub mod file;
 pub mod import;
 pub mod inspect;
 pub mod publish;

@@ -279,11 +279,12 @@ impl Store {
             return Err(EntryError::OtherKey(m.key.clone()));
         }
         for (name, info) in &m.files {
-            let data = fs::read(entry.dir.join(name)).map_err(|e| EntryError::Read {
-                file: name.clone(),
-                source: e,
-            })?;
-            let got = sha256_hex(&data);
+            let (got, _) = File::open(entry.dir.join(name))
+                .and_then(crate::file::sha256_of)
+                .map_err(|e| EntryError::Read {
+                    file: name.clone(),
+                    source: e,
+                })?;
             if got != info.sha256 {
                 return Err(EntryError::Digest {
                     file: name.clone(),
@@ -600,8 +601,9 @@ pub fn check_outputs(out: &Path, meta: &Meta) -> Result<BTreeMap<String, FileInf
                 "output {name:?} is not a plain file with a plain name"
             )));
         }
-        let data = fs::read(e.path())?;
-        let targets = match inspect::inspect(&data) {
+        let mapped = crate::file::Mapped::new(&File::open(e.path())?)?;
+        let data = mapped.bytes();
+        let targets = match inspect::summarize(data) {
             Ok(objs) => objs,
             Err(inspect::InspectError::Unrecognised) => Vec::new(),
             Err(err) => return Err(BuildError::Rejected(format!("output {name}: {err}"))),
@@ -635,7 +637,7 @@ pub fn check_outputs(out: &Path, meta: &Meta) -> Result<BTreeMap<String, FileInf
         files.insert(
             name,
             FileInfo {
-                sha256: sha256_hex(&data),
+                sha256: sha256_hex(data),
                 bytes: data.len() as u64,
                 targets: targets.iter().map(|o| o.target.to_string()).collect(),
             },

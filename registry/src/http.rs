@@ -14,6 +14,7 @@
 //!   token realm on the registry's own host over https. Never over plain
 //!   HTTP (allowed for loopback registries only, and then anonymously).
 
+use std::path::Path;
 use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderValue, WWW_AUTHENTICATE};
@@ -136,7 +137,7 @@ impl Http {
         method: Method,
         url: Url,
         headers: HeaderMap,
-        body: Option<&[u8]>,
+        body: Option<Payload<'_>>,
     ) -> Result<reqwest::Response, HttpError> {
         if !same_origin(&url, &self.base) {
             return Err(HttpError::Refused(format!(
@@ -157,13 +158,22 @@ impl Http {
                     _ => {}
                 }
             }
-            if let Some(b) = body {
-                r = r.body(b.to_vec());
+            match body {
+                Some(Payload::Bytes(b)) => r = r.body(b.to_vec()),
+                // Read from the file as it is sent, once per attempt.
+                Some(Payload::File(path, len)) => {
+                    let f = std::fs::File::open(path)
+                        .map_err(|e| HttpError::Unavailable(format!("{}: {e}", path.display())))?;
+                    r = r
+                        .header(reqwest::header::CONTENT_LENGTH, len)
+                        .body(tokio::fs::File::from_std(f));
+                }
+                None => {}
             }
-            r
+            Ok::<_, HttpError>(r)
         };
         let auth = self.auth.lock().await.clone();
-        let res = build(&auth).send().await.map_err(unavailable)?;
+        let res = build(&auth)?.send().await.map_err(unavailable)?;
         if res.status() != StatusCode::UNAUTHORIZED {
             return check_redirect(res);
         }
@@ -196,7 +206,7 @@ impl Http {
             )));
         };
         *self.auth.lock().await = auth.clone();
-        let res = build(&auth).send().await.map_err(unavailable)?;
+        let res = build(&auth)?.send().await.map_err(unavailable)?;
         check_redirect(res)
     }
 
@@ -314,6 +324,26 @@ impl Http {
     /// Upload `data` as a blob unless the registry has it.
     pub async fn push_blob(&self, data: &[u8]) -> Result<String, HttpError> {
         let digest = format!("sha256:{}", hex(&Sha256::digest(data)));
+        self.push_payload(&digest, Payload::Bytes(data)).await?;
+        Ok(digest)
+    }
+
+    /// Upload file `path` (`len` bytes, sha256 `sha256` as the store
+    /// recorded it) as a blob unless the registry has it: read as it is
+    /// sent, never held whole. A file that changed since is refused by the
+    /// registry, which checks the digest.
+    pub async fn push_file(
+        &self,
+        path: &Path,
+        len: u64,
+        sha256: &str,
+    ) -> Result<String, HttpError> {
+        let digest = format!("sha256:{sha256}");
+        self.push_payload(&digest, Payload::File(path, len)).await?;
+        Ok(digest)
+    }
+
+    async fn push_payload(&self, digest: &str, body: Payload<'_>) -> Result<(), HttpError> {
         let head = self
             .send(
                 Method::HEAD,
@@ -323,7 +353,7 @@ impl Http {
             )
             .await?;
         if head.status().is_success() {
-            return Ok(digest);
+            return Ok(());
         }
         let start = self
             .send(
@@ -340,11 +370,11 @@ impl Http {
             .and_then(|v| v.to_str().ok())
             .ok_or_else(|| HttpError::Unavailable("upload without a Location".into()))?;
         let mut put = self.base.join(location).map_err(unavailable)?;
-        put.query_pairs_mut().append_pair("digest", &digest);
+        put.query_pairs_mut().append_pair("digest", digest);
         let h = one_header(reqwest::header::CONTENT_TYPE, "application/octet-stream");
-        let res = self.send(Method::PUT, put, h, Some(data)).await?;
+        let res = self.send(Method::PUT, put, h, Some(body)).await?;
         ok(res).await?;
-        Ok(digest)
+        Ok(())
     }
 
     /// Put `manifest` under `tag`; its digest.
@@ -355,12 +385,19 @@ impl Http {
                 Method::PUT,
                 self.url(&format!("manifests/{tag}"))?,
                 h,
-                Some(manifest),
+                Some(Payload::Bytes(manifest)),
             )
             .await?;
         ok(res).await?;
         Ok(format!("sha256:{}", hex(&Sha256::digest(manifest))))
     }
+}
+
+/// What a request sends: bytes in memory, or a file of a known length.
+#[derive(Clone, Copy, Debug)]
+enum Payload<'a> {
+    Bytes(&'a [u8]),
+    File(&'a Path, u64),
 }
 
 /// A header map of one header.

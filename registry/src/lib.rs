@@ -386,13 +386,15 @@ impl Remote for OciRemote {
                     annotations: None,
                 };
                 let mut layers = Vec::new();
-                for name in m.files.keys() {
-                    let data = std::fs::read(entry.dir.join(name))
-                        .map_err(|e| HttpError::Unavailable(format!("{name}: {e}")))?;
+                for (name, info) in &m.files {
+                    let path = entry.dir.join(name);
                     layers.push(Descriptor {
                         media_type: FILE_MEDIA_TYPE.to_owned(),
-                        digest: self.client.push_blob(&data).await?,
-                        size: data.len() as i64,
+                        digest: self
+                            .client
+                            .push_file(&path, info.bytes, &info.sha256)
+                            .await?,
+                        size: i64::try_from(info.bytes).unwrap_or(i64::MAX),
                         annotations: Some([(TITLE.to_owned(), name.clone())].into()),
                     });
                 }

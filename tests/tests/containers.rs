@@ -574,13 +574,8 @@ fn an_imported_library_reaches_the_loader_cache_where_it_runs() {
     );
     let (root, cache) = (s.path().join("kernels"), s.path().join("cache"));
     let store = Store::open(&cache, 1 << 30).unwrap();
-    let (entry, _) = import::store_file(
-        &store,
-        "saxpy80",
-        "libsaxpy80.so",
-        &std::fs::read(&lib).unwrap(),
-    )
-    .unwrap();
+    let staged = import::stage(&store, std::fs::File::open(&lib).unwrap(), 1 << 30).unwrap();
+    let (entry, _) = import::store_file(&store, "saxpy80", "libsaxpy80.so", staged).unwrap();
     let record = import::Record {
         name: "saxpy80".into(),
         ldconfig: true,
