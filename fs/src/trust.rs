@@ -15,8 +15,10 @@
 //!
 //! [`open`] opens the file once and checks what it opened: the descriptor's
 //! own owner and mode, and that it is the file the checked path leads to.
-//! Callers read, load or exec through that descriptor, never the path
-//! again.
+//! Callers read or exec through that descriptor, never the path again:
+//! the config, credentials, kernel packages and their sources, build
+//! programs, the OCI runtime, the JIT cache root. NVRTC alone is loaded by
+//! its checked path (its RUNPATH `$ORIGIN` must be its real directory).
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};

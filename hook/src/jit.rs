@@ -36,7 +36,7 @@ pub enum JitError {
         errno: Errno,
     },
     #[error("{0}")]
-    Untrusted(#[from] gpuarch_fs::trust::Untrusted),
+    Open(#[from] gpuarch_fs::trust::OpenError),
     #[error("{path} is owned by uid {found}, not {want}: not mounted")]
     Owner {
         path: PathBuf,
@@ -95,10 +95,8 @@ pub fn prepare(cfg: &JitCacheConfig, cache: &Cache) -> Result<Prepared, JitError
             )));
         }
     }
-    gpuarch_fs::trust::check(root_path)?;
-    let how = OpenHow::new()
-        .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW);
-    let root = openat2(nix::fcntl::AT_FDCWD, root_path, how).map_err(io(root_path, "open"))?;
+    // The directory checked is the one every cache is made under.
+    let root = OwnedFd::from(gpuarch_fs::trust::open(root_path)?);
 
     let scope_path = root_path.join(&cache.scope_dir);
     let label = serde_json::to_vec_pretty(&cache.label).unwrap_or_default();

@@ -146,13 +146,13 @@ impl Builder {
                     .programs
                     .lock()
                     .map_err(|e| BuildError::Tool(e.to_string()))?;
-                if let Some(d) = known.get(&prog) {
+                if let Some(d) = known.get(&prog.path) {
                     return Ok(d.clone());
                 }
-                let data = std::fs::read(&prog)
-                    .map_err(|e| BuildError::Tool(format!("{}: {e}", prog.display())))?;
-                let id = format!("command {} {}", prog.display(), sha256_hex(&data));
-                known.insert(prog, id.clone());
+                let (sha, _) = crate::file::sha256_of(&prog.file)
+                    .map_err(|e| BuildError::Tool(format!("{}: {e}", prog.path.display())))?;
+                let id = format!("command {} {sha}", prog.path.display());
+                known.insert(prog.path, id.clone());
                 Ok(id)
             }
         }
@@ -433,8 +433,17 @@ impl Builder {
                 let work = out.parent().unwrap_or(out).join("work");
                 let src = work.join("src");
                 std::fs::create_dir_all(&src)?;
+                // Executable, so that `argv: [./build.sh]` runs a script
+                // among them (root's copy, in root's own directory).
                 for (name, data) in &pkg.sources {
-                    std::fs::write(src.join(name), data)?;
+                    use std::io::Write;
+                    use std::os::unix::fs::OpenOptionsExt;
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o755)
+                        .open(src.join(name))?
+                        .write_all(data)?;
                 }
                 let vars = Vars {
                     arch,

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -66,11 +67,21 @@ impl Vars {
     }
 }
 
+/// A build program: where it was found, and the file itself, opened once
+/// and checked there ([`gpuarch_fs::trust::open`]). What is digested for
+/// the build key and what runs is that file, never the path looked up
+/// again.
+#[derive(Debug)]
+pub struct Program {
+    pub path: PathBuf,
+    pub file: std::fs::File,
+}
+
 /// Resolve `argv[0]`: a path with a `/` as given (relative to the sources),
 /// a bare name on `path`. The program runs as gpuarchd's user, root: one
 /// that another user owns or could write is refused
 /// ([`gpuarch_fs::trust`]).
-fn resolve(prog: &str, src: &Path, path: &[PathBuf]) -> Result<PathBuf, BuildError> {
+fn resolve(prog: &str, src: &Path, path: &[PathBuf]) -> Result<Program, BuildError> {
     let found = if prog.contains('/') {
         src.join(prog)
     } else {
@@ -87,9 +98,9 @@ fn resolve(prog: &str, src: &Path, path: &[PathBuf]) -> Result<PathBuf, BuildErr
                 ))
             })?
     };
-    gpuarch_fs::trust::check(&found)
+    let file = gpuarch_fs::trust::open(&found)
         .map_err(|e| BuildError::Tool(format!("build program {prog}: {e}")))?;
-    Ok(found)
+    Ok(Program { path: found, file })
 }
 
 /// The build's PATH: the CUDA tool directories, then the system's.
@@ -102,7 +113,7 @@ pub fn build_path(tool_dirs: &[PathBuf]) -> Vec<PathBuf> {
 }
 
 /// The program `argv[0]` names, for the build key (its content is digested).
-pub fn program(argv0: &str, src: &Path, tool_dirs: &[PathBuf]) -> Result<PathBuf, BuildError> {
+pub fn program(argv0: &str, src: &Path, tool_dirs: &[PathBuf]) -> Result<Program, BuildError> {
     resolve(argv0, src, &build_path(tool_dirs))
 }
 
@@ -124,7 +135,24 @@ pub fn run(
     let path_var = std::env::join_paths(&path).map_err(|e| BuildError::Tool(e.to_string()))?;
     let log_path = work.join("build.log");
     let log = std::fs::File::create(&log_path).map_err(|e| BuildError::Tool(e.to_string()))?;
-    let mut cmd = Command::new(&prog);
+    // Run through the descriptor: /proc/self/fd/N names, in the child,
+    // the file opened and checked here; left open across exec so that a
+    // script's interpreter can read it by that name too.
+    let fd = prog.file.as_raw_fd();
+    let mut cmd = Command::new(format!("/proc/self/fd/{fd}"));
+    cmd.arg0(&expanded[0]);
+    // SAFETY: only fcntl, async-signal-safe, between fork and exec, on a
+    // descriptor the parent keeps open until the child is waited for.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::fcntl::fcntl(
+                std::os::fd::BorrowedFd::borrow_raw(fd),
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+            )
+            .map(drop)
+            .map_err(std::io::Error::from)
+        });
+    }
     cmd.args(&expanded[1..])
         .current_dir(work)
         .env_clear()
@@ -147,7 +175,7 @@ pub fn run(
     }
     let mut child = cmd
         .spawn()
-        .map_err(|e| BuildError::Tool(format!("cannot run {}: {e}", prog.display())))?;
+        .map_err(|e| BuildError::Tool(format!("cannot run {}: {e}", prog.path.display())))?;
     let start = Instant::now();
     let status = loop {
         match child.try_wait() {

@@ -146,9 +146,15 @@ pub fn hex(bytes: &[u8]) -> String {
     })
 }
 
-fn read_limited(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+/// Read at most `limit` bytes of `path`, a regular file opened and
+/// checked once ([`gpuarch_fs::trust::open`]): what is read is what was
+/// checked.
+fn read_trusted(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
-    let f = std::fs::File::open(path)?;
+    let f = gpuarch_fs::trust::open(path).map_err(|e| match e {
+        gpuarch_fs::trust::OpenError::Io { source, .. } => source,
+        e => std::io::Error::other(e),
+    })?;
     if !f.metadata()?.is_file() {
         return Err(std::io::Error::other("not a regular file"));
     }
@@ -167,16 +173,12 @@ impl Package {
     /// [`gpuarch_fs::trust`].
     pub fn load(dir: &Path) -> Result<Self, SpecError> {
         let file = dir.join(SPEC_FILE);
-        let trusted_read = |f: &Path, max: u64| {
-            gpuarch_fs::trust::check(f).map_err(std::io::Error::other)?;
-            read_limited(f, max)
-        };
-        let text = trusted_read(&file, MAX_SPEC_BYTES).map_err(|e| SpecError {
+        let text = read_trusted(&file, MAX_SPEC_BYTES).map_err(|e| SpecError {
             file,
             line: None,
             reason: e.to_string(),
         })?;
-        Self::parse(dir, text, |s| trusted_read(&dir.join(s), MAX_SOURCE_BYTES))
+        Self::parse(dir, text, |s| read_trusted(&dir.join(s), MAX_SOURCE_BYTES))
     }
 
     /// A package from the bytes of its `kernel.yaml` (at most

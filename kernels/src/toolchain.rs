@@ -205,6 +205,11 @@ impl Nvrtc {
             }
             // NVRTC runs inside gpuarchd, as root: another user's copy is
             // passed over (the system library path is ld.so's to trust).
+            // It is loaded by its path, not through a checked descriptor
+            // as everything else root runs: NVRTC finds its builtins
+            // library by its RUNPATH `$ORIGIN`, which for
+            // `/proc/self/fd/N` is /proc/self/fd. The check covers every
+            // directory above it, so only root could swap it meanwhile.
             if c.is_absolute()
                 && let Err(e) = gpuarch_fs::trust::check(&c)
             {

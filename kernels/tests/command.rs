@@ -155,3 +155,47 @@ fn a_failing_command_is_recorded_and_a_hanging_one_is_killed() {
             == 1
     );
 }
+
+/// A build script among the package's sources runs from the file opened
+/// and checked, through its descriptor: its interpreter reads it by that
+/// name.
+#[test]
+fn a_build_script_runs_from_the_file_that_was_checked() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(cuda) = common::cuda_dir() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("scripted");
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("build.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\necho \"ran as $0 with $1\" > \"$OUT/how.txt\"\nexec ptxas -arch=$ARCH -o $OUT/saxpy.cubin $SRC/saxpy.ptx\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    ptx_package(tmp.path(), &cuda, "scripted", "  backend: nvrtc\n");
+    std::fs::write(
+        dir.join("kernel.yaml"),
+        "name: scripted\nversion: '1'\nsources: [saxpy.ptx, build.sh]\nexports: [saxpy]\n\
+         build:\n  backend: command\n  argv: [./build.sh, first]\n\
+         variants:\n  - name: fp32\n    dtype: float32\n",
+    )
+    .unwrap();
+    let pkg = Package::load(&dir).unwrap();
+    let b = Builder::new(
+        Store::open(&tmp.path().join("store"), 1 << 30).unwrap(),
+        vec![cuda.clone()],
+        Duration::from_secs(120),
+    );
+    let r = b.resolve(&pkg, Target::parse("sm_86").unwrap(), Fetch::Build);
+    let (e, _) = r
+        .served
+        .unwrap_or_else(|| panic!("{:?} {:?}", r.error, r.unavailable));
+    let how = std::fs::read_to_string(e.dir.join("how.txt")).unwrap();
+    assert!(
+        how.starts_with("ran as /proc/self/fd/") && how.ends_with(" with first\n"),
+        "{how}"
+    );
+}
