@@ -18,7 +18,8 @@
 //!   container's own toolkit;
 //! - [`jit`]: which per-architecture JIT cache a container gets;
 //! - [`slurm`]: gres.conf lines by architecture, and Slurm's GPU numbering;
-//! - [`nfd`]: Kubernetes node labels for Node Feature Discovery.
+//! - [`nfd`]: Kubernetes node labels for Node Feature Discovery;
+//! - [`text`]: one bounded line a record, whatever a message carries.
 
 pub mod arch;
 pub mod config;
@@ -32,6 +33,7 @@ pub mod requirement;
 pub mod select;
 pub mod slurm;
 pub mod snapshot;
+pub mod text;
 pub mod toolkit;
 
 /// An error and its causes in one line, as gpuarch's programs print them.

@@ -2,7 +2,14 @@
 //! (`JOURNAL_STREAM` names stderr), else plain lines on stderr. The level is
 //! `info`, `-v` for debug, `-vv` for trace; without `-v`, `RUST_LOG`
 //! (`warn`, `gpuarch_daemon=debug`, ...) decides.
+//!
+//! On stderr each event is one line: what a message carries (a file name
+//! from a container's JIT cache, a bus caller's argument) has its control
+//! characters escaped and is bounded ([`gpuarch_core::text::clean`]). The
+//! journal keeps each event a record of its own fields, so nothing there
+//! can forge another.
 
+use std::io::Write;
 use std::os::fd::AsFd;
 
 use tracing_subscriber::filter::Targets;
@@ -47,11 +54,70 @@ pub fn init(verbose: u8) -> Option<String> {
         let _ = registry
             .with(
                 tracing_subscriber::fmt::layer()
-                    .with_writer(std::io::stderr)
+                    .with_writer(|| OneLine::to(std::io::stderr()))
                     .with_ansi(false)
                     .with_target(false),
             )
             .try_init();
     }
     warning
+}
+
+/// A writer that takes one event and writes it, on drop, as one clean line.
+struct OneLine<W: Write> {
+    buf: Vec<u8>,
+    out: W,
+}
+
+impl<W: Write> OneLine<W> {
+    fn to(out: W) -> Self {
+        Self {
+            buf: Vec::new(),
+            out,
+        }
+    }
+}
+
+impl<W: Write> Write for OneLine<W> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<W: Write> Drop for OneLine<W> {
+    fn drop(&mut self) {
+        let text = String::from_utf8_lossy(&self.buf);
+        let text = text.strip_suffix('\n').unwrap_or(&text);
+        if text.is_empty() {
+            return;
+        }
+        let line = format!("{}\n", gpuarch_core::text::clean(text));
+        let _ = self.out.write_all(line.as_bytes());
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_is_one_line_whatever_its_message_carries() {
+        let mut out = Vec::new();
+        {
+            let mut w = OneLine::to(&mut out);
+            w.write_all(b"2026-11-24T00:00:00Z  WARN JIT cache /c/x\n2026-11-24T00:00:01Z  INFO ")
+                .unwrap();
+            w.write_all(b"forged\x1b[2J\n").unwrap();
+        }
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "2026-11-24T00:00:00Z  WARN JIT cache /c/x\\n2026-11-24T00:00:01Z  INFO forged\\u{1b}[2J\n"
+        );
+    }
 }

@@ -1,0 +1,38 @@
+//! Text gpuarch writes where one line is one record (the hook's and the
+//! shim's log files, gpuarchd's lines on stderr): whatever a message
+//! carries from a container, an image or a bus caller, it stays one
+//! bounded line.
+
+/// The most bytes of one record; the rest is cut and counted. Far above
+/// any note gpuarch writes, far below what a config can carry.
+pub const MAX_RECORD_BYTES: usize = 4096;
+
+/// `msg` as one bounded line: control characters (a newline from an image
+/// annotation, an escape sequence in an env value) written as `\n`,
+/// `\u{1b}`, and so on, so no record can forge another or drive a
+/// terminal; past [`MAX_RECORD_BYTES`], cut with the count of what was cut.
+pub fn clean(msg: &str) -> std::borrow::Cow<'_, str> {
+    if msg.len() <= MAX_RECORD_BYTES && !msg.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(msg);
+    }
+    let mut out = String::with_capacity(msg.len().min(MAX_RECORD_BYTES) + 48);
+    let mut taken = 0;
+    for c in msg.chars() {
+        let piece: std::borrow::Cow<'_, str> = match c {
+            '\n' => "\\n".into(),
+            '\r' => "\\r".into(),
+            '\t' => "\\t".into(),
+            c if c.is_control() => format!("\\u{{{:x}}}", c as u32).into(),
+            c => c.encode_utf8(&mut [0; 4]).to_owned().into(),
+        };
+        if out.len() + piece.len() > MAX_RECORD_BYTES {
+            break;
+        }
+        out.push_str(&piece);
+        taken += c.len_utf8();
+    }
+    if taken < msg.len() {
+        out.push_str(&format!(" [{} more bytes cut]", msg.len() - taken));
+    }
+    std::borrow::Cow::Owned(out)
+}
