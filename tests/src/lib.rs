@@ -58,6 +58,33 @@ pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }
 
+/// A tmpfs mounted (with `options`, `size=8k,mode=0755`) on `dir`,
+/// unmounted when the value drops (lazily: a test that failed may still
+/// have files open there).
+#[derive(Debug)]
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    pub fn mount(dir: &Path, options: &str) -> Self {
+        std::fs::create_dir_all(dir).expect("tmpfs mount point");
+        nix::mount::mount(
+            Some("tmpfs"),
+            dir,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some(options),
+        )
+        .unwrap_or_else(|e| panic!("mount tmpfs on {}: {e}", dir.display()));
+        Self(dir.to_owned())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
 /// Why a test that needs root and `tools` cannot run here (`root_for` says
 /// what root is needed for), or `None` when it can.
 pub fn cannot_run(root_for: &str, tools: &[&str]) -> Option<String> {

@@ -1297,16 +1297,6 @@ fn a_daemon_killed_during_prewarm_leaves_no_partial_build_and_finishes_on_restar
     assert!(leftovers.is_empty(), "temp builds left: {leftovers:?}");
 }
 
-/// Unmounts what it names when dropped (lazily: a test that failed may
-/// still have files open there).
-struct Mounted(std::path::PathBuf);
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
-    }
-}
-
 /// The cache on a filesystem too small for a build: the build fails with the
 /// reason, nothing half-written is stored, the daemon goes on serving, and
 /// once there is room the same request builds (a full disk is not recorded
@@ -1319,15 +1309,8 @@ fn a_full_cache_disk_fails_the_build_clearly_and_stores_nothing_corrupt() {
     };
     let mut node = Node::with_kernels(&cuda, "  prewarm: false\n");
     let cache = node.path("cache");
-    std::fs::create_dir_all(&cache).unwrap();
     // Two pages: saxpy's cubin, PTX and manifest need three.
-    let st = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=8k,mode=0755", "tmpfs"])
-        .arg(&cache)
-        .status()
-        .unwrap();
-    assert!(st.success(), "mount tmpfs");
-    let _unmount = Mounted(cache.clone());
+    let _unmount = gpuarch_tests::Tmpfs::mount(&cache, "size=8k,mode=0755");
     node.start(&[]);
 
     let o = node.ctl(None, &["prewarm", "saxpy", "--arch", "8.6"]);

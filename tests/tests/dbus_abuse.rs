@@ -624,15 +624,6 @@ fn two_big_imports_at_once_are_streamed_to_disk_not_held() {
     );
 }
 
-/// Unmounts its path when dropped.
-struct Mounted(std::path::PathBuf);
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
-    }
-}
-
 /// An import the store's filesystem cannot hold is refused before it fills
 /// it, one past kernels.max_bytes when the copy passes it; either way
 /// nothing is left behind, and the next import that fits goes in.
@@ -641,16 +632,7 @@ fn an_import_the_disk_or_the_limit_cannot_hold_is_refused_and_leaves_nothing() {
     require!();
     let mut node = Node::new("2080ti-3090", Policy::Shipped);
     let cache = node.path("cache");
-    std::fs::create_dir_all(&cache).unwrap();
-    nix::mount::mount(
-        Some("tmpfs"),
-        &cache,
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        Some("size=512m"),
-    )
-    .unwrap();
-    let _unmount = Mounted(cache.clone());
+    let _unmount = gpuarch_tests::Tmpfs::mount(&cache, "size=512m");
     let mut yaml = std::fs::read_to_string(node.path("config.yaml")).unwrap();
     yaml.push_str("  max_bytes: 402653184\n");
     std::fs::write(node.path("config.yaml"), yaml).unwrap();
