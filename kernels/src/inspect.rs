@@ -217,7 +217,7 @@ pub fn write_fatbin(entries: &[(u16, u32, &[u8])]) -> Vec<u8> {
 /// An empty list means a well-formed file with no GPU code (a host library
 /// without `.nv_fatbin`).
 pub fn inspect(data: &[u8]) -> Result<Vec<CodeObject>, InspectError> {
-    walk(data, Sink::every())
+    walk(data, Sink::new(false))
 }
 
 /// What `data` carries, each distinct piece of code once: one object per
@@ -226,7 +226,7 @@ pub fn inspect(data: &[u8]) -> Result<Vec<CodeObject>, InspectError> {
 /// stores: its size is bounded by the targets there are, not by the file,
 /// however many entries a hostile fatbin has.
 pub fn summarize(data: &[u8]) -> Result<Vec<CodeObject>, InspectError> {
-    walk(data, Sink::distinct())
+    walk(data, Sink::new(true))
 }
 
 fn walk(data: &[u8], mut sink: Sink) -> Result<Vec<CodeObject>, InspectError> {
@@ -240,11 +240,11 @@ fn walk(data: &[u8], mut sink: Sink) -> Result<Vec<CodeObject>, InspectError> {
                 fatbins(sec, name, &mut sink)?;
             }
         }
-        return Ok(sink.objs);
+        return Ok(sink.finish());
     }
     if u32_at(data, 0) == Some(FATBIN_MAGIC) {
         fatbins(data, "fatbin", &mut sink)?;
-        return Ok(sink.objs);
+        return Ok(sink.finish());
     }
     if let Some((text, t)) = ptx_target(data) {
         return Ok(vec![CodeObject {
@@ -287,44 +287,54 @@ impl Names {
     }
 }
 
-/// Where the pieces of code a walk finds go.
+/// Where the pieces of code a walk finds go: every one, or with
+/// `distinct`, each target once, its kernels gathered as the walk goes.
 struct Sink {
-    objs: Vec<CodeObject>,
+    objs: Vec<(CodeObject, Names)>,
     distinct: bool,
 }
 
 impl Sink {
-    fn every() -> Self {
+    fn new(distinct: bool) -> Self {
         Self {
             objs: Vec::new(),
-            distinct: false,
+            distinct,
         }
     }
 
-    fn distinct() -> Self {
-        Self {
-            objs: Vec::new(),
-            distinct: true,
+    fn push(&mut self, mut o: CodeObject) {
+        if !self.distinct {
+            self.objs.push((o, Names::default()));
+            return;
         }
-    }
-
-    fn push(&mut self, o: CodeObject) {
-        let same = self.distinct.then(|| {
-            self.objs
-                .iter_mut()
-                .find(|s| s.target == o.target && s.verified == o.verified)
-        });
-        match same.flatten() {
-            Some(s) if !o.functions.is_empty() => {
-                let mut names = Names::default();
-                for n in s.functions.iter().chain(&o.functions) {
-                    names.add(n);
-                }
-                s.functions = names.into_vec();
+        let functions = std::mem::take(&mut o.functions);
+        let names = match self
+            .objs
+            .iter_mut()
+            .find(|(s, _)| s.target == o.target && s.verified == o.verified)
+        {
+            Some((_, names)) => names,
+            None => {
+                self.objs.push((o, Names::default()));
+                &mut self.objs.last_mut().expect("just pushed").1
             }
-            Some(_) => {}
-            None => self.objs.push(o),
+        };
+        for n in &functions {
+            names.add(n);
         }
+    }
+
+    fn finish(self) -> Vec<CodeObject> {
+        let distinct = self.distinct;
+        self.objs
+            .into_iter()
+            .map(|(mut o, names)| {
+                if distinct {
+                    o.functions = names.into_vec();
+                }
+                o
+            })
+            .collect()
     }
 }
 
@@ -885,5 +895,20 @@ mod tests {
                 "sm_86 fatbin entry 100001 []"
             ]
         );
+    }
+
+    #[test]
+    fn a_summary_gathers_kernels_once_not_again_for_each_entry() {
+        // 50,000 entries of one target, each naming its own kernel: gathered
+        // as they come, not the whole list rebuilt at each entry.
+        let texts: Vec<String> = (0..50_000)
+            .map(|i| format!(".version 8.0\n.target sm_80\n.visible .entry k{i}(\n"))
+            .collect();
+        let entries: Vec<(u16, u32, &[u8])> =
+            texts.iter().map(|t| (1u16, 80u32, t.as_bytes())).collect();
+        let fb = write_fatbin(&entries);
+        let s = within(10, move || summarize(&fb)).unwrap();
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].functions.len(), 50_000);
     }
 }
