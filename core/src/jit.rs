@@ -354,7 +354,7 @@ mod tests {
         assert!(odd.starts_with("uid0-ns-") && valid_dir_name(&odd), "{odd}");
     }
 
-    /// Issue 33, break 9: under the default scope, pods of two namespaces
+    /// Before, under the default scope, pods of two namespaces
     /// running one image as uid 0 shared one writable cache; and a pod's
     /// own `io.kubernetes.pod.namespace` overrode containerd's namespace.
     #[test]

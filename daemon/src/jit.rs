@@ -265,7 +265,7 @@ mod tests {
         p
     }
 
-    /// Issue 33, breaks 6 and 7: 2,000 names for one 10 MiB file counted
+    /// Before: 2,000 names for one 10 MiB file counted
     /// as 20 GiB and evicted another uid's cache under a 64 MiB cap; a tree
     /// deeper than PATH_MAX counted as 0 and was never freed.
     #[test]
@@ -310,7 +310,7 @@ mod tests {
         assert!(!deep.exists() && victim.exists() && linked.exists());
     }
 
-    /// Issue 33, break 8: a directory in a container's own cache swapped,
+    /// A directory in a container's own cache swapped,
     /// over and over, with a link to another uid's cache (and to `/`):
     /// sizing never counts what is behind the link.
     #[test]

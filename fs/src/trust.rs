@@ -78,11 +78,11 @@ pub fn open(path: &Path) -> Result<std::fs::File, OpenError> {
     judge(path, &fd, nix::unistd::geteuid().as_raw(), false)?;
     match std::fs::metadata(path) {
         Ok(now) if now.dev() == fd.dev() && now.ino() == fd.ino() => Ok(file),
-        _ => Err(OpenError::Untrusted(Untrusted {
-            path: path.to_owned(),
-            why: "it was replaced while it was being checked".into(),
-            fix: format!("check who changed {} and why", path.display()),
-        })),
+        _ => Err(OpenError::Untrusted(Untrusted::at(
+            path,
+            "it was replaced while it was being checked".into(),
+            format!("check who changed {} and why", path.display()),
+        ))),
     }
 }
 
@@ -96,6 +96,16 @@ pub enum OpenError {
     },
     #[error("{0}")]
     Untrusted(#[from] Untrusted),
+}
+
+impl Untrusted {
+    fn at(path: &Path, why: String, fix: String) -> Self {
+        Self {
+            path: path.to_owned(),
+            why,
+            fix,
+        }
+    }
 }
 
 impl OpenError {
@@ -118,17 +128,13 @@ fn check_chain(path: &Path, follow: bool) -> Result<(), Untrusted> {
             // says what is absent).
             continue;
         };
-        let fail = |why: String, fix: String| Untrusted {
-            path: p.to_owned(),
-            why,
-            fix,
-        };
         if meta.file_type().is_symlink() {
             // A link's own mode means nothing (its directory is checked as
             // the next ancestor, and its target by the resolved pass), but
             // its owner may replace it even in a sticky directory.
             if meta.uid() != 0 && meta.uid() != me {
-                return Err(fail(
+                return Err(Untrusted::at(
+                    p,
                     format!("a symlink owned by uid {}, not root", meta.uid()),
                     format!("chown -h root {}", p.display()),
                 ));
@@ -144,11 +150,7 @@ fn check_chain(path: &Path, follow: bool) -> Result<(), Untrusted> {
 /// (or `me`'s) and writable by nobody else; a sticky directory may be
 /// world-writable when it is `above` the path.
 fn judge(p: &Path, meta: &std::fs::Metadata, me: u32, above: bool) -> Result<(), Untrusted> {
-    let fail = |why: String, fix: String| Untrusted {
-        path: p.to_owned(),
-        why,
-        fix,
-    };
+    let fail = |why, fix| Untrusted::at(p, why, fix);
     if meta.uid() != 0 && meta.uid() != me {
         return Err(fail(
             format!("owned by uid {}, not root", meta.uid()),

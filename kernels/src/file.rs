@@ -62,12 +62,6 @@ pub struct Mapped {
     map: Option<(NonNull<c_void>, usize)>,
 }
 
-// SAFETY: the mapping is read-only and owned by this value alone; reading
-// it from any thread is reading shared immutable memory.
-unsafe impl Send for Mapped {}
-// SAFETY: as above, `&Mapped` only reads.
-unsafe impl Sync for Mapped {}
-
 impl Mapped {
     pub fn new(f: &File) -> io::Result<Self> {
         let len = usize::try_from(f.metadata()?.len()).map_err(io::Error::other)?;

@@ -93,8 +93,8 @@ impl Staged {
 /// larger than `limit` is refused when the copy passes it.
 pub fn stage(store: &Store, from: impl io::Read, limit: u64) -> io::Result<Staged> {
     let file = unnamed_file(&store.root().join("tmp"))?;
-    let (sha256, bytes) = crate::file::copy_hashed(from, io::BufWriter::new(&file), limit)
-        .map_err(|e| match e.kind() {
+    let (sha256, bytes) =
+        crate::file::copy_hashed(from, &file, limit).map_err(|e| match e.kind() {
             io::ErrorKind::FileTooLarge => {
                 io::Error::new(e.kind(), format!("larger than kernels.max_bytes ({limit})"))
             }

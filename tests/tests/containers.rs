@@ -1475,7 +1475,7 @@ fn jit_bundle(
 }
 
 /// An image name with a newline in it and a 12 MiB env value full of
-/// newlines (issue 33, break 10: the first forged a log line, the second
+/// newlines (before, the first forged a log line, the second
 /// became one 12 MiB line past `log.max_bytes`). Through the shim (runc)
 /// and with the createContainer hook alone (runc, crun), every record the
 /// hook and the shim write is one line of at most 4 KiB, and no line is
@@ -1519,8 +1519,8 @@ fn what_a_container_says_never_forges_nor_floods_a_log_line() {
     }
 }
 
-/// Pods of two Kubernetes namespaces run one image as uid 0 (issue 33,
-/// break 9: under the default scope they mounted one read-write cache, so
+/// Pods of two Kubernetes namespaces run one image as uid 0 (before,
+/// under the default scope they mounted one read-write cache, so
 /// one tenant could plant an extension the other loads; and a pod's own
 /// `io.kubernetes.pod.namespace` overrode containerd's namespace). With
 /// runc through the shim: two namespaces, two caches; a pod of team-b

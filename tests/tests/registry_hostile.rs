@@ -1,4 +1,4 @@
-//! A hostile registry on loopback (issue 33, breaks 4 and 5). 127.0.0.1
+//! A hostile registry on loopback. 127.0.0.1
 //! is the configured registry; 127.0.0.2 stands in for another host, and
 //! must never be contacted. The registry:
 //! - sends a manifest, or an error, that never ends: refused at its bound,

@@ -141,7 +141,7 @@ fn the_shim_never_runs_another_users_runtime_nor_obeys_a_writable_config() {
 }
 
 /// nobody owns a symlink in a sticky directory and flips it, as fast as it
-/// can, between root's file and another (issue 33, break 11). Before, a
+/// can, between root's file and another. Before, a
 /// symlink's owner was never looked at and the path was checked, then
 /// opened or exec'd again: nobody's script ran as uid 0 through
 /// `runtime.path` in 15 of 300 starts, and nobody's config was obeyed in 14
