@@ -140,7 +140,7 @@ fn targets_dir(
 ) -> Option<String> {
     let caps: Vec<_> = plan.gpus.iter().map(|g| g.compute_capability).collect();
     let tk = toolkit::of_container(view, cfg.cuda_version, &mut Vec::new());
-    let (hints, _) = plan::hints_for(&caps, tk.as_ref());
+    let (hints, _) = plan::hints_for(&caps, tk.as_ref(), &crate::software::Software::of(view));
     let list = hints
         .into_iter()
         .find(|(v, _)| *v == EnvVar::TorchCudaArchList)?

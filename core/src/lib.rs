@@ -14,6 +14,8 @@
 //! - [`requirement`]: the `Match` grammar (`arch>=8.0,feature=bf16`);
 //! - [`config`]: the parts of `/etc/gpuarch/config.yaml` the Plan obeys;
 //! - [`env`]: the names of the variables gpuarch injects;
+//! - [`software`]: the consumers in a container's image, and what each of
+//!   their releases accepts;
 //! - [`toolkit`]: which architectures each CUDA release builds, and the
 //!   container's own toolkit;
 //! - [`jit`]: which per-architecture JIT cache a container gets;
@@ -33,6 +35,7 @@ pub mod requirement;
 pub mod select;
 pub mod slurm;
 pub mod snapshot;
+pub mod software;
 pub mod text;
 pub mod toolkit;
 

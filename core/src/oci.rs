@@ -94,6 +94,9 @@ pub struct ContainerView {
     /// size). Empty without a user namespace.
     pub uid_mappings: Vec<(u32, u32, u32)>,
     pub gid_mappings: Vec<(u32, u32, u32)>,
+    /// The consumers in the container's image, where the caller read its
+    /// rootfs (the hook does); not part of the config.
+    pub software: crate::software::Software,
 }
 
 #[derive(Deserialize)]
@@ -312,6 +315,7 @@ impl ContainerView {
             user,
             uid_mappings,
             gid_mappings,
+            software: Default::default(),
         }
     }
 

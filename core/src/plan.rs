@@ -12,7 +12,9 @@ use crate::features::Feature;
 use crate::oci::ContainerView;
 use crate::select::{self, AssignedGpu, Selection, Source};
 use crate::snapshot::Snapshot;
+use crate::software::{self, Dist, Software, TorchNames};
 use crate::toolkit::{self, Toolkit};
+use crate::arch::CudaVersion;
 
 /// What a container gets.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -197,74 +199,165 @@ pub fn plan_devices(
     ))
 }
 
-/// The hints for GPUs of these capabilities, given in CUDA order, with
-/// arch lists of their exact capabilities.
+/// The hints for GPUs of these capabilities, given in CUDA order, for an
+/// image nothing is known of.
 pub fn hints(caps: &[ComputeCapability]) -> Vec<(EnvVar, String)> {
-    hints_for(caps, None).0
+    hints_for(caps, None, &Software::default()).0
 }
 
-/// The arch lists' entries for toolkit `tk`: for torch, per GPU the best
-/// target `tk` builds that runs there ([`toolkit::best`]); for FlashInfer,
-/// which adds an arch-specific suffix to each entry itself (so only the
-/// GPU's own architecture runs), the GPU's own architecture when `tk`
-/// builds it, else nothing. Each entry that is not the GPU's own
-/// capability has a note.
+/// One entry of `TORCH_CUDA_ARCH_LIST`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct TorchEntry {
+    cap: ComputeCapability,
+    /// `9.0a`: arch-specific SASS.
+    arch_specific: bool,
+    /// `+PTX` too.
+    ptx: bool,
+}
+
+impl std::fmt::Display for TorchEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.cap)?;
+        if self.arch_specific {
+            f.write_str("a")?;
+        }
+        if self.ptx {
+            f.write_str("+PTX")?;
+        }
+        Ok(())
+    }
+}
+
+/// The arch lists' entries, for toolkit `tk` (when known) and the
+/// consumers of `sw`.
+///
+/// For torch, per GPU the best target that the toolkit builds, that runs
+/// there and that every torch the image may hold names
+/// ([`toolkit::best_where`]); `9.0a` for a Hopper where xformers (whose
+/// FlashAttention 3 needs it) is present and DeepSpeed (whose parser
+/// rejects it) is not.
+///
+/// For FlashInfer, the GPU's own architecture with the suffix FlashInfer's
+/// newest release gives it (`a` from 9.0, `f` for 12.0 under CUDA 12.9 on),
+/// written out: releases before 0.6.7 use the list verbatim, and those
+/// from it take a written suffix as it is and would otherwise raise at
+/// import for 12.x under a CUDA older than 12.9. Arch-specific code runs on
+/// its own architecture only, so a GPU the toolkit does not build exactly
+/// is left out.
+///
+/// Each entry that is not the GPU's own capability has a note.
 fn arch_lists(
     distinct: &BTreeSet<ComputeCapability>,
-    tk: &Toolkit,
+    tk: Option<&Toolkit>,
+    sw: &Software,
     notes: &mut Vec<String>,
-) -> (Option<String>, Option<String>) {
-    use std::collections::BTreeMap;
-    let v = tk.version;
-    let from = format!("CUDA {v} ({})", tk.source);
-    // Entry -> whether as PTX too.
-    let mut torch: BTreeMap<ComputeCapability, bool> = BTreeMap::new();
+) -> (Vec<TorchEntry>, Vec<String>) {
+    let torch_names = TorchNames::of(sw);
+    let builds = |c: ComputeCapability| tk.is_none_or(|t| toolkit::accepts(t.version, c));
+    let from = tk.map(|t| format!("CUDA {} ({})", t.version, t.source));
+    let mut torch: Vec<TorchEntry> = Vec::new();
     let mut flashinfer = Vec::new();
     for &cap in distinct {
-        match toolkit::best(cap, v) {
-            toolkit::Build::Exact(c) => {
-                torch.entry(c).or_insert(false);
-                flashinfer.push(c);
-                if c != cap {
-                    notes.push(format!(
-                        "{from} names the architecture of {cap} sm_{}: the arch lists say {c}",
-                        c.digits()
-                    ));
-                }
-            }
+        let named = tk.map_or(cap, |t| toolkit::alias(cap, t.version));
+        if let Some(from) = &from
+            && named != cap
+        {
+            notes.push(format!(
+                "{from} names the architecture of {cap} sm_{}",
+                named.digits()
+            ));
+        }
+        // Why the torch entry is not the GPU's own name.
+        let why = match (&from, builds(named)) {
+            (Some(from), false) => format!("{from} cannot build sm_{}", named.digits()),
+            _ => format!("{} does not take {named}", torch_names.who()),
+        };
+        let entry = |cap, ptx| TorchEntry {
+            cap,
+            arch_specific: false,
+            ptx,
+        };
+        match toolkit::best_where(cap, named, |c| builds(c) && torch_names.accepts(c, false)) {
+            toolkit::Build::Exact(c) => torch.push(entry(c, false)),
             toolkit::Build::Family(c) => {
-                torch.entry(c).or_insert(false);
+                torch.push(entry(c, false));
                 notes.push(format!(
-                    "{from} cannot build sm_{}: TORCH_CUDA_ARCH_LIST has {c} for {cap} (its SASS runs there), and FLASHINFER_CUDA_ARCH_LIST leaves {cap} out (FlashInfer builds arch-specific code, which runs only on its own architecture)",
-                    cap.digits()
+                    "{why}: TORCH_CUDA_ARCH_LIST has {c} for {cap} (its SASS runs there)"
                 ));
             }
             toolkit::Build::Ptx(c) => {
-                *torch.entry(c).or_insert(true) = true;
+                torch.push(entry(c, true));
                 notes.push(format!(
-                    "{from} cannot build for {cap} or its family: TORCH_CUDA_ARCH_LIST has {c}+PTX, which the driver JIT-compiles there, and FLASHINFER_CUDA_ARCH_LIST leaves {cap} out"
+                    "{why}: TORCH_CUDA_ARCH_LIST has {c}+PTX for {cap}, which the driver JIT-compiles there"
                 ));
             }
             toolkit::Build::None => notes.push(format!(
-                "{from} builds nothing that runs on {cap}: both arch lists leave it out"
+                "{why}, and nothing that runs on {cap} is both built and taken: TORCH_CUDA_ARCH_LIST leaves it out"
             )),
         }
+        if builds(named) {
+            flashinfer.push((named, match (named.major, named.minor) {
+                (0..=8, _) => named.to_string(),
+                (12, 0) if tk.is_some_and(|t| t.version >= CudaVersion::new(12, 9)) => {
+                    "12.0f".to_owned()
+                }
+                _ => format!("{named}a"),
+            }));
+        } else if let Some(from) = &from {
+            notes.push(format!(
+                "{from} cannot build sm_{}a: FLASHINFER_CUDA_ARCH_LIST leaves {cap} out (FlashInfer builds arch-specific code, which runs only on its own architecture)",
+                named.digits()
+            ));
+        }
     }
-    let torch: Vec<String> = torch
-        .into_iter()
-        .map(|(c, ptx)| {
-            if ptx {
-                format!("{c}+PTX")
-            } else {
-                c.to_string()
-            }
-        })
-        .collect();
+    xformers_hopper(&mut torch, tk, sw, &torch_names, notes);
+    torch.sort();
+    torch.dedup_by(|b, a| {
+        let same = a.cap == b.cap && a.arch_specific == b.arch_specific;
+        if same {
+            a.ptx |= b.ptx;
+        }
+        same
+    });
     flashinfer.sort();
     flashinfer.dedup();
-    let flashinfer: Vec<String> = flashinfer.iter().map(ToString::to_string).collect();
-    let some = |v: Vec<String>, sep: &str| (!v.is_empty()).then(|| v.join(sep));
-    (some(torch, ";"), some(flashinfer, " "))
+    (torch, flashinfer.into_iter().map(|(_, e)| e).collect())
+}
+
+/// xformers builds its FlashAttention 3 kernels with wgmma only for `9.0a`
+/// in `TORCH_CUDA_ARCH_LIST` (else those paths compile to a trap), and
+/// DeepSpeed's op builder raises on that name (`int('0a')`): a Hopper's
+/// `9.0` becomes `9.0a` where xformers is in the image and DeepSpeed is
+/// not, and the note says which way it went.
+fn xformers_hopper(
+    torch: &mut [TorchEntry],
+    tk: Option<&Toolkit>,
+    sw: &Software,
+    torch_names: &TorchNames,
+    notes: &mut Vec<String>,
+) {
+    let hopper = ComputeCapability::new(9, 0);
+    let Some(e) = torch.iter_mut().find(|e| e.cap == hopper && !e.ptx) else {
+        return;
+    };
+    let Some(x) = sw.get(Dist::Xformers) else {
+        return;
+    };
+    if let Some(ds) = sw.get(Dist::DeepSpeed) {
+        notes.push(format!(
+            "TORCH_CUDA_ARCH_LIST has 9.0, not 9.0a: DeepSpeed {ds} in the image rejects 9.0a, so xformers {x} built here would trap in its FlashAttention 3 paths (its prebuilt wheels are not affected)"
+        ));
+        return;
+    }
+    // sm_90a came with CUDA 12.0.
+    if tk.is_some_and(|t| t.version < CudaVersion::new(12, 0)) || !torch_names.accepts(hopper, true)
+    {
+        return;
+    }
+    e.arch_specific = true;
+    notes.push(format!(
+        "TORCH_CUDA_ARCH_LIST has 9.0a: xformers {x} in the image builds FlashAttention 3 with wgmma only for it, and no DeepSpeed is there to reject it"
+    ));
 }
 
 /// What flash-attn's build compiles for, each with the first CUDA it does
@@ -278,11 +371,37 @@ const FLASH_ATTN_ARCHS: [(ComputeCapability, Option<(u16, u16)>); 4] = [
     (ComputeCapability::new(12, 0), Some((12, 8))),
 ];
 
+/// The entry of [`FLASH_ATTN_ARCHS`] whose SASS runs on a GPU of `cap`
+/// under every name toolkits give it (a Thor is 10.1 to CUDA 12 and 11.0
+/// to CUDA 13, so sm_100 SASS runs on it under one and not the other: none).
+fn flash_attn_fit(cap: ComputeCapability) -> Option<(ComputeCapability, Option<(u16, u16)>)> {
+    let names = [
+        toolkit::alias(cap, CudaVersion::new(12, 0)),
+        toolkit::alias(cap, CudaVersion::new(13, 0)),
+    ];
+    let fit = |n: ComputeCapability| {
+        FLASH_ATTN_ARCHS
+            .iter()
+            .filter(|(a, _)| a.major == n.major && a.minor <= n.minor)
+            .max_by_key(|(a, _)| *a)
+            .copied()
+    };
+    let first = fit(names[0])?;
+    names.iter().all(|n| fit(*n) == Some(first)).then_some(first)
+}
+
+/// Whether FlashAttention-2 runs on every GPU: the capability it needs,
+/// and a flash-attn build that runs there.
+fn flash_attention_2_runs(caps: &[ComputeCapability]) -> bool {
+    Feature::FlashAttention2.supported_on_all(caps)
+        && caps.iter().all(|c| flash_attn_fit(*c).is_some())
+}
+
 /// `FLASH_ATTN_CUDA_ARCHS` (flash-attn's build; `80;90`): per GPU the one
-/// of [`FLASH_ATTN_ARCHS`] whose SASS runs there, which toolkit `tk` (when
-/// known) builds. None, with a note, when a GPU has none: below 8.0
-/// FlashAttention-2 does not run at all, and flash-attn's default (all
-/// four) is left to say so.
+/// of [`FLASH_ATTN_ARCHS`] whose SASS runs there ([`flash_attn_fit`]),
+/// which toolkit `tk` (when known) builds. None, with a note, when a GPU
+/// has none: below 8.0 FlashAttention-2 does not run at all, and
+/// flash-attn's default (all four) is left to say so.
 fn flash_attn_archs(
     distinct: &BTreeSet<ComputeCapability>,
     tk: Option<&Toolkit>,
@@ -297,20 +416,19 @@ fn flash_attn_archs(
             ));
             return None;
         }
-        let fits = FLASH_ATTN_ARCHS
-            .iter()
-            .filter(|(a, _)| a.major == cap.major && a.minor <= cap.minor)
-            .max_by_key(|(a, _)| *a);
-        match (fits, tk) {
+        match (flash_attn_fit(cap), tk) {
             (None, _) => {
                 notes.push(format!(
-                    "{var} not set: flash-attn builds sm_80, sm_90, sm_100 and sm_120 only, and none runs on {cap}"
+                    "{var} not set: flash-attn builds sm_80, sm_90, sm_100 and sm_120 only, and none runs on {cap}{}",
+                    if toolkit::is_tegra(toolkit::alias(cap, CudaVersion::new(12, 0))) {
+                        " under every name CUDA gives it"
+                    } else {
+                        ""
+                    }
                 ));
                 return None;
             }
-            (Some((a, Some((ma, mi)))), Some(tk))
-                if tk.version < crate::arch::CudaVersion::new(*ma, *mi) =>
-            {
+            (Some((a, Some((ma, mi)))), Some(tk)) if tk.version < CudaVersion::new(ma, mi) => {
                 notes.push(format!(
                     "{var} not set: flash-attn builds sm_{} for {cap} only with CUDA {ma}.{mi} or newer, and the container's is {}",
                     a.digits(),
@@ -319,7 +437,7 @@ fn flash_attn_archs(
                 return None;
             }
             (Some((a, _)), _) => {
-                picked.insert(*a);
+                picked.insert(a);
             }
         }
     }
@@ -332,11 +450,40 @@ fn flash_attn_archs(
     )
 }
 
-/// [`hints`], the arch lists built for toolkit `tk` when it is known, and
-/// the notes that explain them. A list with no entry left is not set.
+/// `DS_BUILD_<OP>=0` for each DeepSpeed op whose builder keeps none of the
+/// torch list's architectures ([`software::DEEPSPEED_OPS`]), where
+/// DeepSpeed is or may be in the image: that op would abort an
+/// ahead-of-time build, and it cannot run on these GPUs anyway.
+fn deepspeed_ops(
+    torch: &[TorchEntry],
+    sw: &Software,
+    notes: &mut Vec<String>,
+) -> Vec<(EnvVar, String)> {
+    let Some(top) = torch.iter().map(|e| e.cap.major).max() else {
+        return Vec::new();
+    };
+    if !sw.may_have(Dist::DeepSpeed) {
+        return Vec::new();
+    }
+    software::DEEPSPEED_OPS
+        .into_iter()
+        .filter(|(_, min)| top < *min)
+        .map(|(var, min)| {
+            notes.push(format!(
+                "{var}=0: that DeepSpeed op builds for {min}.0 and newer only, and no assigned GPU is (it would abort an ahead-of-time build)"
+            ));
+            (var, "0".to_owned())
+        })
+        .collect()
+}
+
+/// [`hints`], the arch lists built for toolkit `tk` when it is known and
+/// for the consumers of `sw`, and the notes that explain them. A list with
+/// no entry left is not set.
 pub fn hints_for(
     caps: &[ComputeCapability],
     tk: Option<&Toolkit>,
+    sw: &Software,
 ) -> (Vec<(EnvVar, String)>, Vec<String>) {
     let mut notes = Vec::new();
     if caps.is_empty() {
@@ -348,32 +495,23 @@ pub fn hints_for(
             .collect::<Vec<_>>()
             .join(sep)
     };
-    let (torch, flashinfer) = match tk.filter(|tk| tk.version >= toolkit::OLDEST) {
-        Some(tk) => arch_lists(&distinct, tk, &mut notes),
-        // No toolkit known (or one older than the table): each GPU's own
-        // capability.
-        None => {
-            if let Some(tk) = tk {
-                notes.push(format!(
-                    "CUDA {} ({}) is older than gpuarch's table of toolkits (CUDA {} on): the arch lists name each GPU's own capability",
-                    tk.version,
-                    tk.source,
-                    toolkit::OLDEST
-                ));
-            }
-            (
-                Some(join(&mut distinct.iter(), ";")),
-                Some(join(&mut distinct.iter(), " ")),
-            )
-        }
-    };
-    for (var, list) in [
-        (EnvVar::TorchCudaArchList, &torch),
-        (EnvVar::FlashinferCudaArchList, &flashinfer),
+    if let Some(tk) = tk.filter(|tk| tk.version < toolkit::OLDEST) {
+        notes.push(format!(
+            "CUDA {} ({}) is older than gpuarch's table of toolkits (CUDA {} on): the arch lists are built as for an unknown toolkit",
+            tk.version,
+            tk.source,
+            toolkit::OLDEST
+        ));
+    }
+    let tk = tk.filter(|tk| tk.version >= toolkit::OLDEST);
+    let (torch, flashinfer) = arch_lists(&distinct, tk, sw, &mut notes);
+    for (var, empty) in [
+        (EnvVar::TorchCudaArchList, torch.is_empty()),
+        (EnvVar::FlashinferCudaArchList, flashinfer.is_empty()),
     ] {
-        if list.is_none() {
+        if empty {
             notes.push(format!(
-                "{var} not set: the container's toolkit builds for none of its GPUs"
+                "{var} not set: nothing the container's toolkit and consumers build runs on its GPUs"
             ));
         }
     }
@@ -381,15 +519,17 @@ pub fn hints_for(
     let bf16 = Feature::Bf16.supported_on_all(caps);
     let min = distinct.first().copied().unwrap_or(caps[0]);
     let mut env = Vec::new();
-    if let Some(t) = torch {
-        env.push((EnvVar::TorchCudaArchList, t));
+    if !torch.is_empty() {
+        let list: Vec<String> = torch.iter().map(ToString::to_string).collect();
+        env.push((EnvVar::TorchCudaArchList, list.join(";")));
     }
-    if let Some(f) = flashinfer {
-        env.push((EnvVar::FlashinferCudaArchList, f));
+    if !flashinfer.is_empty() {
+        env.push((EnvVar::FlashinferCudaArchList, flashinfer.join(" ")));
     }
     if let Some(f) = flash_attn_archs(&distinct, tk, &mut notes) {
         env.push((EnvVar::FlashAttnCudaArchs, f));
     }
+    env.extend(deepspeed_ops(&torch, sw, &mut notes));
     env.extend([
         (EnvVar::CudaDeviceOrder, "PCI_BUS_ID".to_owned()),
         (EnvVar::ComputeCapabilities, join(&mut caps.iter(), ",")),
@@ -400,7 +540,7 @@ pub fn hints_for(
         ),
         (
             EnvVar::AttnImplementation,
-            if Feature::FlashAttention2.supported_on_all(caps) {
+            if flash_attention_2_runs(caps) {
                 "flash_attention_2"
             } else {
                 "sdpa"
@@ -427,6 +567,52 @@ fn feature_note(var: EnvVar, value: &str, f: Feature, gpus: &[AssignedGpu]) -> S
             f.gate(),
             g.label()
         ),
+    }
+}
+
+/// `GPUARCH_ATTN_IMPLEMENTATION`'s note: [`feature_note`], and the GPU
+/// that no flash-attn build runs on where FlashAttention-2's capability is
+/// not what keeps it out.
+fn attn_note(value: &str, gpus: &[AssignedGpu]) -> String {
+    let var = EnvVar::AttnImplementation;
+    let f = Feature::FlashAttention2;
+    match gpus.iter().find(|g| flash_attn_fit(g.compute_capability).is_none()) {
+        Some(g) if f.supported_on_all(&[g.compute_capability]) => format!(
+            "{var}={value}: flash-attn builds nothing that runs on {} (sm_80, sm_90, sm_100 and sm_120 only)",
+            g.label()
+        ),
+        _ => feature_note(var, value, f, gpus),
+    }
+}
+
+/// What the Plan knows of the image's consumers, and from where.
+fn software_note(sw: &Software, view: &ContainerView) -> String {
+    let found: Vec<String> = sw
+        .dists
+        .iter()
+        .map(|(d, r)| format!("{d} {r}"))
+        .collect();
+    let env = sw.get(Dist::Torch).is_some()
+        && !view.software.dists.contains_key(&Dist::Torch);
+    let found = if found.is_empty() {
+        "none of gpuarch's consumers".to_owned()
+    } else {
+        found.join(", ")
+    };
+    let from_env = if env {
+        format!(" (torch from {})", software::PYTORCH_VERSION)
+    } else {
+        String::new()
+    };
+    if sw.was_read() {
+        format!(
+            "the image's consumers: {found}{from_env}, read from {}",
+            sw.read.join(", ")
+        )
+    } else if env {
+        format!("the image's consumers: {found}{from_env}; its Python environments were not read")
+    } else {
+        "the image's consumers are not known (its Python environments were not read): the arch lists suit every release in gpuarch's tables".to_owned()
     }
 }
 
@@ -475,7 +661,9 @@ fn plan_selection(sel: Selection, view: &ContainerView, cfg: &EnvConfig) -> Plan
             tk.version, tk.source
         ));
     }
-    let (hinted, why_lists) = hints_for(&caps, tk.as_ref());
+    let sw = Software::of(view);
+    notes.push(software_note(&sw, view));
+    let (hinted, why_lists) = hints_for(&caps, tk.as_ref(), &sw);
     notes.extend(why_lists);
     let mut env = Vec::new();
     for (var, value) in hinted {
@@ -486,9 +674,7 @@ fn plan_selection(sel: Selection, view: &ContainerView, cfg: &EnvConfig) -> Plan
             EnvVar::Dtype | EnvVar::AccelerateMixedPrecision => {
                 Some(feature_note(var, &value, Feature::Bf16, &gpus))
             }
-            EnvVar::AttnImplementation => {
-                Some(feature_note(var, &value, Feature::FlashAttention2, &gpus))
-            }
+            EnvVar::AttnImplementation => Some(attn_note(&value, &gpus)),
             EnvVar::Tf32 => Some(feature_note(var, &value, Feature::Tf32, &gpus)),
             EnvVar::Fp8 => Some(feature_note(var, &value, Feature::Fp8, &gpus)),
             _ => None,
@@ -521,6 +707,11 @@ fn plan_selection(sel: Selection, view: &ContainerView, cfg: &EnvConfig) -> Plan
             notes.push(why);
         }
         env.push((var.name().to_owned(), value));
+    }
+    // DeepSpeed's ops are switched off for the torch list gpuarch sets;
+    // under the container's own list they are its business.
+    if !env.iter().any(|(k, _)| k == EnvVar::TorchCudaArchList.name()) {
+        env.retain(|(k, _)| !k.starts_with("DS_BUILD_"));
     }
     Plan {
         source,
@@ -557,130 +748,210 @@ mod tests {
         h
     }
 
+    /// The arch lists, FLASH_ATTN_CUDA_ARCHS and the notes for a container
+    /// of `blackwell_host` with env `env` (CUDA_VERSION, PYTORCH_VERSION).
+    fn lists(env: &[(&str, &str)], cfg: &EnvConfig) -> [Option<String>; 3] {
+        let p = plan(&ContainerView::with_env(env.to_vec()), &blackwell_host(), cfg);
+        let get = |k: &str| p.env_get(k).map(str::to_owned);
+        [
+            get("TORCH_CUDA_ARCH_LIST"),
+            get("FLASHINFER_CUDA_ARCH_LIST"),
+            Some(p.notes.join("\n")),
+        ]
+    }
+
     #[test]
-    fn arch_lists_are_built_for_the_containers_own_toolkit() {
-        let h = blackwell_host();
-        let run = |env: &[(&str, &str)], cfg: &EnvConfig| {
-            let p = plan(&ContainerView::with_env(env.to_vec()), &h, cfg);
-            let get = |k: &str| p.env_get(k).map(str::to_owned);
+    fn arch_lists_are_built_for_the_containers_own_toolkit_and_torch() {
+        let nvd = |d: &'static str| ("NVIDIA_VISIBLE_DEVICES", d);
+        let torch = |v: &'static str| ("PYTORCH_VERSION", v);
+        let cuda = |v: &'static str| ("CUDA_VERSION", v);
+        // (env, torch list, FlashInfer list, notes each case must have)
+        let cases: &[(&[(&str, &str)], Option<&str>, Option<&str>, &[&str])] = &[
+            // The GB10 case: 12.8 builds sm_120, whose SASS runs on 12.1,
+            // and torch 2.7 names it; FlashInfer's 12.1a is not built.
             (
-                get("TORCH_CUDA_ARCH_LIST"),
-                get("FLASHINFER_CUDA_ARCH_LIST"),
-                p.notes.join("\n"),
-            )
-        };
-        // The case: GB10 under CUDA 12.8.
-        let (torch, fi, notes) = run(
-            &[("NVIDIA_VISIBLE_DEVICES", "0"), ("CUDA_VERSION", "12.8.1")],
-            &cfg(),
-        );
-        assert_eq!(torch.as_deref(), Some("12.0"));
-        assert_eq!(fi, None, "FlashInfer's 12.0a would not run on 12.1");
-        assert!(
-            notes.contains(
-                "the container's toolkit: CUDA 12.8 (from CUDA_VERSION in the container)"
-            ) && notes.contains("cannot build sm_121: TORCH_CUDA_ARCH_LIST has 12.0 for 12.1"),
-            "{notes}"
-        );
-        assert!(
-            notes.contains("FLASHINFER_CUDA_ARCH_LIST not set"),
-            "{notes}"
-        );
-        // Unknown toolkit: today's exact output, and no toolkit note.
-        let (torch, fi, notes) = run(&[("NVIDIA_VISIBLE_DEVICES", "0,1,2")], &cfg());
-        assert_eq!(torch.as_deref(), Some("10.3;11.0;12.1"));
-        assert_eq!(fi.as_deref(), Some("10.3 11.0 12.1"));
-        assert!(!notes.contains("toolkit"), "{notes}");
-        // 12.9: all exact but Thor, which it calls sm_101.
-        let (torch, fi, _) = run(
-            &[
-                ("NVIDIA_VISIBLE_DEVICES", "0,1,2"),
-                ("CUDA_VERSION", "12.9.0"),
-            ],
-            &cfg(),
-        );
-        assert_eq!(torch.as_deref(), Some("10.1;10.3;12.1"));
-        assert_eq!(fi.as_deref(), Some("10.1 10.3 12.1"));
-        // 12.8: B300 by sm_100 SASS; 12.6: Hopper's PTX for all three.
-        let (torch, fi, _) = run(
-            &[
-                ("NVIDIA_VISIBLE_DEVICES", "0,1,2"),
-                ("CUDA_VERSION", "12.8"),
-            ],
-            &cfg(),
-        );
-        assert_eq!(torch.as_deref(), Some("10.0;10.1;12.0"));
-        assert_eq!(fi.as_deref(), Some("10.1"));
-        let (torch, fi, notes) = run(
-            &[
-                ("NVIDIA_VISIBLE_DEVICES", "0,1,2"),
-                ("NVIDIA_REQUIRE_CUDA", "cuda>=12.6 brand=tesla,driver>=470"),
-            ],
-            &cfg(),
-        );
-        assert_eq!(torch.as_deref(), Some("9.0+PTX"));
-        assert_eq!(fi, None);
-        assert!(
-            notes.contains("9.0+PTX, which the driver JIT-compiles there"),
-            "{notes}"
-        );
+                &[nvd("0"), cuda("12.8.1"), torch("2.7.1")],
+                Some("12.0"),
+                None,
+                &[
+                    "the container's toolkit: CUDA 12.8 (from CUDA_VERSION in the container)",
+                    "cannot build sm_121: TORCH_CUDA_ARCH_LIST has 12.0 for 12.1",
+                    "FLASHINFER_CUDA_ARCH_LIST not set",
+                    "the image's consumers: torch 2.7.1 (torch from PYTORCH_VERSION)",
+                ],
+            ),
+            // No torch known: a name torch 2.4 takes too, as PTX.
+            (
+                &[nvd("0"), cuda("12.8.1")],
+                Some("9.0+PTX"),
+                None,
+                &[
+                    "TORCH_CUDA_ARCH_LIST has 9.0+PTX for 12.1",
+                    "the image's consumers are not known",
+                ],
+            ),
+            (
+                &[nvd("0,1,2"), torch("2.15.0")],
+                Some("10.3;11.0;12.1"),
+                Some("10.3a 11.0a 12.1a"),
+                &[],
+            ),
+            (
+                &[nvd("0,1,2")],
+                Some("9.0+PTX"),
+                Some("10.3a 11.0a 12.1a"),
+                &["every torch from 2.4.0 (the image's is not known) does not take 10.3"],
+            ),
+            // 12.9 names Thor sm_101: torch 2.8 takes that name...
+            (
+                &[nvd("0,1,2"), cuda("12.9.0"), torch("2.8.0")],
+                Some("10.1;10.3;12.1"),
+                Some("10.1a 10.3a 12.1a"),
+                &["CUDA 12.9 (CUDA_VERSION in the container) names the architecture of 11.0 sm_101"],
+            ),
+            // ...torch 2.9 does not: sm_100 with its PTX, which runs on Thor
+            // whichever name its driver gives it.
+            (
+                &[nvd("2"), cuda("12.9.0"), torch("2.9.1")],
+                Some("10.0+PTX"),
+                Some("10.1a"),
+                &["torch 2.9.1 in the image does not take 10.1: TORCH_CUDA_ARCH_LIST has 10.0+PTX for 11.0"],
+            ),
+            (
+                &[nvd("0,1,2"), cuda("12.8"), torch("2.7.1")],
+                Some("10.0;10.1;12.0"),
+                Some("10.1a"),
+                &["cannot build sm_103: TORCH_CUDA_ARCH_LIST has 10.0 for 10.3 (its SASS runs there)"],
+            ),
+            (
+                &[
+                    nvd("0,1,2"),
+                    ("NVIDIA_REQUIRE_CUDA", "cuda>=12.6 brand=tesla,driver>=470"),
+                    torch("2.6.0"),
+                ],
+                Some("9.0+PTX"),
+                None,
+                &["9.0+PTX for 12.1, which the driver JIT-compiles there"],
+            ),
+            // The container's own list still wins.
+            (
+                &[nvd("0"), cuda("12.8.1"), ("TORCH_CUDA_ARCH_LIST", "12.0+PTX")],
+                None,
+                None,
+                &["TORCH_CUDA_ARCH_LIST left as the container sets it"],
+            ),
+        ];
+        for (env, want_torch, want_fi, want_notes) in cases {
+            let [torch, fi, notes] = lists(env, &cfg());
+            let notes = notes.unwrap();
+            assert_eq!(torch.as_deref(), *want_torch, "{env:?}\n{notes}");
+            assert_eq!(fi.as_deref(), *want_fi, "{env:?}\n{notes}");
+            for n in *want_notes {
+                assert!(notes.contains(n), "{env:?}: no {n:?} in\n{notes}");
+            }
+        }
         // CUDA 13 dropped Volta: left out, the rest kept; from the config.
         let with_default = EnvConfig {
             cuda_version: Some(crate::arch::CudaVersion::new(13, 0)),
             ..EnvConfig::default()
         };
-        let (torch, fi, notes) = run(&[("NVIDIA_VISIBLE_DEVICES", "2,3")], &with_default);
-        assert_eq!(torch.as_deref(), Some("11.0"));
-        assert_eq!(fi.as_deref(), Some("11.0"));
-        assert!(notes.contains("builds nothing that runs on 7.0"), "{notes}");
-        assert!(
-            notes.contains("from env.cuda_version in the config"),
-            "{notes}"
-        );
-        let (torch, fi, notes) = run(&[("NVIDIA_VISIBLE_DEVICES", "3")], &with_default);
+        let [torch, fi, notes] = lists(&[nvd("2,3"), torch("2.9.1")], &with_default);
+        let notes = notes.unwrap();
+        assert_eq!((torch.as_deref(), fi.as_deref()), (Some("11.0"), Some("11.0a")));
+        assert!(notes.contains("nothing that runs on 7.0 is both built and taken"), "{notes}");
+        assert!(notes.contains("from env.cuda_version in the config"), "{notes}");
+        let [torch, fi, notes] = lists(&[nvd("3")], &with_default);
         assert_eq!((torch, fi), (None, None));
-        assert!(notes.contains("TORCH_CUDA_ARCH_LIST not set"), "{notes}");
-        // flash-attn's list: only when every GPU runs one of its four.
-        let fa = |env: &[(&str, &str)]| {
-            plan(&ContainerView::with_env(env.to_vec()), &h, &cfg())
-                .env_get("FLASH_ATTN_CUDA_ARCHS")
-                .map(str::to_owned)
-        };
-        assert_eq!(
-            fa(&[("NVIDIA_VISIBLE_DEVICES", "0,1")]).as_deref(),
-            Some("100;120")
-        );
-        assert_eq!(
-            fa(&[("NVIDIA_VISIBLE_DEVICES", "2")]),
-            None,
-            "Thor: none of 80/90/100/120"
-        );
-        assert_eq!(
-            fa(&[("NVIDIA_VISIBLE_DEVICES", "0,3")]),
-            None,
-            "Volta: no FA2"
-        );
+        assert!(notes.unwrap().contains("TORCH_CUDA_ARCH_LIST not set"));
+    }
+
+    #[test]
+    fn flash_attention_hints_agree_with_what_flash_attn_builds() {
+        let h = blackwell_host();
+        let p = |env: &[(&str, &str)]| plan(&ContainerView::with_env(env.to_vec()), &h, &cfg());
+        let fa = |env: &[(&str, &str)]| p(env).env_get("FLASH_ATTN_CUDA_ARCHS").map(str::to_owned);
+        assert_eq!(fa(&[("NVIDIA_VISIBLE_DEVICES", "0,1")]).as_deref(), Some("100;120"));
+        // Thor: sm_100's SASS runs on it as 10.1 (CUDA 12) and not as 11.0
+        // (CUDA 13), so under neither name; nor FlashAttention-2 hinted.
+        for cuda in ["12.9", "13.0"] {
+            let plan = p(&[("NVIDIA_VISIBLE_DEVICES", "2"), ("CUDA_VERSION", cuda)]);
+            assert_eq!(plan.env_get("FLASH_ATTN_CUDA_ARCHS"), None, "{cuda}");
+            assert_eq!(plan.env_get("GPUARCH_ATTN_IMPLEMENTATION"), Some("sdpa"), "{cuda}");
+            let notes = plan.notes.join("\n");
+            assert!(
+                notes.contains("none runs on 11.0 under every name CUDA gives it")
+                    && notes.contains("GPUARCH_ATTN_IMPLEMENTATION=sdpa: flash-attn builds nothing that runs on GPU 2 (NVIDIA Thor, 11.0)"),
+                "{notes}"
+            );
+        }
+        assert_eq!(fa(&[("NVIDIA_VISIBLE_DEVICES", "0,3")]), None, "Volta: no FA2");
         assert_eq!(
             fa(&[("NVIDIA_VISIBLE_DEVICES", "0"), ("CUDA_VERSION", "12.6.3")]),
             None,
             "sm_120 needs CUDA 12.8 in flash-attn's build"
         );
         let p = plan(&nvd("1,2"), &super::tests::host(), &cfg());
-        assert_eq!(
-            p.env_get("FLASH_ATTN_CUDA_ARCHS"),
-            Some("80"),
-            "8.6 and 8.0: 80 once"
+        assert_eq!(p.env_get("FLASH_ATTN_CUDA_ARCHS"), Some("80"), "8.6 and 8.0: 80 once");
+    }
+
+    /// A node of one GPU of capability `cc`, in an image holding `dists`.
+    fn one_gpu(cc: &str, dists: &[(Dist, &str)], read: bool) -> Plan {
+        use crate::select::tests::dev;
+        let mut h = host();
+        h.devices = vec![dev(0, 0, "GPU-x", "NVIDIA GPU", cc, 0x01)];
+        let mut v = nvd("0");
+        for (d, r) in dists {
+            v.software
+                .dists
+                .insert(*d, crate::software::Release::parse(r).unwrap());
+        }
+        if read {
+            v.software.read.push("/usr/lib/python3/dist-packages".into());
+        }
+        plan(&v, &h, &cfg())
+    }
+
+    #[test]
+    fn xformers_gets_9_0a_on_hopper_unless_deepspeed_would_reject_it() {
+        let p = one_gpu("9.0", &[(Dist::Xformers, "0.0.33"), (Dist::Torch, "2.9.1")], true);
+        assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("9.0a"));
+        assert!(p.notes.iter().any(|n| n.contains("xformers 0.0.33 in the image builds FlashAttention 3")), "{:?}", p.notes);
+        let p = one_gpu(
+            "9.0",
+            &[(Dist::Xformers, "0.0.33"), (Dist::DeepSpeed, "0.19.8"), (Dist::Torch, "2.9.1")],
+            true,
         );
-        // The container's own list still wins.
-        let (torch, _, _) = run(
-            &[
-                ("NVIDIA_VISIBLE_DEVICES", "0"),
-                ("CUDA_VERSION", "12.8.1"),
-                ("TORCH_CUDA_ARCH_LIST", "12.0+PTX"),
-            ],
-            &cfg(),
-        );
-        assert_eq!(torch, None);
+        assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("9.0"));
+        assert!(p.notes.iter().any(|n| n.contains("DeepSpeed 0.19.8 in the image rejects 9.0a")), "{:?}", p.notes);
+        // Without xformers, or not on a Hopper: as ever.
+        assert_eq!(one_gpu("9.0", &[], true).env_get("TORCH_CUDA_ARCH_LIST"), Some("9.0"));
+        let p = one_gpu("8.6", &[(Dist::Xformers, "0.0.33")], true);
+        assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("8.6"));
+    }
+
+    #[test]
+    fn deepspeed_ops_that_cannot_run_are_switched_off() {
+        let ds = |p: &Plan| -> Vec<String> {
+            p.env
+                .iter()
+                .filter(|(k, _)| k.starts_with("DS_BUILD_"))
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect()
+        };
+        // A Turing: the three ops that keep 8.0 and newer only, where
+        // DeepSpeed is present or the image was not read.
+        let want = ["DS_BUILD_FP_QUANTIZER=0", "DS_BUILD_CUTLASS_OPS=0", "DS_BUILD_RAGGED_DEVICE_OPS=0"];
+        assert_eq!(ds(&one_gpu("7.5", &[(Dist::DeepSpeed, "0.19.8")], true)), want);
+        assert_eq!(ds(&one_gpu("7.5", &[], false)), want);
+        assert_eq!(ds(&one_gpu("7.5", &[], true)), Vec::<String>::new(), "read, no DeepSpeed");
+        // A Pascal: the one for 7.0 too.
+        assert_eq!(ds(&one_gpu("6.1", &[], false)).len(), 4);
+        assert!(ds(&one_gpu("8.6", &[], false)).is_empty());
+        // Under the container's own list, nothing of DeepSpeed's.
+        let mut h = host();
+        h.devices.truncate(1);
+        let v = ContainerView::with_env([("NVIDIA_VISIBLE_DEVICES", "0"), ("TORCH_CUDA_ARCH_LIST", "7.5")]);
+        assert!(ds(&plan(&v, &h, &cfg())).is_empty());
     }
 
     #[test]

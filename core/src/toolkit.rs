@@ -118,27 +118,53 @@ pub enum Build {
 }
 
 pub fn best(device: ComputeCapability, cuda: CudaVersion) -> Build {
-    let own = alias(device, cuda);
-    if accepts(cuda, own) {
-        return Build::Exact(own);
+    best_where(device, alias(device, cuda), |c| accepts(cuda, c))
+}
+
+/// Every architecture the table knows, ascending.
+pub fn archs() -> impl Iterator<Item = ComputeCapability> {
+    let mut v: Vec<ComputeCapability> = TABLE.iter().map(|(c, _, _)| *c).collect();
+    v.sort();
+    v.into_iter()
+}
+
+/// [`best`] among the architectures `ok` takes (what a toolkit builds and
+/// a consumer names), for a GPU that reports `device` and that the
+/// toolkit calls `named`. SASS of an older minor runs only on the major
+/// the GPU reports: a Thor reporting 11.0 (a CUDA 13 driver) does not run
+/// the sm_100 that a CUDA 12 toolkit, which calls it sm_101, builds as its
+/// family, so that is PTX, which JIT-compiles on either.
+pub fn best_where(
+    device: ComputeCapability,
+    named: ComputeCapability,
+    ok: impl Fn(ComputeCapability) -> bool,
+) -> Build {
+    if ok(named) {
+        return Build::Exact(named);
     }
     // Another GPU's substitute is never an integrated (Tegra) chip's
     // architecture: an Ada (8.9) under CUDA 11.4 gets 8.6, not Orin's 8.7.
-    let known: Vec<ComputeCapability> = accepted(cuda)
-        .into_iter()
-        .filter(|c| !TEGRA.contains(c))
-        .collect();
+    let known: Vec<ComputeCapability> = archs().filter(|c| !TEGRA.contains(c) && ok(*c)).collect();
     if let Some(c) = known
         .iter()
         .rev()
-        .find(|c| c.major == own.major && c.minor < own.minor)
+        .find(|c| c.major == named.major && c.minor < named.minor)
     {
-        return Build::Family(*c);
+        return if c.major == device.major {
+            Build::Family(*c)
+        } else {
+            Build::Ptx(*c)
+        };
     }
-    match known.iter().rev().find(|c| **c < own) {
+    match known.iter().rev().find(|c| **c < named && **c <= device) {
         Some(c) => Build::Ptx(*c),
         None => Build::None,
     }
+}
+
+/// Whether `cap` is an integrated (Tegra) chip's architecture.
+pub fn is_tegra(cap: ComputeCapability) -> bool {
+    TEGRA.contains(&cap)
 }
 
 /// Where the container's toolkit version was learnt.

@@ -6,6 +6,7 @@ use gpuarch_core::features::Feature;
 use gpuarch_core::oci::ContainerView;
 use gpuarch_core::plan;
 use gpuarch_core::snapshot::{Device, Snapshot};
+use gpuarch_core::software;
 use proptest::prelude::*;
 
 fn known_cap() -> impl Strategy<Value = ComputeCapability> {
@@ -54,12 +55,21 @@ fn all_gpus() -> ContainerView {
     ContainerView::with_env([("NVIDIA_VISIBLE_DEVICES", "all")])
 }
 
+/// An image with the newest torch of the table, which names every known
+/// capability.
+fn newest_torch() -> ContainerView {
+    ContainerView::with_env([
+        ("NVIDIA_VISIBLE_DEVICES", "all"),
+        ("PYTORCH_VERSION", "2.15.0"),
+    ])
+}
+
 proptest! {
     #[test]
     fn torch_arch_list_is_sorted_distinct_and_parses_back(
         caps in prop::collection::vec(known_cap(), 1..9)
     ) {
-        let p = plan::plan(&all_gpus(), &host(&caps), &EnvConfig::default());
+        let p = plan::plan(&newest_torch(), &host(&caps), &EnvConfig::default());
         let list = p.env_get("TORCH_CUDA_ARCH_LIST").expect("set for any GPU");
         let entries: Vec<ComputeCapability> = list
             .split(';')
@@ -69,14 +79,51 @@ proptest! {
         let mut want: Vec<_> = caps.clone();
         want.sort();
         want.dedup();
-        prop_assert_eq!(&entries, &want);
+        // Each GPU's own capability; a Thor that reports 10.1 (a driver
+        // before CUDA 13) by sm_100, as torch 2.9 on no longer names 10.1
+        // and the toolkit such a driver runs does not build sm_110.
+        let thor = ComputeCapability::new(10, 1);
+        let mut torch_want: Vec<_> = want
+            .iter()
+            .map(|c| if *c == thor { ComputeCapability::new(10, 0) } else { *c })
+            .collect();
+        torch_want.sort();
+        torch_want.dedup();
+        prop_assert_eq!(&entries, &torch_want);
         // The parser reads it back as SASS for exactly those capabilities.
         let parsed = ArchList::parse(list).expect("parses");
-        prop_assert_eq!(parsed, ArchList::new(want.iter().map(|c| Target::sass(*c))));
-        prop_assert_eq!(
-            p.env_get("FLASHINFER_CUDA_ARCH_LIST").map(|s| s.replace(' ', ";")),
-            Some(list.to_owned())
-        );
+        prop_assert_eq!(parsed, ArchList::new(torch_want.iter().map(|c| Target::sass(*c))));
+        // FlashInfer's: the same, arch-specific from Hopper on.
+        let fi: Vec<String> = want
+            .iter()
+            .map(|c| if c.major >= 9 { format!("{c}a") } else { c.to_string() })
+            .collect();
+        let fi = fi.join(" ");
+        prop_assert_eq!(p.env_get("FLASHINFER_CUDA_ARCH_LIST"), Some(fi.as_str()));
+    }
+
+    #[test]
+    fn with_torch_unknown_every_entry_is_one_every_torch_takes(
+        caps in prop::collection::vec(known_cap(), 1..9)
+    ) {
+        let p = plan::plan(&all_gpus(), &host(&caps), &EnvConfig::default());
+        let list = p.env_get("TORCH_CUDA_ARCH_LIST").expect("set for any GPU");
+        for release in software::torch_releases() {
+            let names = software::torch_names(release);
+            for entry in list.split(';') {
+                let name = entry.trim_end_matches("+PTX");
+                prop_assert!(names.contains(&name), "torch {} rejects {} of {}", release, entry, list);
+            }
+        }
+        // Each GPU runs something of it: its SASS family, or PTX no newer.
+        let parsed = ArchList::parse(list).expect("parses");
+        for c in &caps {
+            prop_assert!(
+                parsed.targets().any(|t| (t.kind == CodeKind::Sass && t.cap.major == c.major && t.cap.minor <= c.minor)
+                    || (t.kind == CodeKind::Ptx && t.cap <= *c)),
+                "nothing of {} runs on {}", list, c
+            );
+        }
     }
 
     #[test]
@@ -88,9 +135,12 @@ proptest! {
         let all_bf16 = caps.iter().all(|c| c.major >= 8);
         prop_assert_eq!(p.env_get("GPUARCH_DTYPE") == Some("bfloat16"), all_bf16);
         prop_assert_eq!(p.env_get("GPUARCH_DTYPE") == Some("float16"), !all_bf16);
+        // FlashAttention-2 needs 8.0 and a flash-attn build that runs
+        // there, which a Thor (10.1 or 11.0, by its driver) has not.
+        let thor = [ComputeCapability::new(10, 1), ComputeCapability::new(11, 0)];
         prop_assert_eq!(
             p.env_get("GPUARCH_ATTN_IMPLEMENTATION") == Some("flash_attention_2"),
-            caps.iter().all(|c| Feature::FlashAttention2.supported_on(*c))
+            caps.iter().all(|c| Feature::FlashAttention2.supported_on(*c) && !thor.contains(c))
         );
         prop_assert_eq!(
             p.env_get("GPUARCH_FP8") == Some("1"),

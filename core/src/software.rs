@@ -1,0 +1,452 @@
+//! The software in a container's image that reads gpuarch's variables, and
+//! what each release of it accepts.
+//!
+//! A value is right for a container only if every consumer in its image
+//! takes it: torch's `cpp_extension` raises on an arch name its release does
+//! not know (`10.1` is a Thor under CUDA 12.x to torch 2.7 and 2.8, and
+//! unknown to 2.9 on), and DeepSpeed's op builder raises on an
+//! arch-specific name (`9.0a`). The hook reads which releases an image
+//! carries (the `*.dist-info` directories of its Python environments, and
+//! `PYTORCH_VERSION` in its env); the Plan then picks names those releases
+//! take, and where nothing is known, names every release in the table takes.
+//!
+//! The tables here are each release's own code, transcribed; CI
+//! (scripts/consumers) checks them against that code release by release.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::arch::ComputeCapability;
+use crate::env::EnvVar;
+
+/// The consumers gpuarch knows, by their distribution names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dist {
+    Torch,
+    #[serde(rename = "flashinfer-python")]
+    FlashInfer,
+    Xformers,
+    #[serde(rename = "deepspeed")]
+    DeepSpeed,
+    #[serde(rename = "flash-attn")]
+    FlashAttn,
+    Vllm,
+    Sglang,
+    Bitsandbytes,
+    Accelerate,
+}
+
+impl Dist {
+    pub const ALL: [Dist; 9] = [
+        Dist::Torch,
+        Dist::FlashInfer,
+        Dist::Xformers,
+        Dist::DeepSpeed,
+        Dist::FlashAttn,
+        Dist::Vllm,
+        Dist::Sglang,
+        Dist::Bitsandbytes,
+        Dist::Accelerate,
+    ];
+
+    /// The distribution's name as PyPI spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dist::Torch => "torch",
+            Dist::FlashInfer => "flashinfer-python",
+            Dist::Xformers => "xformers",
+            Dist::DeepSpeed => "deepspeed",
+            Dist::FlashAttn => "flash-attn",
+            Dist::Vllm => "vllm",
+            Dist::Sglang => "sglang",
+            Dist::Bitsandbytes => "bitsandbytes",
+            Dist::Accelerate => "accelerate",
+        }
+    }
+
+    /// The distribution a name stands for, compared as Python packaging
+    /// does (case, and runs of `-`, `_`, `.`, do not matter).
+    pub fn from_name(name: &str) -> Option<Self> {
+        let want = normalize(name);
+        Self::ALL.into_iter().find(|d| normalize(d.name()) == want)
+    }
+}
+
+impl fmt::Display for Dist {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// PEP 503's normal form of a distribution name.
+fn normalize(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut sep = false;
+    for c in name.chars() {
+        if matches!(c, '-' | '_' | '.') {
+            sep = true;
+            continue;
+        }
+        if sep && !out.is_empty() {
+            out.push('-');
+        }
+        sep = false;
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
+/// A release's first three numbers (`2.9.1+cu128` is 2.9.1, `2.8.0a0+5228`
+/// is 2.8.0, `0.6.7.post3` is 0.6.7). What follows them (pre-release,
+/// local label) never changes what a release's parser accepts in the tables
+/// here, except that a pre-release of 2.8 is taken as 2.8, as NGC's builds
+/// of a torch not yet released are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Release {
+    pub major: u16,
+    pub minor: u16,
+    pub patch: u16,
+}
+
+impl Release {
+    pub const fn new(major: u16, minor: u16, patch: u16) -> Self {
+        Self {
+            major,
+            minor,
+            patch,
+        }
+    }
+
+    /// A version as Python packaging writes it. None for what does not
+    /// start with two numbers.
+    pub fn parse(s: &str) -> Option<Self> {
+        let s = s.trim();
+        // An epoch (`1!2.0`) is not used by any consumer here.
+        if s.contains('!') || s.len() > 128 {
+            return None;
+        }
+        let mut nums = [0u16; 3];
+        let mut count = 0;
+        for part in s.split('.') {
+            let digits = part.bytes().take_while(u8::is_ascii_digit).count();
+            if digits == 0 || digits > 5 || count == 3 {
+                break;
+            }
+            nums[count] = part[..digits].parse().ok()?;
+            count += 1;
+            if digits < part.len() {
+                break;
+            }
+        }
+        (count >= 2).then(|| Self::new(nums[0], nums[1], nums[2]))
+    }
+}
+
+impl fmt::Display for Release {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
+impl Serialize for Release {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Release {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Self::parse(&s).ok_or_else(|| serde::de::Error::custom(format!("not a version: {s:?}")))
+    }
+}
+
+/// The name and version in a `*.dist-info` (or `*.egg-info`) directory's
+/// name, for the consumers of [`Dist`]: `torch-2.9.1+cu128.dist-info`,
+/// `flashinfer_python-0.7.1.dist-info`, `deepspeed-0.19.8-py3.12.egg-info`.
+pub fn dist_info(entry: &str) -> Option<(Dist, Release)> {
+    let stem = entry
+        .strip_suffix(".dist-info")
+        .or_else(|| entry.strip_suffix(".egg-info"))?;
+    let (name, rest) = stem.split_once('-')?;
+    let version = rest.split('-').next()?;
+    Some((Dist::from_name(name)?, Release::parse(version)?))
+}
+
+/// What is known of an image's consumers.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Software {
+    /// The consumers found and their releases.
+    pub dists: BTreeMap<Dist, Release>,
+    /// Where the image's Python environments were read (`/usr/lib/python3.12/
+    /// site-packages`, ...); empty when the image was not read, so nothing
+    /// is known of what is absent.
+    #[serde(default)]
+    pub read: Vec<String>,
+}
+
+/// The variable that NVIDIA's and PyTorch's images set to their torch
+/// release.
+pub const PYTORCH_VERSION: &str = "PYTORCH_VERSION";
+
+impl Software {
+    /// Whether the image's Python environments were read, so a consumer not
+    /// in [`Software::dists`] is known to be absent.
+    pub fn was_read(&self) -> bool {
+        !self.read.is_empty()
+    }
+
+    pub fn get(&self, d: Dist) -> Option<Release> {
+        self.dists.get(&d).copied()
+    }
+
+    /// Whether `d` is, or may be, in the image.
+    pub fn may_have(&self, d: Dist) -> bool {
+        !self.was_read() || self.dists.contains_key(&d)
+    }
+
+    /// What is known of `view`'s image: what its rootfs held, and its env.
+    pub fn of(view: &crate::oci::ContainerView) -> Self {
+        view.software
+            .clone()
+            .with_env(|k| view.env_get(k).map(str::to_owned))
+    }
+
+    /// Add what the image's env says (`PYTORCH_VERSION`) of a consumer not
+    /// found on disk; the notes say what was taken from where.
+    pub fn with_env(mut self, env_get: impl Fn(&str) -> Option<String>) -> Self {
+        if !self.dists.contains_key(&Dist::Torch)
+            && let Some(r) = env_get(PYTORCH_VERSION).and_then(|v| Release::parse(&v))
+        {
+            self.dists.insert(Dist::Torch, r);
+        }
+        self
+    }
+}
+
+/// Each torch release's `supported_arches` in `torch/utils/cpp_extension.py`
+/// (`_get_cuda_arch_flags`), from the first release with that list: the
+/// names `TORCH_CUDA_ARCH_LIST` may hold, each also with `+PTX`. Any other
+/// name raises `ValueError: Unknown CUDA arch`.
+const TORCH: &[(Release, &[&str])] = &[
+    (
+        Release::new(2, 4, 0),
+        &[
+            "3.5", "3.7", "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0",
+            "8.6", "8.7", "8.9", "9.0", "9.0a",
+        ],
+    ),
+    (
+        Release::new(2, 6, 0),
+        &[
+            "3.5", "3.7", "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0",
+            "8.6", "8.7", "8.9", "9.0", "9.0a", "10.0",
+        ],
+    ),
+    (
+        Release::new(2, 7, 0),
+        &[
+            "3.5", "3.7", "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0",
+            "8.6", "8.7", "8.9", "9.0", "9.0a", "10.0", "10.0a", "10.1", "10.1a", "12.0", "12.0a",
+        ],
+    ),
+    (
+        Release::new(2, 8, 0),
+        &[
+            "3.5", "3.7", "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0",
+            "8.6", "8.7", "8.9", "9.0", "9.0a", "10.0", "10.0a", "10.1", "10.1a", "10.3", "10.3a",
+            "12.0", "12.0a", "12.1", "12.1a",
+        ],
+    ),
+    (
+        Release::new(2, 9, 0),
+        &[
+            "3.5", "3.7", "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0",
+            "8.6", "8.7", "8.9", "9.0", "9.0a", "10.0", "10.0a", "11.0", "11.0a", "10.3", "10.3a",
+            "12.0", "12.0a", "12.1", "12.1a",
+        ],
+    ),
+    (
+        Release::new(2, 14, 0),
+        &[
+            "3.5", "3.7", "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0",
+            "8.6", "8.7", "8.9", "9.0", "9.0a", "10.0", "10.0a", "11.0", "11.0a", "10.3", "10.3a",
+            "10.7", "10.7a", "12.0", "12.0a", "12.1", "12.1a",
+        ],
+    ),
+];
+
+/// The oldest torch the table covers.
+pub const TORCH_OLDEST: Release = TORCH[0].0;
+
+/// The releases where torch's list changes, oldest first.
+pub fn torch_releases() -> impl Iterator<Item = Release> {
+    TORCH.iter().map(|(r, _)| *r)
+}
+
+/// The arch names torch `release` takes in `TORCH_CUDA_ARCH_LIST` (without
+/// `+PTX`). A release newer than the table is taken to take what the
+/// newest does; one older, what the oldest does but its arch-specific
+/// names, which came and went with releases before the table.
+pub fn torch_names(release: Release) -> Vec<&'static str> {
+    match TORCH.iter().rev().find(|(r, _)| *r <= release) {
+        Some((_, names)) => names.to_vec(),
+        None => TORCH[0]
+            .1
+            .iter()
+            .copied()
+            .filter(|n| !n.ends_with('a'))
+            .collect(),
+    }
+}
+
+/// Which torch releases a Plan's `TORCH_CUDA_ARCH_LIST` must suit: the
+/// image's, when known; else every release of the table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TorchNames {
+    /// The image's release, if known.
+    pub release: Option<Release>,
+    names: Vec<&'static str>,
+}
+
+impl TorchNames {
+    pub fn of(sw: &Software) -> Self {
+        match sw.get(Dist::Torch) {
+            Some(r) => Self {
+                release: Some(r),
+                names: torch_names(r),
+            },
+            None => {
+                let all: Vec<Vec<&'static str>> =
+                    torch_releases().map(torch_names).collect();
+                let names = all[0]
+                    .iter()
+                    .copied()
+                    .filter(|n| all.iter().all(|l| l.contains(n)))
+                    .collect();
+                Self {
+                    release: None,
+                    names,
+                }
+            }
+        }
+    }
+
+    /// Whether `cap` (arch-specific with `a`) is a name these take.
+    pub fn accepts(&self, cap: ComputeCapability, arch_specific: bool) -> bool {
+        let name = if arch_specific {
+            format!("{cap}a")
+        } else {
+            cap.to_string()
+        };
+        self.names.contains(&name.as_str())
+    }
+
+    /// Who these names are for, for notes.
+    pub fn who(&self) -> String {
+        match self.release {
+            Some(r) => format!("torch {r} in the image"),
+            None => format!(
+                "every torch from {} (the image's is not known)",
+                TORCH_OLDEST
+            ),
+        }
+    }
+}
+
+/// DeepSpeed's ops whose builders keep only some architectures of
+/// `TORCH_CUDA_ARCH_LIST` (`filter_ccs` in `op_builder/*.py`): the
+/// variable that switches each off in an ahead-of-time build, and the
+/// oldest major it keeps. An op left with nothing raises `Unable to load
+/// ... no compute capabilities remaining after filtering`, which aborts a
+/// `DS_BUILD_OPS=1` install.
+pub const DEEPSPEED_OPS: [(EnvVar, u8); 7] = [
+    (EnvVar::DsBuildFpQuantizer, 8),
+    (EnvVar::DsBuildCutlassOps, 8),
+    (EnvVar::DsBuildRaggedDeviceOps, 8),
+    (EnvVar::DsBuildEvoformerAttn, 7),
+    (EnvVar::DsBuildInferenceCoreOps, 6),
+    (EnvVar::DsBuildRaggedOps, 6),
+    (EnvVar::DsBuildTransformerInference, 6),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_read_as_packaging_writes_them() {
+        let r = |s| Release::parse(s);
+        assert_eq!(r("2.9.1+cu128"), Some(Release::new(2, 9, 1)));
+        assert_eq!(r("2.8.0a0+5228986c39.nv25.6"), Some(Release::new(2, 8, 0)));
+        assert_eq!(r("0.6.7.post3"), Some(Release::new(0, 6, 7)));
+        assert_eq!(r("0.0.33.post2"), Some(Release::new(0, 0, 33)));
+        assert_eq!(r("2.10"), Some(Release::new(2, 10, 0)));
+        assert_eq!(r("2.10rc1"), Some(Release::new(2, 10, 0)));
+        for bad in ["", "2", "v2.9", "1!2.0", "x.y", "99999999.1", ".1.2"] {
+            assert_eq!(r(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn dist_info_names_give_the_consumer_and_its_release() {
+        assert_eq!(
+            dist_info("torch-2.9.1+cu128.dist-info"),
+            Some((Dist::Torch, Release::new(2, 9, 1)))
+        );
+        assert_eq!(
+            dist_info("flashinfer_python-0.7.1.dist-info"),
+            Some((Dist::FlashInfer, Release::new(0, 7, 1)))
+        );
+        assert_eq!(
+            dist_info("Flash_Attn-2.8.3.dist-info"),
+            Some((Dist::FlashAttn, Release::new(2, 8, 3)))
+        );
+        assert_eq!(
+            dist_info("deepspeed-0.19.8-py3.12.egg-info"),
+            Some((Dist::DeepSpeed, Release::new(0, 19, 8)))
+        );
+        for other in [
+            "numpy-2.1.0.dist-info",
+            "torch",
+            "torch-2.9.1.dist-info.bak",
+            "torchvision-0.24.0.dist-info",
+            "torch-.dist-info",
+        ] {
+            assert_eq!(dist_info(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn torch_names_follow_each_release() {
+        let has = |r: Release, n: &str| torch_names(r).contains(&n);
+        assert!(!has(Release::new(2, 5, 1), "10.0"));
+        assert!(has(Release::new(2, 6, 0), "10.0"));
+        assert!(has(Release::new(2, 8, 0), "10.1") && !has(Release::new(2, 8, 0), "11.0"));
+        assert!(!has(Release::new(2, 9, 1), "10.1") && has(Release::new(2, 9, 1), "11.0"));
+        assert!(has(Release::new(2, 15, 0), "10.7"));
+        assert!(has(Release::new(3, 0, 0), "10.7"), "newer: as the newest");
+        assert!(has(Release::new(2, 1, 0), "9.0") && !has(Release::new(2, 1, 0), "9.0a"));
+        // Unknown: what every release takes, so no Blackwell name at all.
+        let any = TorchNames::of(&Software::default());
+        assert!(any.accepts(ComputeCapability::new(9, 0), true));
+        assert!(!any.accepts(ComputeCapability::new(10, 0), false));
+        let sw = Software::default().with_env(|k| (k == PYTORCH_VERSION).then(|| "2.7.0a0".into()));
+        let t = TorchNames::of(&sw);
+        assert!(t.accepts(ComputeCapability::new(10, 1), false));
+        assert!(t.who().contains("torch 2.7.0 in the image"), "{}", t.who());
+    }
+
+    #[test]
+    fn software_serialises_by_distribution_name() {
+        let mut sw = Software::default();
+        sw.dists.insert(Dist::FlashInfer, Release::new(0, 7, 1));
+        sw.read.push("/usr/lib/python3/dist-packages".into());
+        let j = serde_json::to_string(&sw).unwrap();
+        assert!(j.contains("\"flashinfer-python\":\"0.7.1\""), "{j}");
+        assert_eq!(serde_json::from_str::<Software>(&j).unwrap(), sw);
+    }
+}
