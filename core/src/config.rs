@@ -11,6 +11,7 @@
 //!   enable: []           # opt-in variables: [ACCELERATE_MIXED_PRECISION]
 //! hook:
 //!   timeout_ms: 5000     # default: budget of one hook or shim invocation
+//!   image_cache: /run/gpuarch/images  # default: each image's consumers, when the directory exists
 //! runtime:
 //!   path: null           # default: the first of runc, crun on PATH
 //!   env_files: false     # default: no files written into containers (for exec sessions)
@@ -322,11 +323,21 @@ pub struct HookConfig {
     /// 5000; 1 to 60000.
     #[serde(deserialize_with = "timeout_ms")]
     pub timeout_ms: u64,
+    /// Where the consumers read from each image are kept, by image. Used
+    /// only when the directory exists (gpuarch's tmpfiles.d makes it, mode
+    /// 0700); the hook never creates it. Default `/run/gpuarch/images`.
+    pub image_cache: PathBuf,
 }
+
+/// [`HookConfig::image_cache`]'s default.
+pub const DEFAULT_IMAGE_CACHE: &str = "/run/gpuarch/images";
 
 impl Default for HookConfig {
     fn default() -> Self {
-        Self { timeout_ms: 5000 }
+        Self {
+            timeout_ms: 5000,
+            image_cache: PathBuf::from(DEFAULT_IMAGE_CACHE),
+        }
     }
 }
 

@@ -6,7 +6,11 @@ use gpuarch_core::oci::{self, ContainerView};
 use gpuarch_core::plan::{self, Plan};
 use serde_json::{Value, json};
 
+use std::path::Path;
+
 use crate::context::Context;
+use crate::image;
+use crate::rootfs::Root;
 use crate::jit;
 use crate::kernels::{self, Kernels};
 use crate::stage;
@@ -125,10 +129,23 @@ fn apply_hook(config: &mut Value, entry: Value) -> Result<(), HookError> {
 /// and a `createContainer` entry when mounted libraries need ldconfig.
 /// Returns the Plan; a no-op Plan leaves `config` untouched.
 pub fn edit(config: &mut Value, ctx: &Context) -> Result<Plan, HookError> {
-    let view = ContainerView::from_value(config)?;
+    edit_in(config, ctx, None)
+}
+
+/// [`edit`] for a config whose relative `root.path` is relative to
+/// `bundle`.
+pub fn edit_in(config: &mut Value, ctx: &Context, bundle: Option<&Path>) -> Result<Plan, HookError> {
+    let mut view = ContainerView::from_value(config)?;
     let mut plan = plan::plan(&view, &ctx.inventory, &ctx.config.env);
     if plan.is_noop() {
         return Ok(plan);
+    }
+    // A config with a relative root and no bundle, or a rootfs not there
+    // yet, has no image to read.
+    if let Some(root) = image::rootfs_of(config, bundle).and_then(|r| Root::open(&r).ok()) {
+        let notes = read_image(&mut view, &root, ctx);
+        plan = plan::plan(&view, &ctx.inventory, &ctx.config.env);
+        plan.notes.extend(notes);
     }
     let (kernels, notes) = kernels::discover(
         &ctx.config.kernels,
@@ -171,6 +188,14 @@ pub fn edit(config: &mut Value, ctx: &Context) -> Result<Plan, HookError> {
         }
     }
     Ok(plan)
+}
+
+/// Read the consumers of the image at `root` into `view` (through the
+/// handle confined to it, cached in `hook.image_cache`); the notes.
+pub fn read_image(view: &mut ContainerView, root: &Root, ctx: &Context) -> Vec<String> {
+    let (sw, notes) = image::read(root, Some(&ctx.config.hook.image_cache));
+    view.software = sw;
+    notes
 }
 
 /// Does a mount in `config` cover `/run/gpuarch/env` or

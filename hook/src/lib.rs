@@ -17,6 +17,7 @@ pub mod cli;
 pub mod context;
 pub mod edit;
 mod exec;
+pub mod image;
 pub mod jit;
 pub mod kernels;
 pub mod ldconfig;

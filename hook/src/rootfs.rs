@@ -77,6 +77,43 @@ impl Root {
         openat2(self.fd.as_fd(), rel, how)
     }
 
+    /// Open directory `rel` (relative to the container's `/`) for reading
+    /// its entries; symlinks on the way resolve inside the rootfs.
+    pub fn open_dir_read(&self, rel: &Path) -> Result<OwnedFd, Errno> {
+        let how = OpenHow::new()
+            .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+            .resolve(IN_ROOT);
+        openat2(self.fd.as_fd(), rel, how)
+    }
+
+    /// The first `max` bytes of regular file `rel`. Anything else (a FIFO,
+    /// which would block, a device node, whose open may act on a device)
+    /// is refused before it is opened for reading: it is looked up as a
+    /// path only, checked, and only a regular file is reopened to read.
+    pub fn read_regular(&self, rel: &Path, max: usize) -> Result<Vec<u8>, Errno> {
+        use std::io::Read;
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+            .resolve(IN_ROOT);
+        let path = openat2(self.fd.as_fd(), rel, how)?;
+        let st = nix::sys::stat::fstat(path.as_fd())?;
+        if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG {
+            return Err(Errno::EINVAL);
+        }
+        let reopen = OpenHow::new().flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOCTTY);
+        let fd = openat2(
+            nix::fcntl::AT_FDCWD,
+            Path::new(&format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&path))),
+            reopen,
+        )?;
+        let mut out = Vec::new();
+        std::fs::File::from(fd)
+            .take(max as u64)
+            .read_to_end(&mut out)
+            .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(nix::libc::EIO)))?;
+        Ok(out)
+    }
+
     /// Open directory `rel` (relative to the container's `/`), creating the
     /// missing parts with `mode`. Every prefix is resolved from the rootfs,
     /// so symlinks on the way are followed as the container would see them.

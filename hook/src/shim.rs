@@ -276,7 +276,7 @@ pub fn rewrite_bundle(bundle: &Path, ctx: &Context) -> Result<Plan, ShimError> {
         source,
     };
     let (bytes, mut config, meta) = context::read_config_file(&path).map_err(cfg_err)?;
-    let plan = edit::edit(&mut config, ctx).map_err(|e| ShimError::Edit {
+    let plan = edit::edit_in(&mut config, ctx, Some(bundle)).map_err(|e| ShimError::Edit {
         path: path.clone(),
         source: edit::locate(e, &bytes),
     })?;

@@ -165,6 +165,7 @@ pub fn run(stage: Stage, state: &State, ctx: &Context) -> Result<Outcome, StageE
         override_existing: true,
         ..ctx.config.env.clone()
     };
+    let mut view = view;
     let mut full = plan::plan(&view, &ctx.inventory, &full_cfg);
     if full.is_noop() {
         return Ok(Outcome {
@@ -185,6 +186,8 @@ pub fn run(stage: Stage, state: &State, ctx: &Context) -> Result<Outcome, StageE
     };
     let root = Root::open(&rootfs)?;
     let mut notes = Vec::new();
+    notes.extend(crate::edit::read_image(&mut view, &root, ctx));
+    full = plan::plan(&view, &ctx.inventory, &full_cfg);
     let mut libs = library_dirs(
         &config,
         &ctx.config.kernels.mount_root,
