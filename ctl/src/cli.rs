@@ -261,6 +261,12 @@ pub struct PlanArgs {
         requires = "devices"
     )]
     pub env: Vec<String>,
+    /// A consumer the image holds (DIST==VERSION: torch==2.9.1,
+    /// xformers==0.0.33, deepspeed==0.19.8), repeatable; given once or more,
+    /// the image is taken to hold no other ('none' for none at all).
+    /// Without it the image's consumers are not known.
+    #[arg(long = "software", value_name = "DIST==VERSION")]
+    pub software: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -291,6 +297,12 @@ pub enum ArchCmd {
         /// A GPU's compute capability: the target this toolkit builds for it.
         #[arg(long, value_name = "CAP", requires = "cuda")]
         on: Option<String>,
+    },
+    /// The arch names each torch release takes in TORCH_CUDA_ARCH_LIST
+    /// (its cpp_extension's supported_arches); with a version, that one's.
+    Torch {
+        /// A torch release (2.9.1, or 2.9.1+cu128 as its dist-info says).
+        version: Option<String>,
     },
 }
 

@@ -120,7 +120,30 @@ pub fn run(json: bool, cmd: &ArchCmd, out: &mut String) -> Result<u8> {
             Ok(0)
         }
         ArchCmd::Toolkit { cuda, on } => toolkit(json, cuda.as_deref(), on.as_deref(), out),
+        ArchCmd::Torch { version } => torch(json, version.as_deref(), out),
     }
+}
+
+fn torch(json: bool, version: Option<&str>, out: &mut String) -> Result<u8> {
+    use gpuarch_core::software::{self, Release};
+    let releases: Vec<Release> = match version {
+        Some(v) => vec![Release::parse(v).ok_or_else(|| anyhow!("{v:?} is not a torch version (2.9.1)"))?],
+        None => software::torch_releases().collect(),
+    };
+    if json {
+        let m: serde_json::Map<String, serde_json::Value> = releases
+            .iter()
+            .map(|r| (r.to_string(), json!(software::torch_names(*r))))
+            .collect();
+        render::json(out, &json!({ "releases": m }))?;
+    } else {
+        let rows: Vec<Vec<String>> = releases
+            .iter()
+            .map(|r| vec![format!("torch {r}"), software::torch_names(*r).join(" ")])
+            .collect();
+        out.push_str(&table(&rows));
+    }
+    Ok(0)
 }
 
 fn toolkit(json: bool, cuda: Option<&str>, on: Option<&str>, out: &mut String) -> Result<u8> {

@@ -7,6 +7,7 @@ use std::path::Path;
 use anyhow::{Context, Result, anyhow};
 use gpuarch_core::oci::{self, ContainerView};
 use gpuarch_core::plan;
+use gpuarch_core::software::{Dist, Release, Software};
 use gpuarch_wire::dbus::InventoryProxy;
 use serde_json::json;
 
@@ -31,6 +32,28 @@ fn entries(list: &str) -> Vec<&str> {
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .collect()
+}
+
+/// The image's consumers from `--software` entries.
+fn software(entries: &[String]) -> Result<Software> {
+    let mut sw = Software::default();
+    if entries.is_empty() {
+        return Ok(sw);
+    }
+    sw.read.push("--software".to_owned());
+    for e in entries.iter().filter(|e| *e != "none") {
+        let (name, version) = e
+            .split_once("==")
+            .ok_or_else(|| anyhow!("--software {e:?}: expected DIST==VERSION (torch==2.9.1)"))?;
+        let dist = Dist::from_name(name).ok_or_else(|| {
+            let known: Vec<_> = Dist::ALL.iter().map(|d| d.name()).collect();
+            anyhow!("--software {e:?}: gpuarch knows {}", known.join(", "))
+        })?;
+        let release = Release::parse(version)
+            .ok_or_else(|| anyhow!("--software {e:?}: {version:?} is not a version"))?;
+        sw.dists.insert(dist, release);
+    }
+    Ok(sw)
 }
 
 /// A device list, asked of the source.
@@ -73,13 +96,19 @@ pub fn local(cli: &Cli, args: &PlanArgs, out: &mut String) -> Result<u8> {
             .ok_or_else(|| anyhow!("--env {e:?}: expected KEY=VALUE"))?;
         env.push((k.to_owned(), v.to_owned()));
     }
+    let software = software(&args.software)?;
     let cfg = gpuarch_inventory::read_config()?;
     let (snap, _) = Offline::of(cli).inventory()?;
     let plan = match view {
-        Some(view) => plan::plan(&view, &snap, &cfg.env),
+        Some(mut view) => {
+            view.software = software;
+            plan::plan(&view, &snap, &cfg.env)
+        }
         None => {
             let list = args.devices.as_deref().unwrap_or_default();
-            plan::plan_request(list, &ContainerView::with_env(env), &snap, &cfg.env)
+            let mut view = ContainerView::with_env(env);
+            view.software = software;
+            plan::plan_request(list, &view, &snap, &cfg.env)
         }
     };
     if cli.json {
