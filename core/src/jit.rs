@@ -130,6 +130,19 @@ fn annotation<'a>(view: &'a ContainerView, keys: &[&str]) -> Option<&'a str> {
         .filter(|v| !v.is_empty())
 }
 
+/// An image whose torch names every architecture (the table's newest): the
+/// cache is named by what the GPUs are, not by the names the image's own
+/// torch takes (an image whose torch is not known gets `9.0+PTX` for every
+/// Blackwell, which must not make them share a cache).
+fn names_every_gpu() -> crate::software::Software {
+    use crate::software::{Dist, Software, torch_releases};
+    let mut sw = Software::default();
+    if let Some(newest) = torch_releases().last() {
+        sw.dists.insert(Dist::Torch, newest);
+    }
+    sw
+}
+
 /// `<targets>`: the entries of the container's torch arch list for its
 /// toolkit (whether or not the container keeps that variable: this names
 /// what its GPUs are, not what it asked for), and the toolkit when known.
@@ -140,7 +153,7 @@ fn targets_dir(
 ) -> Option<String> {
     let caps: Vec<_> = plan.gpus.iter().map(|g| g.compute_capability).collect();
     let tk = toolkit::of_container(view, cfg.cuda_version, &mut Vec::new());
-    let (hints, _) = plan::hints_for(&caps, tk.as_ref(), &crate::software::Software::of(view));
+    let (hints, _) = plan::hints_for(&caps, tk.as_ref(), &names_every_gpu());
     let list = hints
         .into_iter()
         .find(|(v, _)| *v == EnvVar::TorchCudaArchList)?

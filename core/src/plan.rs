@@ -6,6 +6,7 @@ use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
 
 use crate::arch::ComputeCapability;
+use crate::arch::CudaVersion;
 use crate::config::EnvConfig;
 pub use crate::env::EnvVar;
 use crate::features::Feature;
@@ -14,7 +15,6 @@ use crate::select::{self, AssignedGpu, Selection, Source};
 use crate::snapshot::Snapshot;
 use crate::software::{self, Dist, Software, TorchNames};
 use crate::toolkit::{self, Toolkit};
-use crate::arch::CudaVersion;
 
 /// What a container gets.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -296,13 +296,16 @@ fn arch_lists(
             )),
         }
         if builds(named) {
-            flashinfer.push((named, match (named.major, named.minor) {
-                (0..=8, _) => named.to_string(),
-                (12, 0) if tk.is_some_and(|t| t.version >= CudaVersion::new(12, 9)) => {
-                    "12.0f".to_owned()
-                }
-                _ => format!("{named}a"),
-            }));
+            flashinfer.push((
+                named,
+                match (named.major, named.minor) {
+                    (0..=8, _) => named.to_string(),
+                    (12, 0) if tk.is_some_and(|t| t.version >= CudaVersion::new(12, 9)) => {
+                        "12.0f".to_owned()
+                    }
+                    _ => format!("{named}a"),
+                },
+            ));
         } else if let Some(from) = &from {
             notes.push(format!(
                 "{from} cannot build sm_{}a: FLASHINFER_CUDA_ARCH_LIST leaves {cap} out (FlashInfer builds arch-specific code, which runs only on its own architecture)",
@@ -387,7 +390,10 @@ fn flash_attn_fit(cap: ComputeCapability) -> Option<(ComputeCapability, Option<(
             .copied()
     };
     let first = fit(names[0])?;
-    names.iter().all(|n| fit(*n) == Some(first)).then_some(first)
+    names
+        .iter()
+        .all(|n| fit(*n) == Some(first))
+        .then_some(first)
 }
 
 /// Whether FlashAttention-2 runs on every GPU: the capability it needs,
@@ -576,7 +582,10 @@ fn feature_note(var: EnvVar, value: &str, f: Feature, gpus: &[AssignedGpu]) -> S
 fn attn_note(value: &str, gpus: &[AssignedGpu]) -> String {
     let var = EnvVar::AttnImplementation;
     let f = Feature::FlashAttention2;
-    match gpus.iter().find(|g| flash_attn_fit(g.compute_capability).is_none()) {
+    match gpus
+        .iter()
+        .find(|g| flash_attn_fit(g.compute_capability).is_none())
+    {
         Some(g) if f.supported_on_all(&[g.compute_capability]) => format!(
             "{var}={value}: flash-attn builds nothing that runs on {} (sm_80, sm_90, sm_100 and sm_120 only)",
             g.label()
@@ -587,13 +596,8 @@ fn attn_note(value: &str, gpus: &[AssignedGpu]) -> String {
 
 /// What the Plan knows of the image's consumers, and from where.
 fn software_note(sw: &Software, view: &ContainerView) -> String {
-    let found: Vec<String> = sw
-        .dists
-        .iter()
-        .map(|(d, r)| format!("{d} {r}"))
-        .collect();
-    let env = sw.get(Dist::Torch).is_some()
-        && !view.software.dists.contains_key(&Dist::Torch);
+    let found: Vec<String> = sw.dists.iter().map(|(d, r)| format!("{d} {r}")).collect();
+    let env = sw.get(Dist::Torch).is_some() && !view.software.dists.contains_key(&Dist::Torch);
     let found = if found.is_empty() {
         "none of gpuarch's consumers".to_owned()
     } else {
@@ -710,7 +714,10 @@ fn plan_selection(sel: Selection, view: &ContainerView, cfg: &EnvConfig) -> Plan
     }
     // DeepSpeed's ops are switched off for the torch list gpuarch sets;
     // under the container's own list they are its business.
-    if !env.iter().any(|(k, _)| k == EnvVar::TorchCudaArchList.name()) {
+    if !env
+        .iter()
+        .any(|(k, _)| k == EnvVar::TorchCudaArchList.name())
+    {
         env.retain(|(k, _)| !k.starts_with("DS_BUILD_"));
     }
     Plan {
@@ -751,7 +758,11 @@ mod tests {
     /// The arch lists, FLASH_ATTN_CUDA_ARCHS and the notes for a container
     /// of `blackwell_host` with env `env` (CUDA_VERSION, PYTORCH_VERSION).
     fn lists(env: &[(&str, &str)], cfg: &EnvConfig) -> [Option<String>; 3] {
-        let p = plan(&ContainerView::with_env(env.to_vec()), &blackwell_host(), cfg);
+        let p = plan(
+            &ContainerView::with_env(env.to_vec()),
+            &blackwell_host(),
+            cfg,
+        );
         let get = |k: &str| p.env_get(k).map(str::to_owned);
         [
             get("TORCH_CUDA_ARCH_LIST"),
@@ -807,7 +818,9 @@ mod tests {
                 &[nvd("0,1,2"), cuda("12.9.0"), torch("2.8.0")],
                 Some("10.1;10.3;12.1"),
                 Some("10.1a 10.3a 12.1a"),
-                &["CUDA 12.9 (CUDA_VERSION in the container) names the architecture of 11.0 sm_101"],
+                &[
+                    "CUDA 12.9 (CUDA_VERSION in the container) names the architecture of 11.0 sm_101",
+                ],
             ),
             // ...torch 2.9 does not: sm_100 with its PTX, which runs on Thor
             // whichever name its driver gives it.
@@ -815,13 +828,17 @@ mod tests {
                 &[nvd("2"), cuda("12.9.0"), torch("2.9.1")],
                 Some("10.0+PTX"),
                 Some("10.1a"),
-                &["torch 2.9.1 in the image does not take 10.1: TORCH_CUDA_ARCH_LIST has 10.0+PTX for 11.0"],
+                &[
+                    "torch 2.9.1 in the image does not take 10.1: TORCH_CUDA_ARCH_LIST has 10.0+PTX for 11.0",
+                ],
             ),
             (
                 &[nvd("0,1,2"), cuda("12.8"), torch("2.7.1")],
                 Some("10.0;10.1;12.0"),
                 Some("10.1a"),
-                &["cannot build sm_103: TORCH_CUDA_ARCH_LIST has 10.0 for 10.3 (its SASS runs there)"],
+                &[
+                    "cannot build sm_103: TORCH_CUDA_ARCH_LIST has 10.0 for 10.3 (its SASS runs there)",
+                ],
             ),
             (
                 &[
@@ -835,7 +852,11 @@ mod tests {
             ),
             // The container's own list still wins.
             (
-                &[nvd("0"), cuda("12.8.1"), ("TORCH_CUDA_ARCH_LIST", "12.0+PTX")],
+                &[
+                    nvd("0"),
+                    cuda("12.8.1"),
+                    ("TORCH_CUDA_ARCH_LIST", "12.0+PTX"),
+                ],
                 None,
                 None,
                 &["TORCH_CUDA_ARCH_LIST left as the container sets it"],
@@ -857,9 +878,18 @@ mod tests {
         };
         let [torch, fi, notes] = lists(&[nvd("2,3"), torch("2.9.1")], &with_default);
         let notes = notes.unwrap();
-        assert_eq!((torch.as_deref(), fi.as_deref()), (Some("11.0"), Some("11.0a")));
-        assert!(notes.contains("nothing that runs on 7.0 is both built and taken"), "{notes}");
-        assert!(notes.contains("from env.cuda_version in the config"), "{notes}");
+        assert_eq!(
+            (torch.as_deref(), fi.as_deref()),
+            (Some("11.0"), Some("11.0a"))
+        );
+        assert!(
+            notes.contains("nothing that runs on 7.0 is both built and taken"),
+            "{notes}"
+        );
+        assert!(
+            notes.contains("from env.cuda_version in the config"),
+            "{notes}"
+        );
         let [torch, fi, notes] = lists(&[nvd("3")], &with_default);
         assert_eq!((torch, fi), (None, None));
         assert!(notes.unwrap().contains("TORCH_CUDA_ARCH_LIST not set"));
@@ -870,13 +900,20 @@ mod tests {
         let h = blackwell_host();
         let p = |env: &[(&str, &str)]| plan(&ContainerView::with_env(env.to_vec()), &h, &cfg());
         let fa = |env: &[(&str, &str)]| p(env).env_get("FLASH_ATTN_CUDA_ARCHS").map(str::to_owned);
-        assert_eq!(fa(&[("NVIDIA_VISIBLE_DEVICES", "0,1")]).as_deref(), Some("100;120"));
+        assert_eq!(
+            fa(&[("NVIDIA_VISIBLE_DEVICES", "0,1")]).as_deref(),
+            Some("100;120")
+        );
         // Thor: sm_100's SASS runs on it as 10.1 (CUDA 12) and not as 11.0
         // (CUDA 13), so under neither name; nor FlashAttention-2 hinted.
         for cuda in ["12.9", "13.0"] {
             let plan = p(&[("NVIDIA_VISIBLE_DEVICES", "2"), ("CUDA_VERSION", cuda)]);
             assert_eq!(plan.env_get("FLASH_ATTN_CUDA_ARCHS"), None, "{cuda}");
-            assert_eq!(plan.env_get("GPUARCH_ATTN_IMPLEMENTATION"), Some("sdpa"), "{cuda}");
+            assert_eq!(
+                plan.env_get("GPUARCH_ATTN_IMPLEMENTATION"),
+                Some("sdpa"),
+                "{cuda}"
+            );
             let notes = plan.notes.join("\n");
             assert!(
                 notes.contains("none runs on 11.0 under every name CUDA gives it")
@@ -884,14 +921,22 @@ mod tests {
                 "{notes}"
             );
         }
-        assert_eq!(fa(&[("NVIDIA_VISIBLE_DEVICES", "0,3")]), None, "Volta: no FA2");
+        assert_eq!(
+            fa(&[("NVIDIA_VISIBLE_DEVICES", "0,3")]),
+            None,
+            "Volta: no FA2"
+        );
         assert_eq!(
             fa(&[("NVIDIA_VISIBLE_DEVICES", "0"), ("CUDA_VERSION", "12.6.3")]),
             None,
             "sm_120 needs CUDA 12.8 in flash-attn's build"
         );
         let p = plan(&nvd("1,2"), &super::tests::host(), &cfg());
-        assert_eq!(p.env_get("FLASH_ATTN_CUDA_ARCHS"), Some("80"), "8.6 and 8.0: 80 once");
+        assert_eq!(
+            p.env_get("FLASH_ATTN_CUDA_ARCHS"),
+            Some("80"),
+            "8.6 and 8.0: 80 once"
+        );
     }
 
     /// A node of one GPU of capability `cc`, in an image holding `dists`.
@@ -906,25 +951,50 @@ mod tests {
                 .insert(*d, crate::software::Release::parse(r).unwrap());
         }
         if read {
-            v.software.read.push("/usr/lib/python3/dist-packages".into());
+            v.software
+                .read
+                .push("/usr/lib/python3/dist-packages".into());
         }
         plan(&v, &h, &cfg())
     }
 
     #[test]
     fn xformers_gets_9_0a_on_hopper_unless_deepspeed_would_reject_it() {
-        let p = one_gpu("9.0", &[(Dist::Xformers, "0.0.33"), (Dist::Torch, "2.9.1")], true);
-        assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("9.0a"));
-        assert!(p.notes.iter().any(|n| n.contains("xformers 0.0.33 in the image builds FlashAttention 3")), "{:?}", p.notes);
         let p = one_gpu(
             "9.0",
-            &[(Dist::Xformers, "0.0.33"), (Dist::DeepSpeed, "0.19.8"), (Dist::Torch, "2.9.1")],
+            &[(Dist::Xformers, "0.0.33"), (Dist::Torch, "2.9.1")],
+            true,
+        );
+        assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("9.0a"));
+        assert!(
+            p.notes
+                .iter()
+                .any(|n| n.contains("xformers 0.0.33 in the image builds FlashAttention 3")),
+            "{:?}",
+            p.notes
+        );
+        let p = one_gpu(
+            "9.0",
+            &[
+                (Dist::Xformers, "0.0.33"),
+                (Dist::DeepSpeed, "0.19.8"),
+                (Dist::Torch, "2.9.1"),
+            ],
             true,
         );
         assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("9.0"));
-        assert!(p.notes.iter().any(|n| n.contains("DeepSpeed 0.19.8 in the image rejects 9.0a")), "{:?}", p.notes);
+        assert!(
+            p.notes
+                .iter()
+                .any(|n| n.contains("DeepSpeed 0.19.8 in the image rejects 9.0a")),
+            "{:?}",
+            p.notes
+        );
         // Without xformers, or not on a Hopper: as ever.
-        assert_eq!(one_gpu("9.0", &[], true).env_get("TORCH_CUDA_ARCH_LIST"), Some("9.0"));
+        assert_eq!(
+            one_gpu("9.0", &[], true).env_get("TORCH_CUDA_ARCH_LIST"),
+            Some("9.0")
+        );
         let p = one_gpu("8.6", &[(Dist::Xformers, "0.0.33")], true);
         assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("8.6"));
     }
@@ -940,17 +1010,31 @@ mod tests {
         };
         // A Turing: the three ops that keep 8.0 and newer only, where
         // DeepSpeed is present or the image was not read.
-        let want = ["DS_BUILD_FP_QUANTIZER=0", "DS_BUILD_CUTLASS_OPS=0", "DS_BUILD_RAGGED_DEVICE_OPS=0"];
-        assert_eq!(ds(&one_gpu("7.5", &[(Dist::DeepSpeed, "0.19.8")], true)), want);
+        let want = [
+            "DS_BUILD_FP_QUANTIZER=0",
+            "DS_BUILD_CUTLASS_OPS=0",
+            "DS_BUILD_RAGGED_DEVICE_OPS=0",
+        ];
+        assert_eq!(
+            ds(&one_gpu("7.5", &[(Dist::DeepSpeed, "0.19.8")], true)),
+            want
+        );
         assert_eq!(ds(&one_gpu("7.5", &[], false)), want);
-        assert_eq!(ds(&one_gpu("7.5", &[], true)), Vec::<String>::new(), "read, no DeepSpeed");
+        assert_eq!(
+            ds(&one_gpu("7.5", &[], true)),
+            Vec::<String>::new(),
+            "read, no DeepSpeed"
+        );
         // A Pascal: the one for 7.0 too.
         assert_eq!(ds(&one_gpu("6.1", &[], false)).len(), 4);
         assert!(ds(&one_gpu("8.6", &[], false)).is_empty());
         // Under the container's own list, nothing of DeepSpeed's.
         let mut h = host();
         h.devices.truncate(1);
-        let v = ContainerView::with_env([("NVIDIA_VISIBLE_DEVICES", "0"), ("TORCH_CUDA_ARCH_LIST", "7.5")]);
+        let v = ContainerView::with_env([
+            ("NVIDIA_VISIBLE_DEVICES", "0"),
+            ("TORCH_CUDA_ARCH_LIST", "7.5"),
+        ]);
         assert!(ds(&plan(&v, &h, &cfg())).is_empty());
     }
 

@@ -320,8 +320,7 @@ impl TorchNames {
                 names: torch_names(r),
             },
             None => {
-                let all: Vec<Vec<&'static str>> =
-                    torch_releases().map(torch_names).collect();
+                let all: Vec<Vec<&'static str>> = torch_releases().map(torch_names).collect();
                 let names = all[0]
                     .iter()
                     .copied()

@@ -40,7 +40,11 @@ fn write(root: &Path, rel: &str, text: &str) {
 fn image(root: &Path) {
     let site = "usr/local/lib/python3.12/dist-packages";
     for i in 0..400 {
-        let name = if i == 200 { "torch".to_owned() } else { format!("pkg{i}") };
+        let name = if i == 200 {
+            "torch".to_owned()
+        } else {
+            format!("pkg{i}")
+        };
         let version = if i == 200 { "2.9.1+cu128" } else { "1.0.0" };
         write(
             root,
@@ -50,7 +54,8 @@ fn image(root: &Path) {
         std::fs::create_dir_all(root.join(site).join(&name)).unwrap();
     }
     for i in 0..30 {
-        std::fs::create_dir_all(root.join(format!("usr/lib/python3/dist-packages/deb{i}"))).unwrap();
+        std::fs::create_dir_all(root.join(format!("usr/lib/python3/dist-packages/deb{i}")))
+            .unwrap();
     }
     for i in 0..150 {
         std::fs::create_dir_all(root.join(format!("usr/lib/lib{i}"))).unwrap();

@@ -10,9 +10,9 @@ use std::path::Path;
 
 use crate::context::Context;
 use crate::image;
-use crate::rootfs::Root;
 use crate::jit;
 use crate::kernels::{self, Kernels};
+use crate::rootfs::Root;
 use crate::stage;
 
 #[derive(Debug, thiserror::Error)]
@@ -134,7 +134,11 @@ pub fn edit(config: &mut Value, ctx: &Context) -> Result<Plan, HookError> {
 
 /// [`edit`] for a config whose relative `root.path` is relative to
 /// `bundle`.
-pub fn edit_in(config: &mut Value, ctx: &Context, bundle: Option<&Path>) -> Result<Plan, HookError> {
+pub fn edit_in(
+    config: &mut Value,
+    ctx: &Context,
+    bundle: Option<&Path>,
+) -> Result<Plan, HookError> {
     let mut view = ContainerView::from_value(config)?;
     let mut plan = plan::plan(&view, &ctx.inventory, &ctx.config.env);
     if plan.is_noop() {

@@ -83,11 +83,7 @@ struct Environment {
 }
 
 /// Names in directory `dir`, each passed to `each`, under the budget.
-fn names(
-    dir: &OwnedFd,
-    budget: &mut Budget,
-    mut each: impl FnMut(&str),
-) -> Result<(), Stop> {
+fn names(dir: &OwnedFd, budget: &mut Budget, mut each: impl FnMut(&str)) -> Result<(), Stop> {
     let Ok(fd) = nix::unistd::dup(dir.as_fd()) else {
         return Ok(());
     };
@@ -342,9 +338,15 @@ mod tests {
             "Name: xformers\nVersion: 0.0.33.post2\n",
         );
         // No METADATA: the entry's name.
-        std::fs::create_dir_all(r.join("usr/lib/python3.12/site-packages/deepspeed-0.19.8.dist-info"))
-            .unwrap();
-        write(r, "usr/lib/python3.12/site-packages/numpy-2.1.0.dist-info/METADATA", "Version: 2.1.0\n");
+        std::fs::create_dir_all(
+            r.join("usr/lib/python3.12/site-packages/deepspeed-0.19.8.dist-info"),
+        )
+        .unwrap();
+        write(
+            r,
+            "usr/lib/python3.12/site-packages/numpy-2.1.0.dist-info/METADATA",
+            "Version: 2.1.0\n",
+        );
         let root = Root::open(r).unwrap();
         let (sw, notes) = read(&root, None);
         assert!(notes.is_empty(), "{notes:?}");
@@ -365,13 +367,25 @@ mod tests {
     fn two_torches_make_torch_unknown_and_no_environment_is_known_absence() {
         let dir = tempfile::tempdir().unwrap();
         let r = dir.path();
-        for (env, v) in [("usr/lib/python3.10/site-packages", "2.7.1"), ("opt/venv/lib/python3.12/site-packages", "2.9.1")] {
-            write(r, &format!("{env}/torch-{v}.dist-info/METADATA"), &format!("Version: {v}\n"));
+        for (env, v) in [
+            ("usr/lib/python3.10/site-packages", "2.7.1"),
+            ("opt/venv/lib/python3.12/site-packages", "2.9.1"),
+        ] {
+            write(
+                r,
+                &format!("{env}/torch-{v}.dist-info/METADATA"),
+                &format!("Version: {v}\n"),
+            );
         }
         let (sw, notes) = read(&Root::open(r).unwrap(), None);
         assert_eq!(sw.get(Dist::Torch), None);
         assert!(sw.was_read());
-        assert!(notes[0].contains("torch 2.7.1 (/usr/lib/python3.10/site-packages/torch-2.7.1.dist-info) and 2.9.1"), "{notes:?}");
+        assert!(
+            notes[0].contains(
+                "torch 2.7.1 (/usr/lib/python3.10/site-packages/torch-2.7.1.dist-info) and 2.9.1"
+            ),
+            "{notes:?}"
+        );
         let empty = tempfile::tempdir().unwrap();
         let (sw, _) = read(&Root::open(empty.path()).unwrap(), None);
         assert!(sw.was_read() && sw.dists.is_empty() && !sw.may_have(Dist::DeepSpeed));
@@ -385,8 +399,11 @@ mod tests {
         // METADATA a FIFO: opening it to read would wait for a writer.
         let d = r.join(env).join("torch-2.7.1.dist-info");
         std::fs::create_dir_all(&d).unwrap();
-        nix::unistd::mkfifo(&d.join("METADATA"), nix::sys::stat::Mode::from_bits_truncate(0o644))
-            .unwrap();
+        nix::unistd::mkfifo(
+            &d.join("METADATA"),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
         // METADATA an absolute link: it resolves inside the image, to the
         // image's file, never the host's beside it.
         let d = r.join(env).join("deepspeed-0.1.0.dist-info");
@@ -395,14 +412,25 @@ mod tests {
         std::os::unix::fs::symlink(dir.path().join("host-metadata"), d.join("METADATA")).unwrap();
         // An environment that is a link out of the image: followed inside.
         std::fs::create_dir_all(r.join("opt/conda/lib/python3.11")).unwrap();
-        std::os::unix::fs::symlink("/../../../../", r.join("opt/conda/lib/python3.11/site-packages"))
-            .unwrap();
+        std::os::unix::fs::symlink(
+            "/../../../../",
+            r.join("opt/conda/lib/python3.11/site-packages"),
+        )
+        .unwrap();
         let root = Root::open(&r).unwrap();
         let t = Instant::now();
         let (sw, notes) = read(&root, None);
         assert!(t.elapsed() < Duration::from_secs(1));
-        assert_eq!(sw.get(Dist::Torch), Some(Release::new(2, 7, 1)), "by its name");
-        assert_eq!(sw.get(Dist::DeepSpeed), Some(Release::new(0, 1, 0)), "not the host's 6.6.6");
+        assert_eq!(
+            sw.get(Dist::Torch),
+            Some(Release::new(2, 7, 1)),
+            "by its name"
+        );
+        assert_eq!(
+            sw.get(Dist::DeepSpeed),
+            Some(Release::new(0, 1, 0)),
+            "not the host's 6.6.6"
+        );
         assert!(notes.is_empty(), "{notes:?}");
         // Entries past the bound: the image counts as not read.
         for i in 0..64 {
@@ -410,7 +438,10 @@ mod tests {
         }
         let (sw, notes) = read_within(&root, None, 32);
         assert!(!sw.was_read() && sw.dists.is_empty());
-        assert!(notes[0].contains("not read: over 32 directory entries"), "{notes:?}");
+        assert!(
+            notes[0].contains("not read: over 32 directory entries"),
+            "{notes:?}"
+        );
     }
 
     #[test]
@@ -419,16 +450,28 @@ mod tests {
         let cache = tempfile::tempdir().unwrap();
         let r = dir.path();
         let env = "usr/lib/python3.12/site-packages";
-        write(r, &format!("{env}/torch-2.7.1.dist-info/METADATA"), "Version: 2.7.1\n");
+        write(
+            r,
+            &format!("{env}/torch-2.7.1.dist-info/METADATA"),
+            "Version: 2.7.1\n",
+        );
         let root = Root::open(r).unwrap();
         let (first, _) = read(&root, Some(cache.path()));
         assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 1);
         // A changed METADATA alone is not seen: the entry answers.
-        write(r, &format!("{env}/torch-2.7.1.dist-info/METADATA"), "Version: 2.9.1\n");
+        write(
+            r,
+            &format!("{env}/torch-2.7.1.dist-info/METADATA"),
+            "Version: 2.9.1\n",
+        );
         assert_eq!(read(&root, Some(cache.path())).0, first);
         // A package installed changes the environment: read again.
         std::thread::sleep(Duration::from_millis(20));
-        write(r, &format!("{env}/deepspeed-0.19.8.dist-info/METADATA"), "Version: 0.19.8\n");
+        write(
+            r,
+            &format!("{env}/deepspeed-0.19.8.dist-info/METADATA"),
+            "Version: 0.19.8\n",
+        );
         let (again, _) = read(&root, Some(cache.path()));
         assert_eq!(again.get(Dist::Torch), Some(Release::new(2, 9, 1)));
         assert!(again.get(Dist::DeepSpeed).is_some());

@@ -103,7 +103,10 @@ impl Root {
         let reopen = OpenHow::new().flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOCTTY);
         let fd = openat2(
             nix::fcntl::AT_FDCWD,
-            Path::new(&format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&path))),
+            Path::new(&format!(
+                "/proc/self/fd/{}",
+                std::os::fd::AsRawFd::as_raw_fd(&path)
+            )),
             reopen,
         )?;
         let mut out = Vec::new();

@@ -125,9 +125,14 @@ fn plan_on_the_real_h100_reading_is_what_the_real_host_printed() {
     assert_eq!(on_host["TORCH_CUDA_ARCH_LIST"], "9.0");
     let here = json(&ctl("h100-real", &["plan", "--devices", "0", "--json"]));
     let mut env = here["env"].clone();
-    // Set since that run (issue 20): flash-attn's build list, sm_90 for Hopper.
+    // Set since that run: flash-attn's build list, sm_90 for Hopper.
     assert_eq!(env["FLASH_ATTN_CUDA_ARCHS"], "90");
     env.as_object_mut().unwrap().remove("FLASH_ATTN_CUDA_ARCHS");
+    // Changed since: FlashInfer's suffix written out, as its releases
+    // before 0.6.7 use the list verbatim and would lose sm_90a.
+    assert_eq!(on_host["FLASHINFER_CUDA_ARCH_LIST"], "9.0");
+    assert_eq!(env["FLASHINFER_CUDA_ARCH_LIST"], "9.0a");
+    env["FLASHINFER_CUDA_ARCH_LIST"] = on_host["FLASHINFER_CUDA_ARCH_LIST"].clone();
     assert_eq!(env, on_host);
 }
 
@@ -193,7 +198,14 @@ fn unknown_devices_are_notes_and_nothing_changes() {
 fn a_snapshot_file_is_read_through_gpuarch_inventory() {
     let inv = fixture("4090-5090");
     let out = ctl_plain(
-        &["plan", "--devices", "all", "--json"],
+        &[
+            "plan",
+            "--devices",
+            "all",
+            "--json",
+            "--software",
+            "torch==2.9.1",
+        ],
         &[("GPUARCH_INVENTORY", inv.to_str().unwrap())],
     );
     let p = json(&out);
@@ -271,6 +283,8 @@ fn a_gb10_under_cuda_12_8_gets_12_0_and_the_reason() {
             "0",
             "-e",
             "CUDA_VERSION=12.8.1",
+            "--software",
+            "torch==2.7.1",
             "--json",
         ],
     ));
@@ -282,10 +296,23 @@ fn a_gb10_under_cuda_12_8_gets_12_0_and_the_reason() {
             && notes.contains("cannot build sm_121: TORCH_CUDA_ARCH_LIST has 12.0 for 12.1"),
         "{notes}"
     );
-    // No toolkit named: the GPU's own capability, as before.
-    let p = json(&ctl("blackwell-mix", &["plan", "--devices", "0", "--json"]));
+    // No toolkit named, torch 2.9 in the image: the GPU's own capability.
+    let p = json(&ctl(
+        "blackwell-mix",
+        &[
+            "plan",
+            "--devices",
+            "0",
+            "--software",
+            "torch==2.9.1",
+            "--json",
+        ],
+    ));
     assert_eq!(p["env"]["TORCH_CUDA_ARCH_LIST"], "12.1", "{p}");
-    assert_eq!(p["env"]["FLASHINFER_CUDA_ARCH_LIST"], "12.1", "{p}");
+    assert_eq!(p["env"]["FLASHINFER_CUDA_ARCH_LIST"], "12.1a", "{p}");
+    // Neither known: what torch 2.4's own default gives there too.
+    let p = json(&ctl("blackwell-mix", &["plan", "--devices", "0", "--json"]));
+    assert_eq!(p["env"]["TORCH_CUDA_ARCH_LIST"], "9.0+PTX", "{p}");
 
     let o = ctl_plain(&["arch", "toolkit", "12.8.1", "--on", "12.1"], &[]);
     assert!(

@@ -127,7 +127,9 @@ pub fn run(json: bool, cmd: &ArchCmd, out: &mut String) -> Result<u8> {
 fn torch(json: bool, version: Option<&str>, out: &mut String) -> Result<u8> {
     use gpuarch_core::software::{self, Release};
     let releases: Vec<Release> = match version {
-        Some(v) => vec![Release::parse(v).ok_or_else(|| anyhow!("{v:?} is not a torch version (2.9.1)"))?],
+        Some(v) => {
+            vec![Release::parse(v).ok_or_else(|| anyhow!("{v:?} is not a torch version (2.9.1)"))?]
+        }
         None => software::torch_releases().collect(),
     };
     if json {
