@@ -777,7 +777,13 @@ mod tests {
         let torch = |v: &'static str| ("PYTORCH_VERSION", v);
         let cuda = |v: &'static str| ("CUDA_VERSION", v);
         // (env, torch list, FlashInfer list, notes each case must have)
-        let cases: &[(&[(&str, &str)], Option<&str>, Option<&str>, &[&str])] = &[
+        type Case<'a> = (
+            &'a [(&'a str, &'a str)],
+            Option<&'a str>,
+            Option<&'a str>,
+            &'a [&'a str],
+        );
+        let cases: &[Case] = &[
             // The GB10 case: 12.8 builds sm_120, whose SASS runs on 12.1,
             // and torch 2.7 names it; FlashInfer's 12.1a is not built.
             (

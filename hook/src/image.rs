@@ -69,7 +69,7 @@ impl Budget {
         if self.entries > self.max {
             return Err(Stop::Entries(self.max));
         }
-        if self.entries % 256 == 0 && Instant::now() > self.until {
+        if self.entries.is_multiple_of(256) && Instant::now() > self.until {
             return Err(Stop::Time);
         }
         Ok(())
