@@ -345,6 +345,14 @@ impl ContainerView {
             .map(|(_, v)| v.as_str())
     }
 
+    /// What is known of the image's consumers: what its rootfs held, and
+    /// what its env says.
+    pub fn software_known(&self) -> crate::software::Software {
+        self.software
+            .clone()
+            .with_env(|k| self.env_get(k).map(str::to_owned))
+    }
+
     /// A view with only these env entries, for planning without a config.
     pub fn with_env<K: Into<String>, V: Into<String>>(
         env: impl IntoIterator<Item = (K, V)>,

@@ -665,7 +665,7 @@ fn plan_selection(sel: Selection, view: &ContainerView, cfg: &EnvConfig) -> Plan
             tk.version, tk.source
         ));
     }
-    let sw = Software::of(view);
+    let sw = view.software_known();
     notes.push(software_note(&sw, view));
     let (hinted, why_lists) = hints_for(&caps, tk.as_ref(), &sw);
     notes.extend(why_lists);

@@ -208,13 +208,6 @@ impl Software {
         !self.was_read() || self.dists.contains_key(&d)
     }
 
-    /// What is known of `view`'s image: what its rootfs held, and its env.
-    pub fn of(view: &crate::oci::ContainerView) -> Self {
-        view.software
-            .clone()
-            .with_env(|k| view.env_get(k).map(str::to_owned))
-    }
-
     /// Add what the image's env says (`PYTORCH_VERSION`) of a consumer not
     /// found on disk; the notes say what was taken from where.
     pub fn with_env(mut self, env_get: impl Fn(&str) -> Option<String>) -> Self {

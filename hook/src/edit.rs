@@ -147,7 +147,7 @@ pub fn edit_in(
     // A config with a relative root and no bundle, or a rootfs not there
     // yet, has no image to read.
     if let Some(root) = image::rootfs_of(config, bundle).and_then(|r| Root::open(&r).ok()) {
-        let notes = read_image(&mut view, &root, ctx);
+        let notes = image::read_into(&mut view, &root, &ctx.config.hook.image_cache);
         plan = plan::plan(&view, &ctx.inventory, &ctx.config.env);
         plan.notes.extend(notes);
     }
@@ -192,14 +192,6 @@ pub fn edit_in(
         }
     }
     Ok(plan)
-}
-
-/// Read the consumers of the image at `root` into `view` (through the
-/// handle confined to it, cached in `hook.image_cache`); the notes.
-pub fn read_image(view: &mut ContainerView, root: &Root, ctx: &Context) -> Vec<String> {
-    let (sw, notes) = image::read(root, Some(&ctx.config.hook.image_cache));
-    view.software = sw;
-    notes
 }
 
 /// Does a mount in `config` cover `/run/gpuarch/env` or

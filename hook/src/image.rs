@@ -307,6 +307,18 @@ pub fn rootfs_of(config: &serde_json::Value, bundle: Option<&Path>) -> Option<Pa
     }
 }
 
+/// Read the consumers of the image at `root` into `view` (through the
+/// handle confined to it, cached in `cache`); the notes.
+pub fn read_into(
+    view: &mut gpuarch_core::oci::ContainerView,
+    root: &Root,
+    cache: &Path,
+) -> Vec<String> {
+    let (sw, notes) = read(root, Some(cache));
+    view.software = sw;
+    notes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

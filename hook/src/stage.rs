@@ -186,7 +186,11 @@ pub fn run(stage: Stage, state: &State, ctx: &Context) -> Result<Outcome, StageE
     };
     let root = Root::open(&rootfs)?;
     let mut notes = Vec::new();
-    notes.extend(crate::edit::read_image(&mut view, &root, ctx));
+    notes.extend(crate::image::read_into(
+        &mut view,
+        &root,
+        &ctx.config.hook.image_cache,
+    ));
     full = plan::plan(&view, &ctx.inventory, &full_cfg);
     let mut libs = library_dirs(
         &config,
