@@ -11,6 +11,8 @@
 //! - [`oci`]: the few fields of an OCI config that device selection reads;
 //! - [`select`]: which GPUs a container was given;
 //! - [`plan`]: what a container gets (env and notes);
+//! - [`nvrequire`]: an image's `NVIDIA_REQUIRE_*`, checked per GPU as
+//!   NVIDIA's legacy runtime checks them;
 //! - [`requirement`]: the `Match` grammar (`arch>=8.0,feature=bf16`);
 //! - [`config`]: the parts of `/etc/gpuarch/config.yaml` the Plan obeys;
 //! - [`env`]: the names of the variables gpuarch injects;
@@ -29,6 +31,7 @@ pub mod env;
 pub mod features;
 pub mod jit;
 pub mod nfd;
+pub mod nvrequire;
 pub mod oci;
 pub mod plan;
 pub mod requirement;

@@ -10,6 +10,7 @@ use crate::arch::CudaVersion;
 use crate::config::EnvConfig;
 pub use crate::env::EnvVar;
 use crate::features::Feature;
+use crate::nvrequire;
 use crate::oci::ContainerView;
 use crate::select::{self, AssignedGpu, Selection, Source};
 use crate::snapshot::Snapshot;
@@ -30,6 +31,12 @@ pub struct Plan {
     pub env: Vec<(String, String)>,
     /// One line per decision, for logs and `gpuarchctl plan`.
     pub notes: Vec<String>,
+    /// Why `strict: true` refuses to start this container: a device name
+    /// that names no GPU here, or an `NVIDIA_REQUIRE_*` an assigned GPU
+    /// does not meet. Each is in `notes` too; without `strict` the
+    /// container starts.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub blocking: Vec<String>,
 }
 
 fn as_map<S: Serializer>(env: &[(String, String)], s: S) -> Result<S::Ok, S::Error> {
@@ -128,24 +135,29 @@ fn opted_out(view: &ContainerView) -> Option<String> {
 
 /// Plan a container from its config and the host inventory.
 pub fn plan(view: &ContainerView, inv: &Snapshot, cfg: &EnvConfig) -> Plan {
-    plan_with(view, cfg, || select::select(view, inv))
+    plan_with(view, inv, cfg, || select::select(view, inv))
 }
 
 /// Plan for an explicit device list (`0,1`, UUIDs, `N:M`, `all`), with the
 /// container env of `view` (empty for "what would these GPUs get?").
 pub fn plan_request(list: &str, view: &ContainerView, inv: &Snapshot, cfg: &EnvConfig) -> Plan {
-    plan_with(view, cfg, || select::select_request(list, view, inv))
+    plan_with(view, inv, cfg, || select::select_request(list, view, inv))
 }
 
 /// Opt-outs first (selection is not even looked at), then the selection.
-fn plan_with(view: &ContainerView, cfg: &EnvConfig, select: impl FnOnce() -> Selection) -> Plan {
+fn plan_with(
+    view: &ContainerView,
+    inv: &Snapshot,
+    cfg: &EnvConfig,
+    select: impl FnOnce() -> Selection,
+) -> Plan {
     if let Some(why) = opted_out(view) {
         return Plan {
             notes: vec![why],
             ..Plan::default()
         };
     }
-    plan_selection(select(), view, cfg)
+    plan_selection(select(), view, inv, cfg)
 }
 
 /// Most entries [`plan_devices`] takes: more than any node's GPUs and MIG
@@ -620,12 +632,73 @@ fn software_note(sw: &Software, view: &ContainerView) -> String {
     }
 }
 
-fn plan_selection(sel: Selection, view: &ContainerView, cfg: &EnvConfig) -> Plan {
+/// Check the image's `NVIDIA_REQUIRE_*` on each assigned GPU; a note for
+/// each that one does not meet (also `blocking`), or one that all are met.
+fn requirements(
+    view: &ContainerView,
+    inv: &Snapshot,
+    gpus: &[AssignedGpu],
+    notes: &mut Vec<String>,
+    blocking: &mut Vec<String>,
+) {
+    let reqs = nvrequire::of_env(view.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    if reqs.is_empty() {
+        return;
+    }
+    let known = |v: &str| Some(v.to_owned()).filter(|v| !v.is_empty());
+    let (cuda, driver) = (known(&inv.cuda_driver_version), known(&inv.driver_version));
+    let mut unmet_count = 0usize;
+    for g in gpus {
+        let arch = g.compute_capability.to_string();
+        let brand = inv
+            .devices
+            .iter()
+            .find(|d| d.index == g.index)
+            .and_then(|d| d.brand.as_deref());
+        let facts = nvrequire::Facts {
+            cuda: cuda.as_deref(),
+            driver: driver.as_deref(),
+            arch: Some(&arch),
+            brand,
+        };
+        for r in &reqs {
+            if let Err(unmet) = nvrequire::check(&r.expr, &facts) {
+                unmet_count += 1;
+                if unmet_count >= select::MAX_NOTES {
+                    continue;
+                }
+                let value: String = r.expr.chars().take(120).collect();
+                let why = format!("{}={value:?} is not met on {}: {unmet}", r.var, g.label());
+                notes.push(format!(
+                    "{why} (NVIDIA's legacy runtime refuses this start; its CDI mode does not check)"
+                ));
+                blocking.push(why);
+            }
+        }
+    }
+    if unmet_count >= select::MAX_NOTES {
+        let more = unmet_count - (select::MAX_NOTES - 1);
+        let line = format!("... and {more} more requirements not met, not shown");
+        notes.push(line.clone());
+        blocking.push(line);
+    }
+    if unmet_count == 0 {
+        let vars: Vec<&str> = reqs.iter().map(|r| r.var.as_str()).collect();
+        notes.push(format!(
+            "the image's requirements ({}) are met on every assigned GPU",
+            vars.join(", ")
+        ));
+    }
+}
+
+fn plan_selection(sel: Selection, view: &ContainerView, inv: &Snapshot, cfg: &EnvConfig) -> Plan {
     let Selection {
         source,
         gpus,
         mut notes,
+        unresolved,
     } = sel;
+    let mut blocking = unresolved;
     let Some(src) = source else {
         notes.push(
             "no GPU requested (no CDI annotation, no /dev/nvidiaN device, no NVIDIA_VISIBLE_DEVICES): nothing changes"
@@ -636,6 +709,7 @@ fn plan_selection(sel: Selection, view: &ContainerView, cfg: &EnvConfig) -> Plan
             gpus,
             env: Vec::new(),
             notes,
+            blocking,
         };
     };
     if gpus.is_empty() {
@@ -647,6 +721,7 @@ fn plan_selection(sel: Selection, view: &ContainerView, cfg: &EnvConfig) -> Plan
             gpus,
             env: Vec::new(),
             notes,
+            blocking,
         };
     }
     notes.push(format!(
@@ -657,6 +732,7 @@ fn plan_selection(sel: Selection, view: &ContainerView, cfg: &EnvConfig) -> Plan
             .join(", ")
     ));
 
+    requirements(view, inv, &gpus, &mut notes, &mut blocking);
     let caps: Vec<ComputeCapability> = gpus.iter().map(|g| g.compute_capability).collect();
     let tk = toolkit::of_container(view, cfg.cuda_version, &mut notes);
     if let Some(tk) = &tk {
@@ -725,6 +801,7 @@ fn plan_selection(sel: Selection, view: &ContainerView, cfg: &EnvConfig) -> Plan
         gpus,
         env,
         notes,
+        blocking,
     }
 }
 
@@ -769,6 +846,153 @@ mod tests {
             get("FLASHINFER_CUDA_ARCH_LIST"),
             Some(p.notes.join("\n")),
         ]
+    }
+
+    /// `NVIDIA_REQUIRE_*` per assigned GPU: a term one GPU fails is a
+    /// note naming the term and the GPU, and blocking; an image whose
+    /// requirements hold gets one note and nothing blocking.
+    #[test]
+    fn image_requirements_are_checked_on_each_assigned_gpu() {
+        let mut h = host();
+        h.devices[0].brand = Some("geforce".into());
+        h.devices[1].brand = Some("geforce".into());
+        h.devices[2].brand = Some("nvidia".into());
+        let on = |h: &Snapshot, env: &[(&str, &str)]| {
+            plan(&ContainerView::with_env(env.to_vec()), h, &cfg())
+        };
+        let p = |env: &[(&str, &str)]| on(&h, env);
+        // arch>=8.0 holds on the 3090 and the A100 MIG device, not the 2080 Ti.
+        let r = p(&[
+            ("NVIDIA_VISIBLE_DEVICES", "0,1,MIG-aaaa"),
+            ("NVIDIA_REQUIRE_ARCH", "arch>=8.0"),
+        ]);
+        assert_eq!(
+            r.blocking,
+            [
+                "NVIDIA_REQUIRE_ARCH=\"arch>=8.0\" is not met on GPU 0 (NVIDIA GeForce RTX 2080 Ti, 7.5): \"arch>=8.0\" fails"
+            ]
+        );
+        assert!(
+            r.notes
+                .iter()
+                .any(|n| n.starts_with(&r.blocking[0]) && n.contains("legacy runtime refuses"))
+        );
+        assert!(!r.is_noop(), "without strict the Plan still applies");
+        // NGC's form: the first alternative fails on a 13.0 driver, the
+        // brand alternative holds only for a Tesla.
+        let ngc = "cuda>=13.1 brand=tesla,driver>=580,driver<581";
+        let r = p(&[
+            ("NVIDIA_VISIBLE_DEVICES", "1"),
+            ("NVIDIA_REQUIRE_CUDA", ngc),
+        ]);
+        assert_eq!(r.blocking.len(), 1);
+        assert!(
+            r.blocking[0].ends_with("every alternative fails (\"cuda>=13.1\", \"brand=tesla\")"),
+            "{:?}",
+            r.blocking
+        );
+        let mut tesla = h.clone();
+        tesla.devices[1].brand = Some("tesla".into());
+        let r = on(
+            &tesla,
+            &[
+                ("NVIDIA_VISIBLE_DEVICES", "1"),
+                ("NVIDIA_REQUIRE_CUDA", ngc),
+            ],
+        );
+        assert!(r.blocking.is_empty(), "{:?}", r.blocking);
+        assert!(
+            r.notes.iter().any(|n| n
+                == "the image's requirements (NVIDIA_REQUIRE_CUDA) are met on every assigned GPU")
+        );
+        // Legacy CUDA_VERSION; and NVIDIA_DISABLE_REQUIRE turns all off.
+        let r = p(&[("NVIDIA_VISIBLE_DEVICES", "0"), ("CUDA_VERSION", "13.2.0")]);
+        assert!(
+            r.blocking[0].starts_with("CUDA_VERSION=\"cuda>=13.2\" is not met on GPU 0"),
+            "{:?}",
+            r.blocking
+        );
+        let r = p(&[
+            ("NVIDIA_VISIBLE_DEVICES", "0"),
+            ("CUDA_VERSION", "13.2.0"),
+            ("NVIDIA_DISABLE_REQUIRE", "1"),
+        ]);
+        assert!(r.blocking.is_empty());
+        // A term NVIDIA cannot read.
+        let r = p(&[
+            ("NVIDIA_VISIBLE_DEVICES", "1"),
+            ("NVIDIA_REQUIRE_CUDA", "cuda==13.0"),
+        ]);
+        assert!(r.blocking[0].ends_with("\"cuda==13.0\" is not a term NVIDIA's runtime can read"));
+    }
+
+    /// A hostile image: 16 MiB of requirement variables (the most an OCI
+    /// config holds), each failing on each of 4 GPUs, costs a bounded walk
+    /// and a bounded Plan.
+    #[test]
+    fn a_flood_of_requirements_is_a_bounded_plan() {
+        let h = host();
+        // Every term is read before the last one fails.
+        let long = format!("{},cuda>=99", "arch>=1,".repeat(500));
+        let mut env: Vec<(String, String)> = vec![("NVIDIA_VISIBLE_DEVICES".into(), "all".into())];
+        let n = (crate::oci::MAX_CONFIG_BYTES as usize) / (long.len() + 24);
+        env.extend((0..n).map(|i| (format!("NVIDIA_REQUIRE_X{i}"), long.clone())));
+        env.push(("NVIDIA_REQUIRE_BIG".into(), "cuda>=1 ".repeat(10_000)));
+        let t = std::time::Instant::now();
+        let p = plan(&ContainerView::with_env(env), &h, &cfg());
+        let took = t.elapsed();
+        assert_eq!(p.blocking.len(), crate::select::MAX_NOTES);
+        assert!(
+            p.blocking
+                .last()
+                .unwrap()
+                .contains("more requirements not met")
+        );
+        assert!(p.notes.len() < 64, "{}", p.notes.len());
+        assert!(p.blocking.iter().all(|b| b.len() < 400));
+        // Over 4 KiB: not walked, reported unreadable.
+        let r = plan(
+            &ContainerView::with_env([
+                ("NVIDIA_VISIBLE_DEVICES", "1"),
+                ("NVIDIA_REQUIRE_BIG", &"cuda>=1 ".repeat(10_000)),
+            ]),
+            &h,
+            &cfg(),
+        );
+        assert!(
+            r.blocking[0].contains("not a term NVIDIA's runtime can read"),
+            "{:?}",
+            r.blocking
+        );
+        // Measured: 0.2 s in release, 4 s in a debug build, for the 16 MiB
+        // walked on each of 3 GPUs; the bound leaves a loaded CI room.
+        let bound = if cfg!(debug_assertions) { 60 } else { 3 };
+        assert!(took < std::time::Duration::from_secs(bound), "{took:?}");
+    }
+
+    /// A device name that names no GPU of this host blocks (strict refuses
+    /// it); the GPUs that were found are still planned.
+    #[test]
+    fn device_names_of_no_gpu_here_block() {
+        let h = host();
+        let r = plan(&nvd("7"), &h, &cfg());
+        assert_eq!(r.blocking.len(), 1, "{:?}", r.notes);
+        assert!(
+            r.blocking[0].starts_with("NVIDIA_VISIBLE_DEVICES entry \"7\""),
+            "{:?}",
+            r.blocking
+        );
+        assert!(r.is_noop());
+        let r = plan(&nvd("1,GPU-nope"), &h, &cfg());
+        assert_eq!(r.gpus.len(), 1);
+        assert!(r.blocking[0].contains("\"GPU-nope\""));
+        assert!(!r.is_noop());
+        assert!(plan(&nvd("all"), &h, &cfg()).blocking.is_empty());
+        // Thousands of bad names: a bounded reason.
+        let many: Vec<String> = (100..5100).map(|i| i.to_string()).collect();
+        let r = plan(&nvd(&many.join(",")), &h, &cfg());
+        assert_eq!(r.blocking.len(), crate::select::MAX_NOTES);
+        assert!(r.blocking.last().unwrap().contains("more device names"));
     }
 
     #[test]
@@ -904,7 +1128,10 @@ mod tests {
     #[test]
     fn flash_attention_hints_agree_with_what_flash_attn_builds() {
         let h = blackwell_host();
-        let p = |env: &[(&str, &str)]| plan(&ContainerView::with_env(env.to_vec()), &h, &cfg());
+        let on = |h: &Snapshot, env: &[(&str, &str)]| {
+            plan(&ContainerView::with_env(env.to_vec()), h, &cfg())
+        };
+        let p = |env: &[(&str, &str)]| on(&h, env);
         let fa = |env: &[(&str, &str)]| p(env).env_get("FLASH_ATTN_CUDA_ARCHS").map(str::to_owned);
         assert_eq!(
             fa(&[("NVIDIA_VISIBLE_DEVICES", "0,1")]).as_deref(),

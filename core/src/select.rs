@@ -91,6 +91,9 @@ pub struct Selection {
     pub source: Option<Source>,
     pub gpus: Vec<AssignedGpu>,
     pub notes: Vec<String>,
+    /// Each device name of the request that names no GPU of this host (also
+    /// in `notes`): what `strict: true` refuses to start a container over.
+    pub unresolved: Vec<String>,
 }
 
 /// Entries longer than this are shortened in notes.
@@ -224,7 +227,7 @@ fn resolve_list(
     what: &str,
     inv: &Snapshot,
     gpus: &mut Vec<AssignedGpu>,
-    notes: &mut Vec<String>,
+    notes: &mut Notes,
 ) {
     for token in list.split(',') {
         if token.trim().is_empty() {
@@ -232,17 +235,33 @@ fn resolve_list(
         }
         match resolve(token, inv) {
             Ok(found) => extend_distinct(gpus, found),
-            Err(why) => notes.push(format!(
-                "{what} entry {}: {why}; ignored",
-                shown(token.trim())
-            )),
+            Err(why) => notes.unresolved(format!("{what} entry {}: {why}", shown(token.trim()))),
         }
+    }
+}
+
+/// A selection's notes, and which of them are device names that name no
+/// GPU here.
+#[derive(Default)]
+struct Notes {
+    notes: Vec<String>,
+    unresolved: Vec<String>,
+}
+
+impl Notes {
+    fn push(&mut self, note: String) {
+        self.notes.push(note);
+    }
+
+    fn unresolved(&mut self, why: String) {
+        self.notes.push(format!("{why}; ignored"));
+        self.unresolved.push(why);
     }
 }
 
 /// Select the GPUs of a container from its config and the host inventory.
 pub fn select(view: &ContainerView, inv: &Snapshot) -> Selection {
-    let mut notes = Vec::new();
+    let mut notes = Notes::default();
     let mut gpus = Vec::new();
     let source = select_source(view, inv, &mut gpus, &mut notes);
     finish(source, gpus, notes, view)
@@ -251,7 +270,7 @@ pub fn select(view: &ContainerView, inv: &Snapshot) -> Selection {
 /// Select GPUs from an explicit list (`0,1`, UUIDs, `N:M`, `all`), as a
 /// scheduler asks "what would a container on these GPUs get?".
 pub fn select_request(list: &str, view: &ContainerView, inv: &Snapshot) -> Selection {
-    let mut notes = Vec::new();
+    let mut notes = Notes::default();
     let mut gpus = Vec::new();
     resolve_list(list, "requested device", inv, &mut gpus, &mut notes);
     finish(Some(Source::Request), gpus, notes, view)
@@ -279,7 +298,7 @@ fn select_source(
     view: &ContainerView,
     inv: &Snapshot,
     gpus: &mut Vec<AssignedGpu>,
-    notes: &mut Vec<String>,
+    notes: &mut Notes,
 ) -> Option<Source> {
     // 1. CDI annotations.
     let mut cdi = false;
@@ -293,8 +312,8 @@ fn select_source(
                     cdi = true;
                     match resolve(dev, inv) {
                         Ok(found) => extend_distinct(gpus, found),
-                        Err(why) => notes.push(format!(
-                            "CDI device {} (annotation {}): {why}; ignored",
+                        Err(why) => notes.unresolved(format!(
+                            "CDI device {} (annotation {}): {why}",
                             shown(name),
                             shown(key)
                         )),
@@ -331,8 +350,8 @@ fn select_source(
                     Ok(m) => m,
                     Err(_) => {
                         nodes = true;
-                        notes.push(format!(
-                            "device node {}: no GPU with that minor number on this host; ignored",
+                        notes.unresolved(format!(
+                            "device node {}: no GPU with that minor number on this host",
                             shown(&node.path)
                         ));
                         continue;
@@ -343,8 +362,8 @@ fn select_source(
         nodes = true;
         match inv.device_by_minor(minor) {
             Some(d) => extend_distinct(gpus, vec![AssignedGpu::whole(d)]),
-            None => notes.push(format!(
-                "device node {} (minor {minor}): no GPU with minor number {minor} on this host; ignored",
+            None => notes.unresolved(format!(
+                "device node {} (minor {minor}): no GPU with minor number {minor} on this host",
                 shown(&node.path)
             )),
         }
@@ -371,9 +390,18 @@ fn select_source(
 fn finish(
     source: Option<Source>,
     mut gpus: Vec<AssignedGpu>,
-    mut notes: Vec<String>,
+    notes: Notes,
     view: &ContainerView,
 ) -> Selection {
+    let Notes {
+        mut notes,
+        mut unresolved,
+    } = notes;
+    if unresolved.len() > MAX_NOTES {
+        let more = unresolved.len() - (MAX_NOTES - 1);
+        unresolved.truncate(MAX_NOTES - 1);
+        unresolved.push(format!("... and {more} more device names like these"));
+    }
     // What the container can see, in the order CUDA enumerates it.
     gpus.sort_by(|a, b| (&a.pci_bus_id, a.mig).cmp(&(&b.pci_bus_id, b.mig)));
     if !gpus.is_empty()
@@ -386,6 +414,7 @@ fn finish(
         source,
         gpus,
         notes,
+        unresolved,
     }
 }
 
@@ -469,6 +498,7 @@ pub(crate) mod tests {
             compute_capability: ComputeCapability::parse_reported(cc).unwrap(),
             pci_bus_id: format!("00000000:{bus:02X}:00.0"),
             memory_bytes: 1 << 30,
+            brand: None,
             mig: vec![],
         }
     }

@@ -41,6 +41,11 @@ pub struct Device {
     pub compute_capability: ComputeCapability,
     pub pci_bus_id: String,
     pub memory_bytes: u64,
+    /// NVML's brand, as `nvmlBrandType_t` names it without `NVML_BRAND_`,
+    /// lowercased (`tesla`, `geforce`, `nvidia_rtx`, ...); absent where
+    /// NVML did not say. Images' `brand=` requirements are checked on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub brand: Option<String>,
     /// MIG devices, when MIG is enabled; empty otherwise.
     #[serde(default)]
     pub mig: Vec<MigDevice>,

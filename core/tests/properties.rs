@@ -32,6 +32,7 @@ fn host(caps: &[ComputeCapability]) -> Snapshot {
                 compute_capability: *c,
                 pci_bus_id: format!("00000000:{:02X}:00.0", i + 1),
                 memory_bytes: 1 << 34,
+                brand: None,
                 mig: vec![],
             })
             .collect(),

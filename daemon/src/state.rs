@@ -246,6 +246,7 @@ mod tests {
                     compute_capability: ComputeCapability::new(*ma, *mi),
                     pci_bus_id: format!("00000000:0{i}:00.0"),
                     memory_bytes: 1 << 30,
+                    brand: None,
                     mig: vec![],
                 })
                 .collect(),

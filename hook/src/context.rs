@@ -39,6 +39,16 @@ pub const HOOK_ENV_VARS: [&str; 3] = ["GPUARCH_CONFIG", "GPUARCH_INVENTORY", "GP
 pub const SAFE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 impl Context {
+    /// With `strict: true`, the Plan's blocking reasons as the error that
+    /// refuses the start; without it they are notes and the container
+    /// starts.
+    pub fn refuse_if_strict(&self, plan: &gpuarch_core::plan::Plan) -> Result<(), String> {
+        if self.config.strict && !plan.blocking.is_empty() {
+            return Err(plan.blocking.join("; "));
+        }
+        Ok(())
+    }
+
     pub fn new(inventory: Snapshot, config: Config, hook_path: Option<PathBuf>) -> Self {
         Self {
             inventory,

@@ -23,6 +23,9 @@ pub enum HookError {
     Shape(&'static str),
     #[error("cannot encode the OCI config: {0}")]
     Encode(#[from] serde_json::Error),
+    /// What `strict: true` refuses a start over (the Plan's `blocking`).
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// The `createContainer` entry that runs gpuarch-hook inside the
@@ -141,6 +144,7 @@ pub fn edit_in(
 ) -> Result<Plan, HookError> {
     let mut view = ContainerView::from_value(config)?;
     let mut plan = plan::plan(&view, &ctx.inventory, &ctx.config.env);
+    ctx.refuse_if_strict(&plan).map_err(HookError::Refused)?;
     if plan.is_noop() {
         return Ok(plan);
     }

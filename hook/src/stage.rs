@@ -85,6 +85,9 @@ pub enum StageError {
     Rootfs(#[from] RootfsError),
     #[error("ldconfig: {0}")]
     Ldconfig(String),
+    /// What `strict: true` refuses a start over (the Plan's `blocking`).
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// The fields of the OCI state gpuarch reads.
@@ -167,6 +170,7 @@ pub fn run(stage: Stage, state: &State, ctx: &Context) -> Result<Outcome, StageE
     };
     let mut view = view;
     let mut full = plan::plan(&view, &ctx.inventory, &full_cfg);
+    ctx.refuse_if_strict(&full).map_err(StageError::Refused)?;
     if full.is_noop() {
         return Ok(Outcome {
             plan: full,

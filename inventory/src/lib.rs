@@ -157,6 +157,9 @@ impl NvmlInventory {
             memory_bytes: self
                 .call("nvmlDeviceGetMemoryInfo_v2", i, d.memory_info())?
                 .total,
+            // Only `brand=` requirements need it; a driver without the call
+            // leaves them as NVIDIA's runtime does without a brand: met.
+            brand: d.brand().ok().map(brand_name),
             mig,
         })
     }
@@ -256,6 +259,32 @@ impl GpuInventory for SnapshotFile {
     fn describe(&self) -> String {
         format!("snapshot {}", self.path.display())
     }
+}
+
+/// NVML's brand as the snapshot spells it: the `nvmlBrandType_t` name
+/// without `NVML_BRAND_`, lowercased.
+fn brand_name(b: nvml_wrapper::enum_wrappers::device::Brand) -> String {
+    use nvml_wrapper::enum_wrappers::device::Brand as B;
+    match b {
+        B::Unknown => "unknown",
+        B::Quadro => "quadro",
+        B::Tesla => "tesla",
+        B::NVS => "nvs",
+        B::GRID => "grid",
+        B::GeForce => "geforce",
+        B::Titan => "titan",
+        B::VApps => "nvidia_vapps",
+        B::VPC => "nvidia_vpc",
+        B::VCS => "nvidia_vcs",
+        B::VWS => "nvidia_vws",
+        B::CloudGaming | B::VGaming => "nvidia_cloud_gaming",
+        B::QuadroRTX => "quadro_rtx",
+        B::NvidiaRTX => "nvidia_rtx",
+        B::Nvidia => "nvidia",
+        B::GeForceRTX => "geforce_rtx",
+        B::TitanRTX => "titan_rtx",
+    }
+    .to_owned()
 }
 
 /// Read and check a snapshot file, refusing files over the size limit

@@ -442,6 +442,85 @@ fn failures_are_open_by_default_and_closed_with_strict() {
     }
 }
 
+/// The image's `NVIDIA_REQUIRE_*` on each assigned GPU, through real runc
+/// behind the shim and with the createContainer hook alone: a term the GPU
+/// does not meet is a note naming the term and the GPU, and the container
+/// starts with its Plan; with strict it does not start, and the reason is
+/// the runtime's error. A device name that names no GPU here: likewise.
+#[test]
+fn unmet_requirements_are_noted_and_strict_refuses_them() {
+    require!("runc");
+    let mut s = Scene::new();
+    let unmet = [
+        "NVIDIA_VISIBLE_DEVICES=0,1",
+        "NVIDIA_REQUIRE_ARCH=arch>=8.0",
+    ];
+    let met = [
+        "NVIDIA_VISIBLE_DEVICES=1",
+        "NVIDIA_REQUIRE_ARCH=arch>=8.0 brand=tesla",
+    ];
+    let nowhere = ["NVIDIA_VISIBLE_DEVICES=1,7"];
+    type Start<'a> = &'a dyn Fn(&Scene, &[&str]) -> Seen;
+    let starts: [(&str, Start); 2] = [
+        ("the shim", &|s, env| s.shim("runc", env)),
+        ("the createContainer hook", &|s, env| {
+            let hooks = json!({ "createContainer": s.hook_entry("create-container") });
+            s.run_bundle("runc", &s.bundle_with("runc", env, Some(hooks)), false)
+        }),
+    ];
+    // The arch list the container got, in its env (the shim) or its env
+    // file (the hook alone).
+    let list = |seen: &Seen, want: &str| {
+        let seen = seen.ok();
+        seen.hints().0 == Some(want)
+            || seen
+                .env_file
+                .lines()
+                .any(|l| l == format!("TORCH_CUDA_ARCH_LIST={want}"))
+    };
+    let term = "arch>=8.0";
+    let gpu0 = "is not met on GPU 0 (NVIDIA GeForce RTX 2080 Ti, 7.5)";
+    for (how, start) in starts {
+        s.config_yaml = String::new();
+        s.take_log();
+        let seen = start(&s, &unmet);
+        assert!(list(&seen, "7.5;8.6"), "{how}: {seen:?}");
+        let log = s.take_log();
+        assert!(log.contains(gpu0) && log.contains(term), "{how}: {log}");
+        assert!(!log.contains("is not met on GPU 1"), "{how}: {log}");
+        let seen = start(&s, &nowhere);
+        assert!(list(&seen, "8.6"), "{how}: {seen:?}");
+        assert!(
+            s.take_log().contains("NVIDIA_VISIBLE_DEVICES entry"),
+            "{how}"
+        );
+
+        s.config_yaml = "strict: true\n".into();
+        for (env, why) in [
+            (&unmet[..], gpu0),
+            (&nowhere[..], "NVIDIA_VISIBLE_DEVICES entry"),
+        ] {
+            let seen = start(&s, env);
+            assert!(!seen.out.status.success(), "{how}: strict started {env:?}");
+            let err = seen.stderr();
+            assert!(
+                err.contains("strict: refusing") && err.contains(why),
+                "{how}: {err}"
+            );
+            assert!(seen.out.stdout.is_empty(), "{how}: the container ran");
+        }
+        // Met on the GPU (the second alternative is never needed): strict
+        // starts it.
+        let seen = start(&s, &met);
+        assert!(list(&seen, "8.6"), "{how}: {seen:?}");
+        assert!(
+            s.take_log()
+                .contains("the image's requirements (NVIDIA_REQUIRE_ARCH) are met"),
+            "{how}"
+        );
+    }
+}
+
 /// A hung NVML costs at most the budget: the container starts unchanged.
 #[test]
 fn a_hung_nvml_costs_at_most_the_budget() {

@@ -269,6 +269,58 @@ fn docker_containers_print_only_their_own_output() {
     assert!(e.take_log().contains("strict: refusing"));
 }
 
+/// An image whose `NVIDIA_REQUIRE_ARCH` the assigned 2080 Ti does not
+/// meet starts under Docker with the term and the GPU in gpuarch's log;
+/// with strict, Docker's own error says so and the container does not run.
+/// `NVIDIA_VISIBLE_DEVICES=7` on this 2-GPU node: likewise.
+#[test]
+fn docker_shows_a_strict_refusal_of_an_unmet_requirement() {
+    let Some(e) = get() else { return };
+    let _turn = e.lock();
+    let run = |env: &[&str]| {
+        let mut args = vec!["run", "--rm", "--network", "none"];
+        for kv in env {
+            args.extend(["-e", kv]);
+        }
+        args.extend([IMAGE, "sh", "-c", "echo ran"]);
+        e.docker(&args)
+    };
+    let unmet = ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_REQUIRE_ARCH=arch>=8.0"];
+    let gpu0 = "is not met on GPU 0 (NVIDIA GeForce RTX 2080 Ti, 7.5)";
+    e.set_gpuarch_config_with("info", &e.snapshot(), "");
+    let o = run(&unmet);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(text(&o.stdout), "ran\n");
+    let log = e.take_log();
+    assert!(log.contains(gpu0) && log.contains("arch>=8.0"), "{log}");
+
+    e.set_gpuarch_config_with("info", &e.snapshot(), "strict: true\n");
+    let cases: [(&[&str], &str); 2] = [
+        (&unmet, gpu0),
+        (
+            &["NVIDIA_VISIBLE_DEVICES=7"],
+            "NVIDIA_VISIBLE_DEVICES entry",
+        ),
+    ];
+    for (env, why) in cases {
+        let o = run(env);
+        let err = text(&o.stderr);
+        assert!(!o.status.success(), "strict started {env:?}: {o:?}");
+        assert!(
+            err.contains("gpuarch-runtime:")
+                && err.contains("strict: refusing")
+                && err.contains(why),
+            "the refusal is not in Docker's error: {err}"
+        );
+        assert!(!text(&o.stdout).contains("ran"), "the container ran");
+    }
+    let o = run(&["NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_REQUIRE_ARCH=arch>=8.0"]);
+    e.set_gpuarch_config("");
+    assert!(o.status.success(), "a met requirement was refused: {o:?}");
+    assert_eq!(text(&o.stdout), "ran\n");
+    e.take_log();
+}
+
 /// NVIDIA's runtime (a stand-in) on either side of gpuarch: Docker runs the
 /// stand-in, which execs gpuarch-runtime, whose `runtime.path` is a second
 /// stand-in that execs runc. Each gets exactly the arguments Docker gave,

@@ -13,6 +13,7 @@ use std::path::Path;
 use gpuarch_inventory::{GpuInventory, InventoryError, NvmlInventory};
 use gpuarch_tests::{FIXTURES, artifacts, fixture};
 use nvml_wrapper::Nvml;
+use nvml_wrapper::enum_wrappers::device::Brand;
 use nvml_wrapper::error::NvmlError;
 use serde_json::Value;
 
@@ -65,6 +66,8 @@ fn inventory_matches_fixture(lib: &Path, name: &str) {
             "{ctx}"
         );
         assert_eq!(got.pci_bus_id, want["pci_bus_id"], "{ctx}");
+        // A fixture without a brand is a driver that cannot tell.
+        assert_eq!(got.brand.as_deref(), want["brand"].as_str(), "{ctx}");
         assert_eq!(
             got.memory_bytes,
             want["memory_bytes"].as_u64().unwrap(),
@@ -99,6 +102,7 @@ fn mixed_node_by_hand(lib: &Path) {
     assert_eq!(ti.memory_info().unwrap().total, 11264 << 20);
     assert_eq!(ti.pci_info().unwrap().bus_id, "00000000:01:00.0");
     assert_eq!(ti.pci_info().unwrap().bus, 1);
+    assert_eq!(ti.brand().unwrap(), Brand::GeForce);
     // Not a MIG-capable card: NVML says NotSupported.
     assert!(matches!(ti.mig_mode(), Err(NvmlError::NotSupported)));
 

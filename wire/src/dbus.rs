@@ -39,6 +39,9 @@ pub struct DeviceRecord {
     /// The gated features it has (`bf16`, `fp8`, ...), as `arch features`.
     pub features: Vec<String>,
     pub mig: Vec<MigRecord>,
+    /// NVML's brand as the snapshot spells it (`tesla`); absent where
+    /// NVML did not say.
+    pub brand: Option<String>,
 }
 
 /// One MIG device of a GPU.
@@ -78,6 +81,7 @@ impl From<&Device> for DeviceRecord {
                     memory_bytes: m.memory_bytes,
                 })
                 .collect(),
+            brand: d.brand.clone(),
         }
     }
 }
@@ -111,6 +115,7 @@ impl TryFrom<DeviceRecord> for Device {
             compute_capability,
             pci_bus_id: r.pci_bus_id,
             memory_bytes: r.memory_bytes,
+            brand: r.brand,
             mig: r
                 .mig
                 .into_iter()

@@ -404,6 +404,39 @@ pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
     })
 }
 
+/// `nvmlBrandType_t` of the topology's `brand`; a GPU without one answers
+/// NOT_SUPPORTED, as a driver that cannot tell.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetBrand(device: nvmlDevice_t, brand: *mut c_uint) -> Ret {
+    with_device("nvmlDeviceGetBrand", device, |t, h| {
+        const NAMES: [&str; 17] = [
+            "unknown",
+            "quadro",
+            "tesla",
+            "nvs",
+            "grid",
+            "geforce",
+            "titan",
+            "nvidia_vapps",
+            "nvidia_vpc",
+            "nvidia_vcs",
+            "nvidia_vws",
+            "nvidia_cloud_gaming",
+            "quadro_rtx",
+            "nvidia_rtx",
+            "nvidia",
+            "geforce_rtx",
+            "titan_rtx",
+        ];
+        let name = t.snap.devices[h.gpu]
+            .brand
+            .as_deref()
+            .ok_or(NOT_SUPPORTED)?;
+        let n = NAMES.iter().position(|b| *b == name).ok_or(NOT_SUPPORTED)?;
+        put(brand, n as c_uint)
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(device: nvmlDevice_t, minor: *mut c_uint) -> Ret {
     with_device("nvmlDeviceGetMinorNumber", device, |t, h| match h.mig {
