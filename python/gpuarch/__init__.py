@@ -7,7 +7,10 @@ GPUARCH_KERNELS_DIR with a manifest saying which file serves which GPU.
 This module reads them. Pure Python, no dependencies; torch is imported
 only by torch_dtype(), and only if it is installed.
 
-Outside a gpuarch container each function returns its ``default``.
+Outside a gpuarch container each function returns its ``default``: pass
+the application's own choice (``torch_dtype(default=torch.bfloat16)``,
+``attn_implementation(default="flash_attention_2")``) and it keeps its
+behaviour there. Nothing here initialises CUDA.
 """
 
 import importlib.util
@@ -48,38 +51,68 @@ _MAX_MANIFEST = 1 << 20
 
 
 class GpuarchError(LookupError):
-    """A kernel gpuarch did not provide, with the reason."""
+    """A kernel gpuarch did not provide, or a kernels directory, package or
+    manifest that cannot be used, with the reason. Every failure of this
+    module is one."""
 
 
 def _env(env):
     return os.environ if env is None else env
 
 
+def _get(env, name):
+    """``env[name]`` when it is a string, else None: an env mapping of any
+    other values is taken as not set."""
+    try:
+        value = _env(env).get(name)
+    except Exception:  # a mapping that cannot answer
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _number(text):
+    """A small decimal number of ASCII digits (``str.isdigit`` also takes
+    ``²``, which ``int`` refuses), else None."""
+    if 0 < len(text) <= 3 and all("0" <= c <= "9" for c in text):
+        return int(text)
+    return None
+
+
 def _capabilities(value):
     out = []
     for part in (value or "").split(","):
-        major, _, minor = part.strip().partition(".")
-        if major.isdigit() and minor.isdigit():
-            out.append((int(major), int(minor)))
+        major, _, minor = (_number(p) for p in part.strip().partition("."))
+        if major is not None and minor is not None:
+            out.append((major, minor))
     return out
+
+
+def _importable(module):
+    """Whether ``module`` is installed, as transformers asks it
+    (``importlib.util.find_spec``), without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def dtype_name(default=None, env=None):
     """``"bfloat16"`` when every GPU of the container has bf16, else
     ``"float16"`` (GPUARCH_DTYPE); ``default`` outside gpuarch."""
-    value = _env(env).get("GPUARCH_DTYPE")
+    value = _get(env, "GPUARCH_DTYPE")
     return value if value in _DTYPES else default
 
 
 def torch_dtype(default=None, env=None):
     """:func:`dtype_name` as a ``torch.dtype`` when torch is installed
     (``torch.bfloat16`` / ``torch.float16``), else as its name, which
-    transformers' ``torch_dtype=`` also takes. ``default`` is returned as
-    given outside gpuarch."""
+    transformers' ``torch_dtype=`` also takes. Outside gpuarch, ``default``
+    as given: pass the application's own choice
+    (``torch_dtype(default=torch.bfloat16)``) and it keeps it there."""
     name = dtype_name(env=env)
     if name is None:
         return default
-    if importlib.util.find_spec("torch") is None:
+    if not _importable("torch"):
         return name
     import torch
 
@@ -89,94 +122,141 @@ def torch_dtype(default=None, env=None):
 def attn_implementation(default="sdpa", env=None):
     """``"flash_attention_2"`` when every GPU of the container runs it
     (GPUARCH_ATTN_IMPLEMENTATION) and the ``flash_attn`` package is
-    installed, else ``"sdpa"``; ``default`` outside gpuarch. Suits
-    transformers' ``attn_implementation=``."""
-    value = _env(env).get("GPUARCH_ATTN_IMPLEMENTATION")
+    installed, else ``"sdpa"``; ``default`` outside gpuarch (pass the
+    application's own choice to keep it there). Never
+    ``"flash_attention_2"`` without ``flash_attn`` installed, whatever the
+    default: transformers raises for it. Suits transformers'
+    ``attn_implementation=``."""
+    value = _get(env, "GPUARCH_ATTN_IMPLEMENTATION")
     if value not in _ATTN:
-        return default
-    if value == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        value = default
+    if value == "flash_attention_2" and not _importable("flash_attn"):
         return "sdpa"
     return value
 
 
 def _kernels_dir(env):
-    return _env(env).get("GPUARCH_KERNELS_DIR")
+    root = _get(env, "GPUARCH_KERNELS_DIR")
+    if not root:
+        raise GpuarchError("no kernel packages: GPUARCH_KERNELS_DIR is not set")
+    if "\0" in root or not os.path.isabs(root):
+        raise GpuarchError(f"GPUARCH_KERNELS_DIR is not an absolute path: {root!r}")
+    if not os.path.isdir(root):
+        raise GpuarchError(f"GPUARCH_KERNELS_DIR {root!r} is not a directory")
+    return root
+
+
+def _package_dir(package, env):
+    """The directory of kernel package ``package``, resolved, and checked to
+    be a directory right under the kernels directory."""
+    if not isinstance(package, str) or not package or package in (".", "..") \
+            or "/" in package or "\0" in package:
+        raise GpuarchError(f"not a package name: {package!r}")
+    root = _kernels_dir(env)
+    path = os.path.join(root, package)
+    real = os.path.realpath(path)
+    if os.path.dirname(real) != os.path.realpath(root):
+        raise GpuarchError(f"kernel package {package!r} leads outside {root}")
+    if not os.path.isdir(real):
+        raise GpuarchError(f"kernel package {package!r} is not mounted in {root}")
+    return root, real
 
 
 def kernel_manifest(package, env=None):
     """The manifest of kernel package ``package`` as this container sees it
-    (which build serves each GPU). Raises GpuarchError when gpuarch mounted
-    no such package."""
-    root = _kernels_dir(env)
-    if not root:
-        raise GpuarchError(f"no kernel packages: GPUARCH_KERNELS_DIR is not set")
-    if not package or "/" in package or package in (".", ".."):
-        raise GpuarchError(f"not a package name: {package!r}")
-    path = os.path.join(root, package, "manifest.json")
+    (which build serves each GPU), a dict. Raises GpuarchError when gpuarch
+    mounted no such package or its manifest cannot be read."""
+    root, pkg = _package_dir(package, env)
+    path = os.path.join(pkg, "manifest.json")
     try:
         with open(path, "rb") as f:
             data = f.read(_MAX_MANIFEST + 1)
     except FileNotFoundError:
-        raise GpuarchError(f"kernel package {package!r} is not mounted in {root}") from None
+        raise GpuarchError(f"kernel package {package!r} in {root} has no manifest.json") from None
+    except OSError as e:
+        raise GpuarchError(f"{path}: {e.strerror or e}") from None
     if len(data) > _MAX_MANIFEST:
         raise GpuarchError(f"{path}: over {_MAX_MANIFEST} bytes")
     try:
-        return json.loads(data)
-    except ValueError as e:
+        manifest = json.loads(data)
+    except (ValueError, RecursionError) as e:
         raise GpuarchError(f"{path}: not JSON: {e}") from None
+    if not isinstance(manifest, dict):
+        raise GpuarchError(f"{path}: a JSON {type(manifest).__name__}, not an object")
+    return manifest
 
 
 def kernel_file(package, device_index=0, env=None):
     """The path of the file that serves GPU ``device_index`` (its CUDA
     index in this container) in kernel package ``package``: the build of
-    its own architecture, or the best that runs there. Raises GpuarchError
-    with gpuarch's reason when there is none (not mounted, or no build for
-    that GPU yet: gpuarchd was asked for one)."""
+    its own architecture, or the best that runs there. Always a regular
+    file inside the package's directory. Raises GpuarchError with gpuarch's
+    reason when there is none (not mounted, or no build for that GPU yet:
+    gpuarchd was asked for one)."""
+    if isinstance(device_index, bool) or not isinstance(device_index, int) or device_index < 0:
+        raise GpuarchError(f"not a device index: {device_index!r}")
     manifest = kernel_manifest(package, env)
+    _, pkg = _package_dir(package, env)
     gpus = manifest.get("gpus")
     if not isinstance(gpus, list):
         # A hand-made package: the manifest names targets, not files per GPU.
         raise GpuarchError(f"kernel package {package!r} does not map files to GPUs")
-    gpu = next((g for g in gpus if isinstance(g, dict) and g.get("index") == device_index), None)
+    gpu = next((g for g in gpus if isinstance(g, dict) and type(g.get("index")) is int
+                and g["index"] == device_index), None)
     if gpu is None:
         raise GpuarchError(
             f"kernel package {package!r}: no GPU {device_index} in this container "
             f"({len(gpus)} GPU(s))")
     if "missing" in gpu:
-        raise GpuarchError(f"kernel package {package!r}, GPU {device_index}: {gpu['missing']}")
-    files = gpu.get("files") or []
-    if not files:
+        raise GpuarchError(f"kernel package {package!r}, GPU {device_index}: {gpu['missing']!s:.200}")
+    files = gpu.get("files")
+    if not isinstance(files, list) or not files:
         raise GpuarchError(f"kernel package {package!r}, GPU {device_index}: no file listed")
-    return os.path.join(_kernels_dir(env), package, files[0])
+    name = files[0]
+    if not isinstance(name, str) or not name or "\0" in name or os.path.isabs(name):
+        raise GpuarchError(f"kernel package {package!r}, GPU {device_index}: not a file name: {name!r:.200}")
+    real = os.path.realpath(os.path.join(pkg, name))
+    if os.path.commonpath([real, pkg]) != pkg:
+        raise GpuarchError(
+            f"kernel package {package!r}, GPU {device_index}: {name!r:.200} leads outside the package")
+    if not os.path.isfile(real):
+        raise GpuarchError(
+            f"kernel package {package!r}, GPU {device_index}: {name!r:.200} is not a file in the package")
+    return real
 
 
 def plan(env=None):
     """Everything gpuarch said to this container, as a dict: the GPUs'
     compute capabilities (CUDA order, ``(major, minor)`` tuples), the
-    hints, the arch lists, and per mounted kernel package its manifest.
-    Empty lists and None outside gpuarch."""
-    e = _env(env)
-    caps = _capabilities(e.get("GPUARCH_COMPUTE_CAPABILITIES"))
+    hints, the arch lists, and per mounted kernel package its manifest
+    (a package whose manifest cannot be read is left out). Empty lists and
+    None outside gpuarch. Never raises."""
+    get = lambda name: _get(env, name)  # noqa: E731
+    caps = _capabilities(get("GPUARCH_COMPUTE_CAPABILITIES"))
     flag = {"1": True, "0": False}
     kernels = {}
-    root = _kernels_dir(env)
-    if root and os.path.isdir(root):
-        for name in sorted(os.listdir(root)):
-            try:
-                kernels[name] = kernel_manifest(name, env)
-            except GpuarchError:
-                continue
+    root = None
+    try:
+        root = _kernels_dir(env)
+        names = sorted(os.listdir(root))
+    except (GpuarchError, OSError, ValueError):
+        names = []
+    for name in names:
+        try:
+            kernels[name] = kernel_manifest(name, env)
+        except GpuarchError:
+            continue
     return {
         "compute_capabilities": caps,
         "min_compute_capability": min(caps) if caps else None,
         "dtype": dtype_name(env=env),
         "attn_implementation": attn_implementation(default=None, env=env),
-        "tf32": flag.get(e.get("GPUARCH_TF32")),
-        "fp8": flag.get(e.get("GPUARCH_FP8")),
-        "torch_cuda_arch_list": e.get("TORCH_CUDA_ARCH_LIST"),
-        "flashinfer_cuda_arch_list": e.get("FLASHINFER_CUDA_ARCH_LIST"),
-        "flash_attn_cuda_archs": e.get("FLASH_ATTN_CUDA_ARCHS"),
+        "tf32": flag.get(get("GPUARCH_TF32")),
+        "fp8": flag.get(get("GPUARCH_FP8")),
+        "torch_cuda_arch_list": get("TORCH_CUDA_ARCH_LIST"),
+        "flashinfer_cuda_arch_list": get("FLASHINFER_CUDA_ARCH_LIST"),
+        "flash_attn_cuda_archs": get("FLASH_ATTN_CUDA_ARCHS"),
         "kernels_dir": root,
         "kernels": kernels,
-        "env": {k: e[k] for k in VARIABLES if k in e},
+        "env": {k: v for k in VARIABLES if (v := get(k)) is not None},
     }

@@ -4,6 +4,7 @@ fixtures/rmsnorm/manifest.json is the view manifest as the hook writes it:
 a Rust test (wire/src/manifest.rs) fails when the format and that file part.
 """
 
+import json
 import os
 import shutil
 import sys
@@ -152,3 +153,170 @@ def test_it_reads_the_process_env_by_default(monkeypatch, no_torch):
         monkeypatch.setenv(k, v)
     assert gpuarch.dtype_name() == "bfloat16"
     assert gpuarch.plan()["flash_attn_cuda_archs"] == "80"
+
+
+# --- hostile and broken kernel directories: every failure a GpuarchError ---
+
+
+def manifest_of(root, text):
+    (root / "rmsnorm" / "manifest.json").write_text(text) if isinstance(text, str) \
+        else (root / "rmsnorm" / "manifest.json").write_bytes(text)
+
+
+@pytest.mark.parametrize("text", ["[]", '"rmsnorm"', "1", "null", "true", "[{}]"])
+def test_a_manifest_of_any_other_json_type_is_an_error(tmp_path, text, no_torch):
+    env, root = kernels(tmp_path)
+    manifest_of(root, text)
+    with pytest.raises(gpuarch.GpuarchError, match="not an object"):
+        gpuarch.kernel_manifest("rmsnorm", env=env)
+    with pytest.raises(gpuarch.GpuarchError):
+        gpuarch.kernel_file("rmsnorm", 0, env=env)
+    assert "rmsnorm" not in gpuarch.plan(env=env)["kernels"]
+
+
+@pytest.mark.parametrize("data", [b"[" * 200_000, b"\xff\xfe{}", b"", b"{" + b" " * (2 << 20) + b"}"])
+def test_unreadable_manifests_are_errors(tmp_path, data, no_torch):
+    env, root = kernels(tmp_path)
+    manifest_of(root, data)
+    with pytest.raises(gpuarch.GpuarchError):
+        gpuarch.kernel_manifest("rmsnorm", env=env)
+    assert sorted(gpuarch.plan(env=env)["kernels"]) == ["handmade"]
+
+
+def test_directories_where_files_belong_and_files_where_directories_do(tmp_path, no_torch):
+    env, root = kernels(tmp_path)
+    (root / "rmsnorm" / "manifest.json").unlink()
+    (root / "rmsnorm" / "manifest.json").mkdir()
+    with pytest.raises(gpuarch.GpuarchError, match="manifest.json"):
+        gpuarch.kernel_manifest("rmsnorm", env=env)
+    # A listed file that is a directory.
+    env, root = kernels(tmp_path / "b")
+    shutil.rmtree(root / "rmsnorm" / "sm_75")
+    (root / "rmsnorm" / "sm_75" / "rmsnorm.cubin").mkdir(parents=True)
+    with pytest.raises(gpuarch.GpuarchError, match="is not a file in the package"):
+        gpuarch.kernel_file("rmsnorm", 0, env=env)
+    # The kernels directory is a file; a package is a file.
+    f = tmp_path / "plain"
+    f.write_text("x")
+    for bad in (dict(env, GPUARCH_KERNELS_DIR=str(f)),):
+        with pytest.raises(gpuarch.GpuarchError, match="is not a directory"):
+            gpuarch.kernel_file("rmsnorm", 0, env=bad)
+        assert gpuarch.plan(env=bad)["kernels"] == {}
+    (root / "afile").write_text("x")
+    with pytest.raises(gpuarch.GpuarchError, match="is not mounted"):
+        gpuarch.kernel_manifest("afile", env=env)
+
+
+@pytest.mark.parametrize("name", ["rms\0norm", "", ".", "..", "a/b", None, 5, b"rmsnorm"])
+def test_names_that_are_not_package_names(tmp_path, name):
+    env, _ = kernels(tmp_path)
+    with pytest.raises(gpuarch.GpuarchError, match="not a package name"):
+        gpuarch.kernel_file(name, 0, env=env)
+
+
+@pytest.mark.parametrize("root", ["relative/kernels", "/opt/gpu\0arch", ""])
+def test_kernels_dirs_that_are_not_absolute_directories(root, no_torch):
+    env = dict(TURING_AND_AMPERE, GPUARCH_KERNELS_DIR=root)
+    with pytest.raises(gpuarch.GpuarchError):
+        gpuarch.kernel_file("rmsnorm", 0, env=env)
+    assert gpuarch.plan(env=env)["kernels"] == {}
+
+
+def gpu0_files(root, files):
+    m = json.loads((root / "rmsnorm" / "manifest.json").read_text())
+    m["gpus"][0]["files"] = files
+    (root / "rmsnorm" / "manifest.json").write_text(json.dumps(m))
+
+
+def test_never_a_path_outside_the_package(tmp_path):
+    env, root = kernels(tmp_path)
+    secret = tmp_path / "secret.cubin"
+    secret.write_bytes(b"host")
+    (root / "other").mkdir()
+    (root / "other" / "x.cubin").write_bytes(b"other")
+    (root / "rmsnorm" / "up").symlink_to(tmp_path)
+    (root / "rmsnorm" / "abs.cubin").symlink_to(secret)
+    (root / "rmsnorm" / "rel.cubin").symlink_to("../other/x.cubin")
+    for files, why in [
+        (["../other/x.cubin"], "leads outside"),
+        (["sm_75/../../other/x.cubin"], "leads outside"),
+        ([str(secret)], "not a file name"),
+        (["up/secret.cubin"], "leads outside"),
+        (["abs.cubin"], "leads outside"),
+        (["rel.cubin"], "leads outside"),
+        (["sm_75/rmsnorm.cubin\0x"], "not a file name"),
+        ([5], "not a file name"),
+        ([None], "not a file name"),
+        ("sm_75/rmsnorm.cubin", "no file listed"),
+        ({"0": "sm_75/rmsnorm.cubin"}, "no file listed"),
+        ([], "no file listed"),
+    ]:
+        gpu0_files(root, files)
+        with pytest.raises(gpuarch.GpuarchError, match=why):
+            gpuarch.kernel_file("rmsnorm", 0, env=env)
+    # A package that is a link out of the kernels directory.
+    outside = tmp_path / "elsewhere"
+    shutil.copytree(root / "rmsnorm", outside, symlinks=True)
+    (root / "linked").symlink_to(outside)
+    with pytest.raises(gpuarch.GpuarchError, match="leads outside"):
+        gpuarch.kernel_manifest("linked", env=env)
+    # A link within the package is followed and the real path returned.
+    (root / "rmsnorm" / "in.cubin").symlink_to("sm_75/rmsnorm.cubin")
+    gpu0_files(root, ["in.cubin"])
+    assert gpuarch.kernel_file("rmsnorm", 0, env=env) == str(root / "rmsnorm" / "sm_75" / "rmsnorm.cubin")
+
+
+@pytest.mark.parametrize("index", [True, False, 0.0, "0", -1, None])
+def test_a_bool_or_anything_but_a_whole_number_is_not_a_device_index(tmp_path, index):
+    env, _ = kernels(tmp_path)
+    with pytest.raises(gpuarch.GpuarchError, match="not a device index"):
+        gpuarch.kernel_file("rmsnorm", index, env=env)
+
+
+def test_a_manifest_index_that_is_a_bool_names_no_gpu(tmp_path):
+    env, root = kernels(tmp_path)
+    m = json.loads((root / "rmsnorm" / "manifest.json").read_text())
+    m["gpus"] = [dict(m["gpus"][0], index=True)]
+    (root / "rmsnorm" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(gpuarch.GpuarchError, match="no GPU 1 in this container"):
+        gpuarch.kernel_file("rmsnorm", 1, env=env)
+
+
+class Unanswerable(dict):
+    def get(self, *a):
+        raise RuntimeError("no")
+
+
+@pytest.mark.parametrize("env", [
+    {"GPUARCH_KERNELS_DIR": 5, "GPUARCH_COMPUTE_CAPABILITIES": None, "GPUARCH_TF32": 1},
+    {"GPUARCH_COMPUTE_CAPABILITIES": "9" * 5000 + ".0,8.6,,x.y,1.2.3,\u00b2.0"},
+    Unanswerable(),
+    dict(TURING_AND_AMPERE, GPUARCH_KERNELS_DIR="/proc/self/fd/0"),
+    dict(TURING_AND_AMPERE, GPUARCH_KERNELS_DIR="/dev"),
+])
+def test_plan_never_raises(env, no_torch):
+    p = gpuarch.plan(env=env)
+    assert p["compute_capabilities"] in ([], [(8, 6)], [(7, 5), (8, 6)])
+    assert isinstance(p["kernels"], dict)
+
+
+def test_fa2_never_without_flash_attn_whatever_the_default(no_torch, monkeypatch):
+    assert gpuarch.attn_implementation("flash_attention_2", env={}) == "sdpa"
+    assert gpuarch.attn_implementation("flash_attention_2", env=AMPERE) == "sdpa"
+    assert gpuarch.attn_implementation("eager", env={}) == "eager"
+    # A flash_attn module with no spec (find_spec raises): not importable.
+    monkeypatch.undo()
+    broken = types.ModuleType("flash_attn")
+    broken.__spec__ = None
+    monkeypatch.setitem(sys.modules, "flash_attn", broken)
+    assert gpuarch.attn_implementation("flash_attention_2", env={}) == "sdpa"
+
+
+def test_the_readme_one_liners_keep_the_applications_choice_outside_gpuarch(fake_torch):
+    # VILA: FA2 unconditionally; Zonos: bfloat16. Outside gpuarch (no
+    # GPUARCH_* variables) the documented form hands back the application's
+    # own value; inside, gpuarch's.
+    assert gpuarch.attn_implementation(default="flash_attention_2", env={}) == "flash_attention_2"
+    assert gpuarch.torch_dtype(default=fake_torch.bfloat16, env={}) is fake_torch.bfloat16
+    assert gpuarch.attn_implementation(default="flash_attention_2", env=TURING_AND_AMPERE) == "sdpa"
+    assert gpuarch.torch_dtype(default=fake_torch.bfloat16, env=TURING_AND_AMPERE) is fake_torch.float16
