@@ -620,7 +620,13 @@ fn software_note(sw: &Software, view: &ContainerView) -> String {
     } else {
         String::new()
     };
-    if sw.was_read() {
+    if sw.was_read() && sw.read.iter().all(|r| r.starts_with('(')) {
+        // Read, and no environment there: "(no Python environment)".
+        format!(
+            "the image's consumers: {found}{from_env} {}",
+            sw.read.join(", ")
+        )
+    } else if sw.was_read() {
         format!(
             "the image's consumers: {found}{from_env}, read from {}",
             sw.read.join(", ")

@@ -274,6 +274,7 @@ impl Scene {
                 yaml.push_str(&path);
             }
         }
+        let yaml = crate::private_image_cache(&yaml, self.path());
         std::fs::write(&p, yaml).unwrap();
         p
     }

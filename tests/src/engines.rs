@@ -22,6 +22,9 @@ use crate::{artifacts, cannot_run, fixture, which, workspace_root};
 pub const IMAGE: &str = "gpuarch.test/busybox:1";
 /// The CRI sandbox image: the same rootfs, sleeping.
 pub const PAUSE: &str = "gpuarch.test/pause:1";
+/// [`IMAGE`] with DeepSpeed 0.19.8 and torch 2.9.1 installed (their real
+/// dist-info, tests/fixtures/images/deepspeed): Docker only.
+pub const DEEPSPEED_IMAGE: &str = "gpuarch.test/deepspeed:1";
 /// What the tools are called where the test needs them.
 pub const TOOLS: [&str; 5] = [
     "containerd",
@@ -210,6 +213,7 @@ impl Engines {
             snapshot.display(),
             self.log.display()
         );
+        let yaml = crate::private_image_cache(&yaml, &self.dir);
         std::fs::write(&self.gpuarch_config, yaml).unwrap();
     }
 
@@ -397,6 +401,48 @@ state = "{d}/run/containerd"
                 "docker import",
             );
         }
+        // The same busybox with an image's Python environment in it.
+        let ds_root = self.path("rootfs-deepspeed");
+        let ds = self.path("rootfs-deepspeed.tar");
+        check(
+            Command::new("cp")
+                .arg("-a")
+                .arg(&rootfs)
+                .arg(&ds_root)
+                .output()
+                .unwrap(),
+            "cp",
+        );
+        check(
+            Command::new("cp")
+                .arg("-a")
+                .arg(crate::image_fixture("deepspeed").join("."))
+                .arg(&ds_root)
+                .output()
+                .unwrap(),
+            "cp",
+        );
+        check(
+            Command::new("tar")
+                .arg("-C")
+                .arg(&ds_root)
+                .arg("-cf")
+                .arg(&ds)
+                .arg(".")
+                .output()
+                .unwrap(),
+            "tar",
+        );
+        check(
+            self.docker(&[
+                "import",
+                "--change",
+                r#"CMD ["/bin/sh"]"#,
+                ds.to_str().unwrap(),
+                DEEPSPEED_IMAGE,
+            ]),
+            "docker import",
+        );
         let saved = self.path("images.tar");
         check(
             self.docker(&["save", "-o", saved.to_str().unwrap(), IMAGE, PAUSE]),

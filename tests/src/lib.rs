@@ -33,6 +33,26 @@ pub fn workspace_root() -> PathBuf {
         .unwrap_or_default()
 }
 
+/// `yaml` with `hook.image_cache` under `dir` (made), so that a test never
+/// looks at the host's `/run/gpuarch/images`; a `hook:` section of its own
+/// keeps its other keys.
+pub fn private_image_cache(yaml: &str, dir: &Path) -> String {
+    let cache = dir.join("images");
+    std::fs::create_dir_all(&cache).unwrap();
+    let line = format!("  image_cache: {}\n", cache.display());
+    if yaml.starts_with("hook:\n") || yaml.contains("\nhook:\n") {
+        yaml.replacen("hook:\n", &format!("hook:\n{line}"), 1)
+    } else {
+        format!("{yaml}\nhook:\n{line}")
+    }
+}
+
+/// `tests/fixtures/images/NAME`: a rootfs tree of an image's Python
+/// environments (real dist-info headers; see its README).
+pub fn image_fixture(name: &str) -> PathBuf {
+    workspace_root().join("tests/fixtures/images").join(name)
+}
+
 /// `tests/fixtures/NAME.json`.
 pub fn fixture(name: &str) -> PathBuf {
     workspace_root()

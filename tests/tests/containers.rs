@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use gpuarch_tests::containers::{Scene, Seen, nvidia_nodes};
-use gpuarch_tests::{artifacts, fixture, require_containers as require, workspace_root};
+use gpuarch_tests::{
+    artifacts, fixture, image_fixture, require_containers as require, workspace_root,
+};
 use serde_json::{Value, json};
 
 /// The table, through one way of starting containers.
@@ -519,6 +521,131 @@ fn unmet_requirements_are_noted_and_strict_refuses_them() {
             "{how}"
         );
     }
+}
+
+/// The image's own consumers, from real dist-info in its rootfs
+/// (tests/fixtures/images), shape the Plan through real runc, behind the
+/// shim and with the createContainer hook alone: an image with xformers and
+/// no DeepSpeed gets 9.0a on the H100; with DeepSpeed beside it, 9.0 and
+/// the note why; an image with DeepSpeed on the 2080 Ti gets the ops that
+/// cannot run there switched off; an image without DeepSpeed, none of that.
+#[test]
+fn the_images_own_consumers_shape_the_plan() {
+    require!("runc");
+    let mut s = Scene::new();
+    type Start<'a> = &'a dyn Fn(&Scene, &[&str]) -> Seen;
+    let starts: [(&str, Start); 2] = [
+        ("the shim", &|s, env| s.shim("runc", env)),
+        ("the createContainer hook", &|s, env| {
+            let hooks = json!({ "createContainer": s.hook_entry("create-container") });
+            s.run_bundle("runc", &s.bundle_with("runc", env, Some(hooks)), false)
+        }),
+    ];
+    // A variable as the container has it: in its env (the shim) or its
+    // env file (the hook alone).
+    let var = |seen: &Seen, k: &str| -> Option<String> {
+        let seen = seen.ok();
+        seen.get(k).map(str::to_owned).or_else(|| {
+            seen.env_file
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{k}=")).map(str::to_owned))
+        })
+    };
+    let put = |s: &Scene, image: &str| {
+        let o = Command::new("cp")
+            .arg("-a")
+            .arg(image_fixture(image).join("."))
+            .arg(s.rootfs())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{o:?}");
+    };
+    let root = s.rootfs();
+    let xformers_env = root.join("usr/local/lib/python3.12");
+    let deepspeed_env = root.join("opt/conda");
+    let h100 = ["NVIDIA_VISIBLE_DEVICES=1"];
+    let turing = ["NVIDIA_VISIBLE_DEVICES=0"];
+    for (how, start) in starts {
+        let _ = std::fs::remove_dir_all(&xformers_env);
+        let _ = std::fs::remove_dir_all(&deepspeed_env);
+        s.inventory = Some(fixture("a100-h100"));
+        s.take_log();
+        // No Python environment in the image: the list every torch takes.
+        let seen = start(&s, &h100);
+        assert_eq!(
+            var(&seen, "TORCH_CUDA_ARCH_LIST").as_deref(),
+            Some("9.0"),
+            "{how}"
+        );
+        let log = s.take_log();
+        assert!(
+            log.contains(
+                "the image's consumers: none of gpuarch's consumers (no Python environment)"
+            ),
+            "{how}: {log}"
+        );
+
+        put(&s, "xformers");
+        let seen = start(&s, &h100);
+        assert_eq!(
+            var(&seen, "TORCH_CUDA_ARCH_LIST").as_deref(),
+            Some("9.0a"),
+            "{how}"
+        );
+        let log = s.take_log();
+        assert!(
+            log.contains(
+                "the image's consumers: torch 2.9.1, xformers 0.0.34, read from /usr/local/lib/python3.12/dist-packages"
+            ),
+            "{how}: {log}"
+        );
+        // A second start of the same image: the same Plan (from the cache).
+        let again = start(&s, &h100);
+        assert_eq!(
+            var(&again, "TORCH_CUDA_ARCH_LIST").as_deref(),
+            Some("9.0a"),
+            "{how}"
+        );
+        s.take_log();
+
+        put(&s, "deepspeed");
+        let seen = start(&s, &h100);
+        assert_eq!(
+            var(&seen, "TORCH_CUDA_ARCH_LIST").as_deref(),
+            Some("9.0"),
+            "{how}"
+        );
+        let log = s.take_log();
+        assert!(
+            log.contains("DeepSpeed 0.19.8 in the image rejects 9.0a"),
+            "{how}: {log}"
+        );
+
+        // DeepSpeed on a Turing card: the ops that need Ampere are off.
+        s.inventory = Some(fixture("2080ti-3090"));
+        let seen = start(&s, &turing);
+        for op in [
+            "DS_BUILD_FP_QUANTIZER",
+            "DS_BUILD_CUTLASS_OPS",
+            "DS_BUILD_RAGGED_DEVICE_OPS",
+        ] {
+            assert_eq!(var(&seen, op).as_deref(), Some("0"), "{how}: {op}");
+        }
+        assert_eq!(var(&seen, "DS_BUILD_TRANSFORMER_INFERENCE"), None, "{how}");
+        // Without DeepSpeed in the image, none of its switches.
+        std::fs::remove_dir_all(&deepspeed_env).unwrap();
+        let seen = start(&s, &turing);
+        assert_eq!(
+            var(&seen, "TORCH_CUDA_ARCH_LIST").as_deref(),
+            Some("7.5"),
+            "{how}"
+        );
+        assert_eq!(var(&seen, "DS_BUILD_FP_QUANTIZER"), None, "{how}");
+        s.take_log();
+    }
+    // The cache held the images' reads, in the test's own directory.
+    let cached = std::fs::read_dir(s.path().join("images")).unwrap().count();
+    assert!(cached >= 2, "{cached} cache entries");
 }
 
 /// A hung NVML costs at most the budget: the container starts unchanged.

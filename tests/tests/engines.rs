@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use gpuarch_tests::engines::{Engines, IMAGE, engines, missing};
+use gpuarch_tests::engines::{DEEPSPEED_IMAGE, Engines, IMAGE, engines, missing};
 
 const GPU1_UUID: &str = "GPU-0ce1cf70-9353-208e-0e37-0746dc707745";
 
@@ -318,6 +318,45 @@ fn docker_shows_a_strict_refusal_of_an_unmet_requirement() {
     e.set_gpuarch_config("");
     assert!(o.status.success(), "a met requirement was refused: {o:?}");
     assert_eq!(text(&o.stdout), "ran\n");
+    e.take_log();
+}
+
+/// An image with DeepSpeed installed (its real dist-info) on the 2080 Ti,
+/// under Docker: the Plan switches off the DeepSpeed ops that cannot run on
+/// Turing and says what it read; the bare busybox image, read too, gets
+/// none of DeepSpeed's switches.
+#[test]
+fn docker_plans_for_the_consumers_in_the_image() {
+    let Some(e) = get() else { return };
+    let _turn = e.lock();
+    e.set_gpuarch_config("");
+    let env_of = |image: &str| {
+        let o = e.docker(&[
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "-e",
+            "NVIDIA_VISIBLE_DEVICES=0",
+            image,
+            "sh",
+            "-c",
+            "env | grep -E '^(TORCH_CUDA_ARCH_LIST|DS_BUILD_)' | sort",
+        ]);
+        assert!(o.status.success(), "{o:?}");
+        text(&o.stdout)
+    };
+    let ds = env_of(DEEPSPEED_IMAGE);
+    assert_eq!(
+        ds,
+        "DS_BUILD_CUTLASS_OPS=0\nDS_BUILD_FP_QUANTIZER=0\nDS_BUILD_RAGGED_DEVICE_OPS=0\nTORCH_CUDA_ARCH_LIST=7.5\n"
+    );
+    let log = e.take_log();
+    assert!(
+        log.contains("the image's consumers: torch 2.9.1, deepspeed 0.19.8, read from /opt/conda/lib/python3.11/site-packages"),
+        "{log}"
+    );
+    assert_eq!(env_of(IMAGE), "TORCH_CUDA_ARCH_LIST=7.5\n");
     e.take_log();
 }
 

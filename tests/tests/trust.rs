@@ -106,6 +106,9 @@ fn the_shim_never_runs_another_users_runtime_nor_obeys_a_writable_config() {
         Command::new(&artifacts().gpuarch_runtime)
             .args(args)
             .env("GPUARCH_CONFIG", &config)
+            // A refused config's lines go to the default log, which on a
+            // host without a journal is the host's /run/gpuarch: stderr.
+            .env("GPUARCH_LOG", "stderr")
             .output()
             .unwrap()
     };
@@ -206,6 +209,9 @@ fn a_symlink_nobody_flips_never_chooses_what_root_runs() {
         Command::new(&artifacts().gpuarch_runtime)
             .arg("--version")
             .env("GPUARCH_CONFIG", config)
+            // A refused config's lines go to the default log, which on a
+            // host without a journal is the host's /run/gpuarch: stderr.
+            .env("GPUARCH_LOG", "stderr")
             .output()
             .unwrap()
     };
