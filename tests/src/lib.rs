@@ -38,7 +38,7 @@ pub fn workspace_root() -> PathBuf {
 /// keeps its other keys.
 pub fn private_image_cache(yaml: &str, dir: &Path) -> String {
     let cache = dir.join("images");
-    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::create_dir_all(&cache).expect("the test's image cache directory");
     let line = format!("  image_cache: {}\n", cache.display());
     if yaml.starts_with("hook:\n") || yaml.contains("\nhook:\n") {
         yaml.replacen("hook:\n", &format!("hook:\n{line}"), 1)
