@@ -163,6 +163,13 @@ impl Node {
         node
     }
 
+    /// `yaml` followed by this node's private `kernels:` paths, so that a
+    /// test's config never leaves gpuarchd on the host's /var/cache/gpuarch
+    /// or /run/gpuarch (its line numbers stay as written).
+    pub fn private_config(&self, yaml: &str) -> String {
+        format!("{yaml}{}", kernels_yaml(&self.path(""), &[], None))
+    }
+
     /// Stop the bus under the daemon, as a dbus-daemon restart would.
     pub fn kill_bus(&mut self) {
         let _ = self.bus.kill();

@@ -416,7 +416,7 @@ fn an_nvml_failure_at_start_still_starts_and_retries() {
     std::fs::rename(node.path("topology.json"), node.path("topology.away")).unwrap();
     std::fs::write(
         node.path("config.yaml"),
-        "daemon: {refresh_interval_s: 1}\n",
+        node.private_config("daemon: {refresh_interval_s: 1}\n"),
     )
     .unwrap();
     node.start(&[]);
@@ -506,7 +506,7 @@ fn config_errors_refuse_a_start_and_leave_a_running_daemon_as_it_was() {
     // A malformed config: the daemon refuses to start, saying where.
     std::fs::write(
         node.path("config.yaml"),
-        "strict: false\nenv:\n  overide: true\n",
+        node.private_config("strict: false\nenv:\n  overide: true\n"),
     )
     .unwrap();
     let o = node.daemon_cmd().output().unwrap();
@@ -518,7 +518,11 @@ fn config_errors_refuse_a_start_and_leave_a_running_daemon_as_it_was() {
     );
 
     // A good one: it starts; an edit applies without a restart.
-    std::fs::write(node.path("config.yaml"), "strict: false\n").unwrap();
+    std::fs::write(
+        node.path("config.yaml"),
+        node.private_config("strict: false\n"),
+    )
+    .unwrap();
     node.start(&[]);
     let has_fp8 = |node: &Node| {
         block_on(async {
@@ -534,7 +538,11 @@ fn config_errors_refuse_a_start_and_leave_a_running_daemon_as_it_was() {
     };
     assert!(has_fp8(&node));
     // Written as editors do: a new file renamed over the old.
-    std::fs::write(node.path("config.new"), "env:\n  disable: [GPUARCH_FP8]\n").unwrap();
+    std::fs::write(
+        node.path("config.new"),
+        node.private_config("env:\n  disable: [GPUARCH_FP8]\n"),
+    )
+    .unwrap();
     std::fs::rename(node.path("config.new"), node.path("config.yaml")).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     while has_fp8(&node) {
@@ -549,7 +557,7 @@ fn config_errors_refuse_a_start_and_leave_a_running_daemon_as_it_was() {
     // A broken edit is logged with file and line; the last good config stays.
     std::fs::write(
         node.path("config.yaml"),
-        "env:\n  disable: [GPUARCH_FP8]\n  bogus: 1\n",
+        node.private_config("env:\n  disable: [GPUARCH_FP8]\n  bogus: 1\n"),
     )
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -646,7 +654,7 @@ fn a_hung_nvml_costs_the_budget_not_the_daemon() {
     let mut node = Node::new("2080ti-3090", Policy::Shipped);
     std::fs::write(
         node.path("config.yaml"),
-        "daemon: {nvml_timeout_ms: 200, refresh_interval_s: 1}\n",
+        node.private_config("daemon: {nvml_timeout_ms: 200, refresh_interval_s: 1}\n"),
     )
     .unwrap();
     // Every NVML read wedges for 3 s in nvmlDeviceGetCount.
