@@ -1082,7 +1082,11 @@ fn doctor_checks_the_daemon_nvml_snapshot_cache_and_each_engine() {
         "fix: systemctl enable --now gpuarchd",
         "FAIL  NVML         cannot load the NVML library '/nonexistent/libnvidia-ml.so.1'",
         "fix: install the NVIDIA driver",
-        "more than 3 refresh intervals (60 s)",
+        // A snapshot years old with gpuarchd down: its age is when the GPUs
+        // last changed, not a failure; gpuarchd's own check fails.
+        "ok    snapshot",
+        "unchanged for",
+        "gpuarchd does not answer, so whether it is current is not known",
         "FAIL  docker",
         "has no runtime running gpuarch-runtime",
         "fix: add \"runtimes\": {\"gpuarch\": {\"path\": \"/usr/bin/gpuarch-runtime\"}} to /etc/docker/daemon.json",
@@ -1093,7 +1097,7 @@ fn doctor_checks_the_daemon_nvml_snapshot_cache_and_each_engine() {
         "FAIL  cri-o hooks",
         "holds podman's precreate hook",
         "ok    podman       wired: precreate hook",
-        "7 problem(s)",
+        "6 problem(s)",
     ] {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");
     }
@@ -1115,12 +1119,80 @@ fn doctor_checks_the_daemon_nvml_snapshot_cache_and_each_engine() {
         [
             "gpuarchd",
             "NVML",
-            "snapshot",
             "docker",
             "containerd",
             "cri-o",
             "cri-o hooks"
         ]
+    );
+}
+
+/// gpuarchd rewrites the snapshot only when the GPUs change: on a healthy
+/// node well past three refresh intervals, and with a snapshot years old,
+/// doctor's snapshot check passes, judged by gpuarchd's last successful
+/// NVML read. When those reads stop, it fails.
+#[test]
+fn doctor_judges_the_snapshot_by_the_daemons_last_read() {
+    require!();
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    std::fs::write(
+        node.path("config.yaml"),
+        node.private_config("daemon: {refresh_interval_s: 1, nvml_timeout_ms: 200}\n"),
+    )
+    .unwrap();
+    node.start(&[]);
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    doctor_root(root);
+    std::fs::write(
+        root.join("etc/gpuarch/config.yaml"),
+        "kernels:\n  cache_dir: /var/cache/gpuarch\ndaemon:\n  refresh_interval_s: 1\n",
+    )
+    .unwrap();
+    let snapshot = node.path("run/inventory.json");
+    let fake = artifacts().fake_nvml.clone();
+    let args = [
+        "--nvml-lib",
+        fake.to_str().unwrap(),
+        "--inventory",
+        snapshot.to_str().unwrap(),
+    ];
+    let written = node.snapshot().generated_at;
+    std::thread::sleep(Duration::from_secs(4));
+    let snap = node.snapshot();
+    assert_eq!(snap.generated_at, written, "the snapshot was rewritten");
+    let (_, out) = doctor(&node, root, &args);
+    let line = out
+        .lines()
+        .find(|l| l.contains(" snapshot "))
+        .unwrap_or_default();
+    assert!(line.starts_with("ok    snapshot"), "{out}");
+    assert!(line.contains("gpuarchd read NVML"), "{line}");
+    // Years unchanged, gpuarchd reading: still fine.
+    let mut old = snap.clone();
+    old.generated_at = "2020-01-01T00:00:00Z".into();
+    let old_path = root.join("old.json");
+    std::fs::write(&old_path, old.to_json_pretty()).unwrap();
+    let (_, out) = doctor(
+        &node,
+        root,
+        &[args[0], args[1], args[2], old_path.to_str().unwrap()],
+    );
+    assert!(out.contains("ok    snapshot"), "{out}");
+
+    // Its NVML reads stop succeeding: after three intervals, a FAIL.
+    std::fs::rename(node.path("topology.json"), node.path("topology.away")).unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    let (code, out) = doctor(&node, root, &args);
+    assert_eq!(code, 1, "{out}");
+    let line = out
+        .lines()
+        .find(|l| l.contains(" snapshot "))
+        .unwrap_or_default();
+    assert!(line.starts_with("FAIL  snapshot"), "{out}");
+    assert!(
+        line.contains("marked stale: gpuarchd's last NVML read failed"),
+        "{out}"
     );
 }
 

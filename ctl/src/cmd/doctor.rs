@@ -309,45 +309,55 @@ fn snapshot_path(cli: &Cli, root: &Path, daemon: &gpuarch_core::config::DaemonCo
         .unwrap_or_else(|| under(root, &daemon.snapshot))
 }
 
+/// When gpuarchd's NVML read last succeeded (it rewrites the snapshot only
+/// when the GPUs change, so the file's own time says nothing of that);
+/// `None` when gpuarchd does not answer.
+fn daemon_last_read() -> Option<Duration> {
+    let d = Daemon::connect().ok()?;
+    let usec = d
+        .ask_within(Duration::from_secs(5), async {
+            let e = |e| BusError::of("asking gpuarchd", e);
+            let inv = InventoryProxy::new(&d.conn).await.map_err(e)?;
+            inv.last_refresh().await.map_err(e)
+        })
+        .ok()?;
+    crate::render::age_of_usec(usec).or(Some(Duration::MAX))
+}
+
 fn snapshot(cli: &Cli, root: &Path, daemon: &gpuarch_core::config::DaemonConfig) -> Check {
+    snapshot_judged(cli, root, daemon, daemon_last_read())
+}
+
+/// The snapshot check, given how long ago gpuarchd's last NVML read
+/// succeeded (`None`: gpuarchd does not answer, which its own check says).
+fn snapshot_judged(
+    cli: &Cli,
+    root: &Path,
+    daemon: &gpuarch_core::config::DaemonConfig,
+    last_read: Option<Duration>,
+) -> Check {
     const NAME: &str = "snapshot";
     let interval_s = daemon.refresh_interval_s;
     let path = snapshot_path(cli, root, daemon);
-    let fix = "systemctl restart gpuarchd (it rewrites the snapshot on every refresh)";
+    let fix = "systemctl restart gpuarchd (journalctl -u gpuarchd says why its reads stopped)";
     let snap = match gpuarch_inventory::read_snapshot(&path) {
         Ok(s) => s,
         Err(e) => return fail(NAME, e.to_string(), fix),
     };
-    // Three missed refreshes: the daemon is not refreshing it.
-    let limit = Duration::from_secs(interval_s.saturating_mul(3));
-    match humantime_age(&snap.generated_at) {
-        _ if snap.stale => fail(
+    if snap.stale {
+        return fail(
             NAME,
             format!(
                 "{} is marked stale: gpuarchd's last NVML read failed",
                 path.display()
             ),
             "journalctl -u gpuarchd says why; gpuarchctl reload once fixed",
-        ),
-        Some(age) if age > limit => fail(
-            NAME,
-            format!(
-                "{} was written {} ago, more than 3 refresh intervals ({interval_s} s)",
-                path.display(),
-                short_duration(age)
-            ),
-            fix,
-        ),
-        Some(age) => ok(
-            NAME,
-            format!(
-                "{}: {} GPU(s), written {} ago",
-                path.display(),
-                snap.devices.len(),
-                short_duration(age)
-            ),
-        ),
-        None => fail(
+        );
+    }
+    // The file changes only when the GPUs do: its age is when they last
+    // changed. Whether it is current is gpuarchd's last successful read.
+    let Some(changed) = humantime_age(&snap.generated_at) else {
+        return fail(
             NAME,
             format!(
                 "{}: generated_at {:?} is not a past RFC 3339 time",
@@ -355,6 +365,35 @@ fn snapshot(cli: &Cli, root: &Path, daemon: &gpuarch_core::config::DaemonConfig)
                 snap.generated_at
             ),
             fix,
+        );
+    };
+    let limit = Duration::from_secs(interval_s.saturating_mul(3));
+    let what = format!(
+        "{}: {} GPU(s), unchanged for {}",
+        path.display(),
+        snap.devices.len(),
+        short_duration(changed)
+    );
+    match last_read {
+        Some(age) if age > limit => fail(
+            NAME,
+            format!(
+                "{what}, but gpuarchd's last successful NVML read was {}, more than 3 refresh intervals ({interval_s} s)",
+                if age == Duration::MAX {
+                    "never".to_owned()
+                } else {
+                    format!("{} ago", short_duration(age))
+                }
+            ),
+            fix,
+        ),
+        Some(age) => ok(
+            NAME,
+            format!("{what}; gpuarchd read NVML {} ago", short_duration(age)),
+        ),
+        None => ok(
+            NAME,
+            format!("{what}; gpuarchd does not answer, so whether it is current is not known"),
         ),
     }
 }
@@ -878,6 +917,64 @@ fn crio(root: &Path) -> Vec<Check> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A snapshot unchanged for years is current when gpuarchd read NVML
+    /// lately, and not when its reads stopped three intervals ago (a hung
+    /// read leaves the file unmarked), nor when it never read.
+    #[test]
+    fn the_snapshot_is_judged_by_the_last_read_not_the_files_age() {
+        use clap::Parser;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("inventory.json");
+        let snap = gpuarch_core::snapshot::Snapshot {
+            schema: 1,
+            source: "test".into(),
+            generated_at: "2020-01-01T00:00:00Z".into(),
+            driver_version: "580.95.05".into(),
+            cuda_driver_version: "13.0".into(),
+            stale: false,
+            devices: vec![],
+        };
+        std::fs::write(&path, snap.to_json_pretty()).unwrap();
+        let cli = Cli::parse_from([
+            "gpuarchctl",
+            "--inventory",
+            path.to_str().unwrap(),
+            "doctor",
+        ]);
+        let daemon = gpuarch_core::config::DaemonConfig::default();
+        let judged = |read| snapshot_judged(&cli, dir.path(), &daemon, read);
+        let c = judged(Some(Duration::from_secs(20)));
+        assert_eq!(c.status, Status::Ok, "{}", c.detail);
+        assert!(
+            c.detail.contains("gpuarchd read NVML 20s ago"),
+            "{}",
+            c.detail
+        );
+        let c = judged(Some(Duration::from_secs(181)));
+        assert_eq!(c.status, Status::Fail);
+        assert!(
+            c.detail.contains(
+                "last successful NVML read was 3m 1s ago, more than 3 refresh intervals (60 s)"
+            ),
+            "{}",
+            c.detail
+        );
+        assert!(c.fix.unwrap().starts_with("systemctl restart gpuarchd"));
+        let c = judged(Some(Duration::MAX));
+        assert!(
+            c.detail.contains("last successful NVML read was never"),
+            "{}",
+            c.detail
+        );
+        let c = judged(None);
+        assert_eq!(c.status, Status::Ok);
+        assert!(
+            c.detail.contains("whether it is current is not known"),
+            "{}",
+            c.detail
+        );
+    }
 
     #[test]
     fn the_jit_check_names_an_untrusted_or_unwritable_directory() {
