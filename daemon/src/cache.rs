@@ -357,13 +357,11 @@ impl Cache {
             if let Ok(r) = h.await {
                 touched.insert(r.package.clone());
                 if r.served.is_none() {
-                    failed.push(format!(
-                        "{} {}: {}",
-                        r.package,
-                        r.arch,
+                    failed.push((
+                        format!("{} {}", r.package, r.arch),
                         r.error
                             .clone()
-                            .unwrap_or_else(|| "no variant builds for it".into())
+                            .unwrap_or_else(|| "no variant builds for it".into()),
                     ));
                 }
             }
@@ -438,7 +436,7 @@ impl Cache {
             let line = match pushed {
                 Ok(at) => format!("{head}: pushed to {at}"),
                 Err(why) => {
-                    failed.push(format!("{head}: {why}"));
+                    failed.push((head.clone(), why.clone()));
                     format!("{head}: failed: {why}")
                 }
             };
@@ -1206,7 +1204,10 @@ fn room(root: &std::path::Path, file: &str, len: u64) -> Result<(), String> {
     Ok(())
 }
 
-fn finish(state: &Mutex<JobStatus>, failed: &[String], verb: &str) {
+/// The job's end: done, or failed with one line per distinct reason
+/// (`(what, why)` pairs), so that one missing NVRTC across every package
+/// and arch is one reason and a count, not a line for each.
+fn finish(state: &Mutex<JobStatus>, failed: &[(String, String)], verb: &str) {
     if let Ok(mut s) = state.lock() {
         if failed.is_empty() {
             s.state = JobState::Done;
@@ -1217,10 +1218,40 @@ fn finish(state: &Mutex<JobStatus>, failed: &[String], verb: &str) {
                 "{} of {} not {verb}: {}",
                 failed.len(),
                 s.total,
-                failed.join("; ")
+                by_reason(failed)
             );
         }
     }
+}
+
+/// `why (for a, b, c and N more)` per distinct reason, in first-seen order.
+fn by_reason(failed: &[(String, String)]) -> String {
+    const NAMED: usize = 4;
+    let mut reasons: Vec<(&str, Vec<&str>)> = Vec::new();
+    for (what, why) in failed {
+        match reasons.iter_mut().find(|(w, _)| w == why) {
+            Some((_, whats)) => whats.push(what),
+            None => reasons.push((why, vec![what])),
+        }
+    }
+    reasons
+        .iter()
+        .map(|(why, whats)| {
+            let named = whats
+                .iter()
+                .take(NAMED)
+                .copied()
+                .collect::<Vec<_>>()
+                .join(", ");
+            let more = whats.len().saturating_sub(NAMED);
+            if more > 0 {
+                format!("{why} (for {named} and {more} more)")
+            } else {
+                format!("{why} (for {named})")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Run `tasks` as a job: built (or pulled) by `fetch`, pinned when `pin`.
@@ -1375,6 +1406,24 @@ impl Job {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// One missing NVRTC across packages and archs is one reason and a
+    /// count, not a 2 KB line; distinct reasons stay apart, in order.
+    #[test]
+    fn job_failures_are_one_line_per_reason() {
+        let nvrtc = "NVRTC (libnvrtc.so.13 or libnvrtc.so.12) not found: install ...";
+        let mut failed: Vec<(String, String)> = ["saxpy", "rmsnorm", "rotary"]
+            .iter()
+            .flat_map(|p| ["sm_75", "sm_86"].map(|a| (format!("{p} {a}"), nvrtc.to_owned())))
+            .collect();
+        failed.insert(1, ("saxpy sm_90".into(), "no variant builds for it".into()));
+        assert_eq!(
+            by_reason(&failed),
+            format!(
+                "{nvrtc} (for saxpy sm_75, saxpy sm_86, rmsnorm sm_75, rmsnorm sm_86 and 2 more); no variant builds for it (for saxpy sm_90)"
+            )
+        );
+    }
 
     /// Root, to make mount namespaces; else false, after a SKIPPED line, or
     /// a failure where every test must run (CI=true or

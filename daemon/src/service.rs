@@ -715,6 +715,25 @@ impl KernelCache {
     fn limit_bytes(&self) -> u64 {
         self.cache.builder.store.max_bytes()
     }
+
+    /// The compiler NVRTC packages are built with, `NVRTC 12.9 (PATH)`, or
+    /// `none: REASON` when no NVRTC build is possible. NVRTC is loaded once
+    /// (as the first build would), off the dispatcher.
+    #[zbus(property(emits_changed_signal = "const"))]
+    async fn compiler(&self) -> fdo::Result<String> {
+        let b = self.cache.builder.clone();
+        blocking(&READ_WORK, move || compiler_line(b.nvrtc())).await
+    }
+}
+
+/// [`KernelCache::compiler`]'s answer for a load of NVRTC.
+pub fn compiler_line(
+    loaded: Result<&gpuarch_kernels::toolchain::Nvrtc, gpuarch_kernels::store::BuildError>,
+) -> String {
+    match loaded {
+        Ok(n) => format!("NVRTC {} ({})", n.version, n.library.display()),
+        Err(e) => format!("none: {e}"),
+    }
 }
 
 /// `io.gpuarch1.JitCache`.

@@ -929,6 +929,12 @@ fn prewarm_verify_and_gc_through_gpuarchctl() {
     std::fs::remove_file(&shard).unwrap();
     let o = node.ctl(None, &["kernels"]);
     assert!(all_text(&o).contains("4 builds"), "{}", all_text(&o));
+    // The compiler the builds came from, as gpuarchd loaded it.
+    assert!(
+        all_text(&o).contains(&format!("compiler: NVRTC 12.9 ({}", cuda.display())),
+        "{}",
+        all_text(&o)
+    );
 
     // The cache's commands are gpuarchd's: --offline is refused, not
     // quietly sent to the daemon.
@@ -1125,6 +1131,75 @@ fn doctor_checks_the_daemon_nvml_snapshot_cache_and_each_engine() {
             "cri-o hooks"
         ]
     );
+}
+
+/// A host where NVRTC cannot be found (none on the library path, in the
+/// default roots or in kernels.cuda_dirs): `gpuarchctl kernels` and doctor
+/// say that no NVRTC build is possible and why, as gpuarchd loads it;
+/// doctor fails only where there is an NVRTC package to build.
+#[test]
+fn doctor_and_kernels_name_a_missing_nvrtc() {
+    require!();
+    let found = Command::new("sh")
+        .args(["-c", "ldconfig -p | grep -q libnvrtc || ls /usr/local/cuda*/lib64/libnvrtc.so* /usr/lib/x86_64-linux-gnu/libnvrtc.so* >/dev/null 2>&1"])
+        .status()
+        .unwrap()
+        .success();
+    if found {
+        // This host has an NVRTC gpuarchd would load: nothing is missing.
+        gpuarch_tests::skip("an NVRTC is installed on this host, so none is missing");
+        return;
+    }
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    node.start(&[]);
+    let o = node.ctl(None, &["kernels"]);
+    let out = all_text(&o);
+    assert!(
+        out.contains("compiler: none; no NVRTC builds possible: NVRTC (libnvrtc.so.13 or libnvrtc.so.12) not found"),
+        "{out}"
+    );
+    let o = node.ctl(None, &["--json", "kernels"]);
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        doc["compiler"].as_str().unwrap().starts_with("none: NVRTC"),
+        "{doc}"
+    );
+
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    doctor_root(root);
+    let fake = artifacts().fake_nvml.clone();
+    let snapshot = node.path("run/inventory.json");
+    let args = [
+        "--nvml-lib",
+        fake.to_str().unwrap(),
+        "--inventory",
+        snapshot.to_str().unwrap(),
+    ];
+    // No package to build: nothing to fail.
+    let (code, out) = doctor(&node, root, &args);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("-     compiler     no NVRTC package to build; gpuarchd: none: NVRTC"),
+        "{out}"
+    );
+    // The sample packages installed: no build of them is possible.
+    let pkgs = root.join("usr/share/gpuarch/kernels.d");
+    std::fs::create_dir_all(&pkgs).unwrap();
+    let o = Command::new("cp")
+        .arg("-a")
+        .arg(workspace_root().join("kernels/packages/saxpy"))
+        .arg(&pkgs)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let (code, out) = doctor(&node, root, &args);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("FAIL  compiler     no builds possible for saxpy (1 NVRTC package(s)): NVRTC (libnvrtc.so.13 or libnvrtc.so.12) not found"),
+        "{out}"
+    );
+    assert!(out.contains("fix: install NVRTC"), "{out}");
 }
 
 /// gpuarchd rewrites the snapshot only when the GPUs change: on a healthy

@@ -316,6 +316,10 @@ pub trait KernelCache {
     fn used_bytes(&self) -> zbus::Result<u64>;
     #[zbus(property)]
     fn limit_bytes(&self) -> zbus::Result<u64>;
+    /// The compiler NVRTC packages are built with (`NVRTC 12.9 (PATH)`),
+    /// or `none: REASON` when no NVRTC build is possible.
+    #[zbus(property)]
+    fn compiler(&self) -> zbus::Result<String>;
 }
 
 /// `io.gpuarch1.JitCache`.

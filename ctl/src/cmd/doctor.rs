@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::{Value, json};
 
-use gpuarch_wire::dbus::{DaemonProxy, InventoryProxy};
+use gpuarch_wire::dbus::{DaemonProxy, InventoryProxy, KernelCacheProxy};
 
 use crate::cli::{Cli, DoctorArgs};
 use crate::containerd as engines;
@@ -158,6 +158,7 @@ pub fn checks(cli: &Cli, root: &Path) -> Vec<Check> {
     checks.push(nvml(cli));
     checks.push(snapshot(cli, root, &config.daemon));
     checks.push(cache(&under(root, &config.kernels.cache_dir)));
+    checks.push(compiler(&config.kernels, root, ask_compiler()));
     checks.push(jit(&config.jit_cache, root));
     checks.push(nfd(cli, &config, root));
     checks.push(registry(&config.kernels, root));
@@ -395,6 +396,73 @@ fn snapshot_judged(
             NAME,
             format!("{what}; gpuarchd does not answer, so whether it is current is not known"),
         ),
+    }
+}
+
+/// gpuarchd's answer for the compiler of NVRTC packages (`NVRTC 12.9
+/// (PATH)` or `none: REASON`); `None` when gpuarchd does not answer.
+fn ask_compiler() -> Option<String> {
+    let d = Daemon::connect().ok()?;
+    d.ask_within(Duration::from_secs(10), async {
+        let e = |e| BusError::of("asking gpuarchd", e);
+        let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+        kc.compiler().await.map_err(e)
+    })
+    .ok()
+}
+
+/// Whether NVRTC packages can be built: gpuarchd's own answer, or (when it
+/// does not answer, on this host) NVRTC loaded here from `kernels.cuda_dirs`.
+fn compiler(
+    kernels: &gpuarch_core::config::KernelsConfig,
+    root: &Path,
+    daemons: Option<String>,
+) -> Check {
+    const NAME: &str = "compiler";
+    let fix = "install NVRTC: a CUDA 12 or 13 toolkit in /usr/local/cuda, or pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 and list its nvidia/ directory in kernels.cuda_dirs; then systemctl restart gpuarchd";
+    let dirs: Vec<PathBuf> = kernels
+        .package_dirs
+        .iter()
+        .map(|d| under(root, d))
+        .filter(|d| d.exists())
+        .collect();
+    let (packages, _) = gpuarch_kernels::spec::discover(&dirs);
+    let nvrtc_packages: Vec<&str> = packages
+        .iter()
+        .filter(|(_, p)| matches!(p.spec.build, gpuarch_kernels::spec::BuildSpec::Nvrtc { .. }))
+        .map(|(name, _)| name.as_str())
+        .collect();
+    let (answer, whose) = match daemons {
+        Some(a) => (a, "gpuarchd"),
+        None if root == Path::new("/") => (
+            local_compiler(&kernels.cuda_dirs),
+            "gpuarchctl's own environment (gpuarchd does not answer)",
+        ),
+        None => return skip(NAME, "gpuarchd does not answer and --root is not this host"),
+    };
+    match answer.strip_prefix("none: ") {
+        None => ok(NAME, format!("{answer}, as {whose} loads it")),
+        Some(_) if nvrtc_packages.is_empty() => skip(
+            NAME,
+            format!("no NVRTC package to build; {whose}: {answer}"),
+        ),
+        Some(why) => fail(
+            NAME,
+            format!(
+                "no builds possible for {} ({} NVRTC package(s)): {why} ({whose})",
+                nvrtc_packages.join(", "),
+                nvrtc_packages.len()
+            ),
+            fix,
+        ),
+    }
+}
+
+/// NVRTC as this process finds it in `cuda_dirs`, in the daemon's words.
+fn local_compiler(cuda_dirs: &[PathBuf]) -> String {
+    match gpuarch_kernels::toolchain::Nvrtc::load(cuda_dirs) {
+        Ok(n) => format!("NVRTC {} ({})", n.version, n.library.display()),
+        Err(e) => format!("none: {e}"),
     }
 }
 

@@ -11,7 +11,7 @@ use crate::render::{self, bytes};
 use crate::source::{BusError, Daemon};
 
 pub fn run(json: bool, d: Daemon, out: &mut String) -> Result<u8> {
-    let (mut list, used, limit) = d.ask(async {
+    let (mut list, used, limit, compiler) = d.ask(async {
         let e = |e| BusError::of("kernels", e);
         let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
         let list = kc.list_kernels().await.map_err(e)?;
@@ -19,6 +19,7 @@ pub fn run(json: bool, d: Daemon, out: &mut String) -> Result<u8> {
             list,
             kc.used_bytes().await.map_err(e)?,
             kc.limit_bytes().await.map_err(e)?,
+            kc.compiler().await.map_err(e)?,
         ))
     })?;
     if json {
@@ -37,7 +38,7 @@ pub fn run(json: bool, d: Daemon, out: &mut String) -> Result<u8> {
             .collect();
         render::json(
             out,
-            &json!({"used_bytes": used, "limit_bytes": limit, "kernels": rows}),
+            &json!({"used_bytes": used, "limit_bytes": limit, "compiler": compiler, "kernels": rows}),
         )?;
         return Ok(0);
     }
@@ -48,6 +49,14 @@ pub fn run(json: bool, d: Daemon, out: &mut String) -> Result<u8> {
         bytes(limit),
         list.len()
     );
+    match compiler.strip_prefix("none: ") {
+        Some(why) => {
+            let _ = writeln!(out, "compiler: none; no NVRTC builds possible: {why}");
+        }
+        None => {
+            let _ = writeln!(out, "compiler: {compiler}");
+        }
+    }
     let _ = writeln!(
         out,
         "{:<10} {:<8} {:<8} {:<9} {:>9}  {:<6} {:<6} KEY",
