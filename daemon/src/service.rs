@@ -62,7 +62,8 @@ impl Inventory {
     /// name, compute_capability ("8.6"), arch ("Ampere", "" if unknown),
     /// pci_bus_id, memory_bytes (t), features (as: bf16, tf32, fp8,
     /// flash_attention_2, flash_attention_3, flashinfer), mig (aa{sv}:
-    /// index, uuid, name, memory_bytes).
+    /// index, uuid, name, memory_bytes), brand (NVML's, as `tesla`; absent
+    /// where NVML does not say).
     #[zbus(out_args("devices"))]
     fn list_devices(&self) -> fdo::Result<Vec<DeviceRecord>> {
         Ok(current(&self.shared)?
