@@ -174,6 +174,16 @@ impl Seen {
         self.kernels.split("===").nth(1).unwrap_or("")
     }
 
+    /// Variable `k` as the container has it: in its env (the shim, an
+    /// engine) or else in `/run/gpuarch/env` (the in-container stage alone).
+    pub fn var(&self, k: &str) -> Option<&str> {
+        self.get(k).or_else(|| {
+            self.env_file
+                .lines()
+                .find_map(|l| l.strip_prefix(k)?.strip_prefix('='))
+        })
+    }
+
     pub fn stderr(&self) -> String {
         String::from_utf8_lossy(&self.out.stderr).into_owned()
     }

@@ -444,6 +444,21 @@ fn failures_are_open_by_default_and_closed_with_strict() {
     }
 }
 
+/// A container started through real runc.
+type Start = fn(&Scene, &[&str]) -> Seen;
+
+/// The two ways a container meets gpuarch under plain runc: behind the
+/// shim, and with the createContainer hook alone.
+fn runc_starts() -> [(&'static str, Start); 2] {
+    [
+        ("the shim", |s, env| s.shim("runc", env)),
+        ("the createContainer hook", |s, env| {
+            let hooks = json!({ "createContainer": s.hook_entry("create-container") });
+            s.run_bundle("runc", &s.bundle_with("runc", env, Some(hooks)), false)
+        }),
+    ]
+}
+
 /// The image's `NVIDIA_REQUIRE_*` on each assigned GPU, through real runc
 /// behind the shim and with the createContainer hook alone: a term the GPU
 /// does not meet is a note naming the term and the GPU, and the container
@@ -462,24 +477,10 @@ fn unmet_requirements_are_noted_and_strict_refuses_them() {
         "NVIDIA_REQUIRE_ARCH=arch>=8.0 brand=tesla",
     ];
     let nowhere = ["NVIDIA_VISIBLE_DEVICES=1,7"];
-    type Start<'a> = &'a dyn Fn(&Scene, &[&str]) -> Seen;
-    let starts: [(&str, Start); 2] = [
-        ("the shim", &|s, env| s.shim("runc", env)),
-        ("the createContainer hook", &|s, env| {
-            let hooks = json!({ "createContainer": s.hook_entry("create-container") });
-            s.run_bundle("runc", &s.bundle_with("runc", env, Some(hooks)), false)
-        }),
-    ];
+    let starts = runc_starts();
     // The arch list the container got, in its env (the shim) or its env
     // file (the hook alone).
-    let list = |seen: &Seen, want: &str| {
-        let seen = seen.ok();
-        seen.hints().0 == Some(want)
-            || seen
-                .env_file
-                .lines()
-                .any(|l| l == format!("TORCH_CUDA_ARCH_LIST={want}"))
-    };
+    let list = |seen: &Seen, want: &str| seen.ok().var("TORCH_CUDA_ARCH_LIST") == Some(want);
     let term = "arch>=8.0";
     let gpu0 = "is not met on GPU 0 (NVIDIA GeForce RTX 2080 Ti, 7.5)";
     for (how, start) in starts {
@@ -533,24 +534,10 @@ fn unmet_requirements_are_noted_and_strict_refuses_them() {
 fn the_images_own_consumers_shape_the_plan() {
     require!("runc");
     let mut s = Scene::new();
-    type Start<'a> = &'a dyn Fn(&Scene, &[&str]) -> Seen;
-    let starts: [(&str, Start); 2] = [
-        ("the shim", &|s, env| s.shim("runc", env)),
-        ("the createContainer hook", &|s, env| {
-            let hooks = json!({ "createContainer": s.hook_entry("create-container") });
-            s.run_bundle("runc", &s.bundle_with("runc", env, Some(hooks)), false)
-        }),
-    ];
+    let starts = runc_starts();
     // A variable as the container has it: in its env (the shim) or its
     // env file (the hook alone).
-    let var = |seen: &Seen, k: &str| -> Option<String> {
-        let seen = seen.ok();
-        seen.get(k).map(str::to_owned).or_else(|| {
-            seen.env_file
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("{k}=")).map(str::to_owned))
-        })
-    };
+    let var = |seen: &Seen, k: &str| seen.ok().var(k).map(str::to_owned);
     let put = |s: &Scene, image: &str| {
         let o = Command::new("cp")
             .arg("-a")
