@@ -1023,6 +1023,19 @@ fn doctor(node: &Node, root: &Path, extra: &[&str]) -> (i32, String) {
     (o.status.code().unwrap_or(-1), format!("{out}{err}"))
 }
 
+/// [`doctor`] with the fake NVML gpuarchd uses and `inventory` as the
+/// snapshot.
+fn doctor_on(node: &Node, root: &Path, inventory: &Path) -> (i32, String) {
+    let fake = artifacts().fake_nvml.clone();
+    let args = [
+        "--nvml-lib",
+        fake.to_str().unwrap(),
+        "--inventory",
+        inventory.to_str().unwrap(),
+    ];
+    doctor(node, root, &args)
+}
+
 /// A wired host passes every check; each way of breaking it is named, with
 /// the line that fixes it, and makes the exit status 1.
 #[test]
@@ -1034,14 +1047,7 @@ fn doctor_checks_the_daemon_nvml_snapshot_cache_and_each_engine() {
     let root = tmp.path();
     doctor_root(root);
     let snapshot = node.path("run/inventory.json");
-    let fake = artifacts().fake_nvml.clone();
-    let healthy = [
-        "--nvml-lib",
-        fake.to_str().unwrap(),
-        "--inventory",
-        snapshot.to_str().unwrap(),
-    ];
-    let (code, out) = doctor(&node, root, &healthy);
+    let (code, out) = doctor_on(&node, root, &snapshot);
     assert_eq!(code, 0, "{out}");
     for line in [
         "ok    config",
@@ -1168,16 +1174,9 @@ fn doctor_and_kernels_name_a_missing_nvrtc() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
     doctor_root(root);
-    let fake = artifacts().fake_nvml.clone();
     let snapshot = node.path("run/inventory.json");
-    let args = [
-        "--nvml-lib",
-        fake.to_str().unwrap(),
-        "--inventory",
-        snapshot.to_str().unwrap(),
-    ];
     // No package to build: nothing to fail.
-    let (code, out) = doctor(&node, root, &args);
+    let (code, out) = doctor_on(&node, root, &snapshot);
     assert_eq!(code, 0, "{out}");
     assert!(
         out.contains("-     compiler     no NVRTC package to build; gpuarchd: none: NVRTC"),
@@ -1193,7 +1192,7 @@ fn doctor_and_kernels_name_a_missing_nvrtc() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{o:?}");
-    let (code, out) = doctor(&node, root, &args);
+    let (code, out) = doctor_on(&node, root, &snapshot);
     assert_eq!(code, 1, "{out}");
     assert!(
         out.contains("FAIL  compiler     no builds possible for saxpy (1 NVRTC package(s)): NVRTC (libnvrtc.so.13 or libnvrtc.so.12) not found"),
@@ -1225,18 +1224,11 @@ fn doctor_judges_the_snapshot_by_the_daemons_last_read() {
     )
     .unwrap();
     let snapshot = node.path("run/inventory.json");
-    let fake = artifacts().fake_nvml.clone();
-    let args = [
-        "--nvml-lib",
-        fake.to_str().unwrap(),
-        "--inventory",
-        snapshot.to_str().unwrap(),
-    ];
     let written = node.snapshot().generated_at;
     std::thread::sleep(Duration::from_secs(4));
     let snap = node.snapshot();
     assert_eq!(snap.generated_at, written, "the snapshot was rewritten");
-    let (_, out) = doctor(&node, root, &args);
+    let (_, out) = doctor_on(&node, root, &snapshot);
     let line = out
         .lines()
         .find(|l| l.contains(" snapshot "))
@@ -1248,17 +1240,13 @@ fn doctor_judges_the_snapshot_by_the_daemons_last_read() {
     old.generated_at = "2020-01-01T00:00:00Z".into();
     let old_path = root.join("old.json");
     std::fs::write(&old_path, old.to_json_pretty()).unwrap();
-    let (_, out) = doctor(
-        &node,
-        root,
-        &[args[0], args[1], args[2], old_path.to_str().unwrap()],
-    );
+    let (_, out) = doctor_on(&node, root, &old_path);
     assert!(out.contains("ok    snapshot"), "{out}");
 
     // Its NVML reads stop succeeding: after three intervals, a FAIL.
     std::fs::rename(node.path("topology.json"), node.path("topology.away")).unwrap();
     std::thread::sleep(Duration::from_secs(4));
-    let (code, out) = doctor(&node, root, &args);
+    let (code, out) = doctor_on(&node, root, &snapshot);
     assert_eq!(code, 1, "{out}");
     let line = out
         .lines()
@@ -1789,14 +1777,7 @@ fn nfd_labels_follow_the_inventory_and_go_when_turned_off() {
     assert_eq!(get(&l, "bf16.all").as_deref(), Some("false"));
     assert_eq!(get(&l, "compute-capability.min").as_deref(), Some("7.5"));
     let snapshot = node.path("run/inventory.json");
-    let fake = artifacts().fake_nvml.clone();
-    let args = [
-        "--nvml-lib",
-        fake.to_str().unwrap(),
-        "--inventory",
-        snapshot.to_str().unwrap(),
-    ];
-    let (_, out) = doctor(&node, root, &args);
+    let (_, out) = doctor_on(&node, root, &snapshot);
     assert!(out.contains("ok    NFD labels"), "{out}");
     // gpuarchctl labels prints what gpuarchd keeps.
     let o = node.ctl(None, &["labels"]);
@@ -1833,10 +1814,10 @@ fn nfd_labels_follow_the_inventory_and_go_when_turned_off() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(names, ["gpuarch"], "a temporary left beside the file");
-    let (_, out) = doctor(&node, root, &args);
+    let (_, out) = doctor_on(&node, root, &snapshot);
     assert!(out.contains("ok    NFD labels"), "{out}");
     std::fs::copy(root.join("before"), &file).unwrap();
-    let (code, out) = doctor(&node, root, &args);
+    let (code, out) = doctor_on(&node, root, &snapshot);
     assert!(
         code == 1
             && out.contains("FAIL  NFD labels")
@@ -1865,7 +1846,7 @@ fn nfd_labels_follow_the_inventory_and_go_when_turned_off() {
         .count();
     assert_eq!(warned, 1, "{log}");
     assert!(log.contains("features.d does not exist"), "{log}");
-    let (_, out) = doctor(&node, root, &args);
+    let (_, out) = doctor_on(&node, root, &snapshot);
     assert!(out.contains("FAIL  NFD labels"), "{out}");
     assert!(node.name_owned());
     node.stop();
