@@ -154,11 +154,19 @@ pub fn checks(cli: &Cli, root: &Path) -> Vec<Check> {
         }
     };
     checks.push(trust(&config, root));
-    checks.push(daemon());
+    // One connection for every question to gpuarchd.
+    let bus = Daemon::connect();
+    let d = bus.as_ref().ok();
+    checks.push(daemon(&bus));
     checks.push(nvml(cli));
-    checks.push(snapshot(cli, root, &config.daemon));
+    checks.push(snapshot_judged(
+        cli,
+        root,
+        &config.daemon,
+        d.and_then(daemon_last_read),
+    ));
     checks.push(cache(&under(root, &config.kernels.cache_dir)));
-    checks.push(compiler(&config.kernels, root, ask_compiler()));
+    checks.push(compiler(&config.kernels, root, d.and_then(ask_compiler)));
     checks.push(jit(&config.jit_cache, root));
     checks.push(nfd(cli, &config, root));
     checks.push(registry(&config.kernels, root));
@@ -221,24 +229,39 @@ fn trust(config: &gpuarch_core::config::Config, root: &Path) -> Check {
     fail("trust", details.join("; "), fixes.join("; "))
 }
 
-fn daemon() -> Check {
+fn daemon(bus: &Result<Daemon>) -> Check {
     const NAME: &str = "gpuarchd";
     let fix = "systemctl enable --now gpuarchd (journalctl -u gpuarchd -b says why it stopped)";
-    let asked = Daemon::connect().and_then(|d| {
-        Ok(d.ask_within(Duration::from_secs(5), async {
-            let e = |e| BusError::of("asking gpuarchd", e);
-            let version = DaemonProxy::new(&d.conn)
-                .await
-                .map_err(e)?
-                .version()
-                .await
-                .map_err(e)?;
-            let inv = InventoryProxy::new(&d.conn).await.map_err(e)?;
-            let stale = inv.stale().await.map_err(e)?;
-            let err = inv.last_error().await.map_err(e)?;
-            let caps = inv.compute_capabilities().await.map_err(e)?;
-            Ok((version, stale, err, caps))
-        })?)
+    let failed = |e: &anyhow::Error| match e.downcast_ref::<BusError>() {
+        Some(BusError::NotRunning) => fail(
+            NAME,
+            "not running (nothing owns io.gpuarch1 on the system bus)",
+            fix,
+        ),
+        Some(BusError::NoBus(b)) => fail(
+            NAME,
+            format!("cannot reach the system bus: {b}"),
+            "systemctl start dbus, then systemctl enable --now gpuarchd",
+        ),
+        _ => fail(NAME, gpuarch_core::one_line(e.as_ref()), fix),
+    };
+    let d = match bus {
+        Ok(d) => d,
+        Err(e) => return failed(e),
+    };
+    let asked = d.ask_within(Duration::from_secs(5), async {
+        let e = |e| BusError::of("asking gpuarchd", e);
+        let version = DaemonProxy::new(&d.conn)
+            .await
+            .map_err(e)?
+            .version()
+            .await
+            .map_err(e)?;
+        let inv = InventoryProxy::new(&d.conn).await.map_err(e)?;
+        let stale = inv.stale().await.map_err(e)?;
+        let err = inv.last_error().await.map_err(e)?;
+        let caps = inv.compute_capabilities().await.map_err(e)?;
+        Ok((version, stale, err, caps))
     });
     match asked {
         Ok((version, false, _, caps)) => ok(
@@ -257,19 +280,7 @@ fn daemon() -> Check {
             format!("{version} running, but its inventory is stale: {err}"),
             "fix what the error names, then gpuarchctl reload",
         ),
-        Err(e) => match e.downcast_ref::<BusError>() {
-            Some(BusError::NotRunning) => fail(
-                NAME,
-                "not running (nothing owns io.gpuarch1 on the system bus)",
-                fix,
-            ),
-            Some(BusError::NoBus(b)) => fail(
-                NAME,
-                format!("cannot reach the system bus: {b}"),
-                "systemctl start dbus, then systemctl enable --now gpuarchd",
-            ),
-            _ => fail(NAME, gpuarch_core::one_line(e.as_ref()), fix),
-        },
+        Err(e) => failed(&e.into()),
     }
 }
 
@@ -313,8 +324,7 @@ fn snapshot_path(cli: &Cli, root: &Path, daemon: &gpuarch_core::config::DaemonCo
 /// When gpuarchd's NVML read last succeeded (it rewrites the snapshot only
 /// when the GPUs change, so the file's own time says nothing of that);
 /// `None` when gpuarchd does not answer.
-fn daemon_last_read() -> Option<Duration> {
-    let d = Daemon::connect().ok()?;
+fn daemon_last_read(d: &Daemon) -> Option<Duration> {
     let usec = d
         .ask_within(Duration::from_secs(5), async {
             let e = |e| BusError::of("asking gpuarchd", e);
@@ -323,10 +333,6 @@ fn daemon_last_read() -> Option<Duration> {
         })
         .ok()?;
     crate::render::age_of_usec(usec).or(Some(Duration::MAX))
-}
-
-fn snapshot(cli: &Cli, root: &Path, daemon: &gpuarch_core::config::DaemonConfig) -> Check {
-    snapshot_judged(cli, root, daemon, daemon_last_read())
 }
 
 /// The snapshot check, given how long ago gpuarchd's last NVML read
@@ -401,8 +407,7 @@ fn snapshot_judged(
 
 /// gpuarchd's answer for the compiler of NVRTC packages (`NVRTC 12.9
 /// (PATH)` or `none: REASON`); `None` when gpuarchd does not answer.
-fn ask_compiler() -> Option<String> {
-    let d = Daemon::connect().ok()?;
+fn ask_compiler(d: &Daemon) -> Option<String> {
     d.ask_within(Duration::from_secs(10), async {
         let e = |e| BusError::of("asking gpuarchd", e);
         let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
