@@ -397,11 +397,7 @@ fn finish(
         mut notes,
         mut unresolved,
     } = notes;
-    if unresolved.len() > MAX_NOTES {
-        let more = unresolved.len() - (MAX_NOTES - 1);
-        unresolved.truncate(MAX_NOTES - 1);
-        unresolved.push(format!("... and {more} more device names like these"));
-    }
+    cap(&mut unresolved, "device names like these");
     // What the container can see, in the order CUDA enumerates it.
     gpus.sort_by(|a, b| (&a.pci_bus_id, a.mig).cmp(&(&b.pci_bus_id, b.mig)));
     if !gpus.is_empty()
@@ -409,7 +405,7 @@ fn finish(
     {
         gpus = narrow(&gpus, cvd, &mut notes);
     }
-    cap_notes(&mut notes);
+    cap(&mut notes, "notes like these, not shown");
     Selection {
         source,
         gpus,
@@ -422,11 +418,13 @@ fn finish(
 /// device names gets a log of a few lines, not one line per name.
 pub const MAX_NOTES: usize = 16;
 
-fn cap_notes(notes: &mut Vec<String>) {
-    if notes.len() > MAX_NOTES {
-        let more = notes.len() - (MAX_NOTES - 1);
-        notes.truncate(MAX_NOTES - 1);
-        notes.push(format!("... and {more} more notes like these, not shown"));
+/// Keep at most [`MAX_NOTES`] of `lines`, the last saying how many more
+/// `like` these were left out.
+fn cap(lines: &mut Vec<String>, like: &str) {
+    if lines.len() > MAX_NOTES {
+        let more = lines.len() - (MAX_NOTES - 1);
+        lines.truncate(MAX_NOTES - 1);
+        lines.push(format!("... and {more} more {like}"));
     }
 }
 
