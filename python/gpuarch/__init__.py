@@ -166,6 +166,11 @@ def kernel_manifest(package, env=None):
     """The manifest of kernel package ``package`` as this container sees it
     (which build serves each GPU), a dict. Raises GpuarchError when gpuarch
     mounted no such package or its manifest cannot be read."""
+    return _manifest(package, env)[1]
+
+
+def _manifest(package, env):
+    """The package's resolved directory and its manifest."""
     root, pkg = _package_dir(package, env)
     path = os.path.join(pkg, "manifest.json")
     try:
@@ -183,7 +188,7 @@ def kernel_manifest(package, env=None):
         raise GpuarchError(f"{path}: not JSON: {e}") from None
     if not isinstance(manifest, dict):
         raise GpuarchError(f"{path}: a JSON {type(manifest).__name__}, not an object")
-    return manifest
+    return pkg, manifest
 
 
 def kernel_file(package, device_index=0, env=None):
@@ -195,8 +200,7 @@ def kernel_file(package, device_index=0, env=None):
     gpuarchd was asked for one)."""
     if isinstance(device_index, bool) or not isinstance(device_index, int) or device_index < 0:
         raise GpuarchError(f"not a device index: {device_index!r}")
-    manifest = kernel_manifest(package, env)
-    _, pkg = _package_dir(package, env)
+    pkg, manifest = _manifest(package, env)
     gpus = manifest.get("gpus")
     if not isinstance(gpus, list):
         # A hand-made package: the manifest names targets, not files per GPU.
