@@ -161,14 +161,13 @@ pub fn run(stage: Stage, state: &State, ctx: &Context) -> Result<Outcome, StageE
         source,
     };
     let (bytes, config, _) = context::read_config_file(&config_path).map_err(bundle_err)?;
-    let view = ContainerView::from_value(&config)
+    let mut view = ContainerView::from_value(&config)
         .or_else(|_| ContainerView::from_json(&bytes))
         .map_err(bundle_err)?;
     let full_cfg = EnvConfig {
         override_existing: true,
         ..ctx.config.env.clone()
     };
-    let mut view = view;
     let mut full = plan::plan(&view, &ctx.inventory, &full_cfg);
     ctx.refuse_if_strict(&full).map_err(StageError::Refused)?;
     if full.is_noop() {
