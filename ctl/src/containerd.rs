@@ -232,6 +232,9 @@ impl Effective {
 pub struct DropIn {
     pub text: String,
     pub notes: Vec<String>,
+    /// The `imports` entry `main` still needs for containerd to read the
+    /// drop-in at all (its path as containerd sees it), if any.
+    pub import: Option<String>,
 }
 
 /// The drop-in that adds `handler`, running `runtime`, beside runc, for
@@ -332,14 +335,7 @@ pub fn containerd_dropin(
             "import \"{rel}\": containerd 1.x finds a relative glob from its working directory, not from the config's: write it absolute"
         ));
     }
-    if !imported(root, main, &eff.main, output) {
-        notes.push(format!(
-            "{} does not import {}: add `imports = [\"{}/*.toml\"]` at its top (before any [table])",
-            main.display(),
-            output.display(),
-            output.parent().unwrap_or(Path::new("/")).display()
-        ));
-    }
+    let import = (!imported(root, main, &eff.main, output)).then(|| import_for(root, output));
     let how = if eff.version == 2 {
         format!(
             "# containerd 1.x replaces a plugin's whole section with an import's, so this\n\
@@ -359,7 +355,81 @@ pub fn containerd_dropin(
         output.display(),
         toml::to_string(&doc)?
     );
-    Ok(DropIn { text, notes })
+    Ok(DropIn {
+        text,
+        notes,
+        import,
+    })
+}
+
+/// The `imports` entry that reads the drop-in at `path` (on the host at
+/// `root`): a glob matching it, because containerd refuses to start when a
+/// plain path it imports is missing, and the drop-in may be removed later;
+/// one narrow enough (`gpuarch*.toml`) not to pull in the admin's other
+/// files beside it.
+fn import_for(root: &Path, path: &Path) -> String {
+    let seen = match path.strip_prefix(root) {
+        Ok(rel) if root != Path::new("/") => Path::new("/").join(rel),
+        _ => path.to_owned(),
+    };
+    let name = match (seen.file_stem(), seen.extension()) {
+        (Some(stem), Some(ext)) => format!("{}*.{}", stem.display(), ext.display()),
+        _ => format!("{}*", seen.file_name().unwrap_or_default().display()),
+    };
+    seen.with_file_name(name).display().to_string()
+}
+
+/// Does the containerd reading `main` read `file` (one of its imports)?
+pub fn reads(root: &Path, main: &Path, file: &Path) -> Result<bool> {
+    Ok(imported(root, main, &read(main)?, file))
+}
+
+/// `text`, a containerd config, with `entry` added to its `imports`:
+/// appended to the array, or a new top-level key (TOML puts it before the
+/// first table). Everything else, comments and layout included, stays.
+pub fn add_import(text: &str, entry: &str) -> Result<String> {
+    let mut doc: toml_edit::DocumentMut = text
+        .parse()
+        .map_err(|e: toml_edit::TomlError| anyhow!("not TOML: {}", e.message()))?;
+    match doc.get_mut("imports") {
+        None => {
+            let mut list = toml_edit::Array::new();
+            list.push(entry);
+            let key = toml_edit::Key::new("imports").with_leaf_decor(toml_edit::Decor::new(
+                "# Added by `gpuarchctl engine containerd --write`: containerd reads\n\
+                 # gpuarch's runtime handler from this file.\n",
+                " ",
+            ));
+            doc.insert_formatted(&key, toml_edit::value(list));
+        }
+        Some(item) => {
+            let Some(list) = item.as_array_mut() else {
+                bail!("its `imports` is not a list of paths");
+            };
+            if !list.iter().any(|v| v.as_str() == Some(entry)) {
+                list.push(entry);
+            }
+        }
+    }
+    Ok(doc.to_string())
+}
+
+/// The edit an admin makes by hand so that `main` imports `entry`.
+pub fn import_by_hand(main: &Path, entry: &str) -> String {
+    let has = read(main)
+        .map(|d| d.contains_key("imports"))
+        .unwrap_or(false);
+    if has {
+        format!(
+            "add \"{entry}\" to the `imports = [...]` list in {}",
+            main.display()
+        )
+    } else {
+        format!(
+            "add this line to {} above its first [table]:\n    imports = [\"{entry}\"]",
+            main.display()
+        )
+    }
 }
 
 /// For a 1.x drop-in at `dropin`: has the CRI section it copied changed
@@ -510,7 +580,48 @@ mod tests {
             Some("/x/gpuarch-runtime")
         );
         assert!(rt["runc"]["options"].get("BinaryName").is_none());
-        assert!(drop.notes[0].contains("imports = [\""), "{:?}", drop.notes);
+        assert!(drop.notes.is_empty(), "{:?}", drop.notes);
+        let glob = format!("{}/conf.d/gpuarch*.toml", d.path().display());
+        assert_eq!(drop.import.as_deref(), Some(glob.as_str()));
+        // Added to a config without imports, the key goes above the first
+        // table, and containerd then reads the drop-in.
+        write(d.path(), "conf.d/gpuarch.toml", &drop.text);
+        let text = std::fs::read_to_string(&main).unwrap();
+        let edited = add_import(&text, &glob).unwrap();
+        assert!(
+            edited.ends_with(&text[text.find('[').unwrap()..]),
+            "{edited}"
+        );
+        assert_eq!(add_import(&edited, &glob).unwrap(), edited);
+        std::fs::write(&main, &edited).unwrap();
+        assert!(reads(Path::new("/"), &main, &out).unwrap());
+        let eff = effective(Path::new("/"), &main, None).unwrap();
+        assert_eq!(eff.gpuarch_handlers(), vec!["gpu".to_owned()]);
+    }
+
+    #[test]
+    fn an_import_joins_an_existing_list_and_keeps_the_comments() {
+        let text = "# admin's note\nversion = 2\nimports = [\n  \"/etc/containerd/a.toml\", # theirs\n]\n\n[grpc]\naddress = \"/run/c.sock\"\n";
+        let edited = add_import(text, "/etc/containerd/conf.d/gpuarch.toml").unwrap();
+        assert!(edited.contains("# admin's note") && edited.contains("# theirs"));
+        let doc: Table = edited.parse().unwrap();
+        let list: Vec<_> = doc["imports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert_eq!(
+            list,
+            [
+                "/etc/containerd/a.toml",
+                "/etc/containerd/conf.d/gpuarch.toml"
+            ]
+        );
+        assert_eq!(doc["grpc"]["address"].as_str(), Some("/run/c.sock"));
+        let e = add_import("imports = \"/x\"\n", "/y").unwrap_err();
+        assert!(e.to_string().contains("not a list"), "{e}");
+        assert!(add_import("imports = [\n", "/y").is_err());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //!
 //! - [`trust`]: whether another user could have put a file there or changed it;
 //! - [`write_atomic`]: replace a file whole or not at all.
+//! - [`rewrite_atomic`]: the same for a file that exists, keeping its mode and owner.
 //!
 //! A crate of its own so that what needs only these (the kernel cache)
 //! does not depend on the inventory and, through it, on NVML.
@@ -18,6 +19,40 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// directory (mode 0644), fsync, rename, fsync the directory. On failure the
 /// temp file is removed and the old file is untouched.
 pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
+    replace(path, data, 0o644, None)
+}
+
+/// [`write_atomic`] for a file that exists and is someone's config: the new
+/// file keeps the old one's mode and owner (a config may hold credentials
+/// at 0600). A symlink is refused rather than replaced by a plain file.
+pub fn rewrite_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
+    write_atomic_like(path, data, path)
+}
+
+/// [`write_atomic`] with the mode and owner of `like`, a regular file (a
+/// backup of a config is as private as the config).
+pub fn write_atomic_like(path: &Path, data: &[u8], like: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = fs::symlink_metadata(like)?;
+    if !meta.file_type().is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{}: not a regular file (a symlink is not replaced)",
+                like.display()
+            ),
+        ));
+    }
+    replace(
+        path,
+        data,
+        meta.permissions().mode() & 0o7777,
+        Some((meta.uid(), meta.gid())),
+    )
+}
+
+fn replace(path: &Path, data: &[u8], mode: u32, owner: Option<(u32, u32)>) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
@@ -36,8 +71,14 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
         let mut f = OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o644)
+            .mode(0o600)
             .open(&tmp)?;
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
+        }
+        // After the chown, which clears set-id bits; the umask does not
+        // apply to an explicit chmod.
+        f.set_permissions(fs::Permissions::from_mode(mode))?;
         f.write_all(data)?;
         f.sync_all()?;
         fs::rename(&tmp, path)?;
@@ -47,4 +88,36 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_rewritten_config_keeps_its_mode_and_a_symlink_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("config.toml");
+        fs::write(&conf, "old").unwrap();
+        fs::set_permissions(&conf, fs::Permissions::from_mode(0o600)).unwrap();
+        rewrite_atomic(&conf, b"new").unwrap();
+        let backup = dir.path().join("backup");
+        write_atomic_like(&backup, b"old", &conf).unwrap();
+        let mode = fs::metadata(&backup).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o600);
+        fs::remove_file(backup).unwrap();
+        assert_eq!(fs::read_to_string(&conf).unwrap(), "new");
+        let mode = fs::metadata(&conf).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o600);
+
+        let link = dir.path().join("link.toml");
+        std::os::unix::fs::symlink(&conf, &link).unwrap();
+        let e = rewrite_atomic(&link, b"through the link").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(fs::read_to_string(&conf).unwrap(), "new");
+        // Nothing was left beside them.
+        let names: Vec<_> = fs::read_dir(dir.path()).unwrap().flatten().collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+    }
 }

@@ -1332,6 +1332,44 @@ fn doctor_names_a_containerd_config_where_cri_would_not_load() {
         containerd_line(&out).contains("holds an older copy of"),
         "{out}"
     );
+
+    // Debian's own config imports nothing: a drop-in beside it is never
+    // read. doctor says so; --write adds the entry, and doctor then passes.
+    std::fs::write(&main, &debian).unwrap();
+    let (_, out) = doctor(&node, root, &[]);
+    let line = containerd_line(&out);
+    assert!(
+        line.contains("does not import")
+            && line.contains("so containerd never reads gpuarch's handler")
+            && line
+                .contains("fix: gpuarchctl engine containerd --write (it adds the imports entry"),
+        "{out}"
+    );
+    let o = Command::new(&artifacts().gpuarchctl)
+        .args(["engine", "containerd", "--root"])
+        .arg(root)
+        .arg("--config")
+        .arg(&main)
+        .arg("--write")
+        .arg(etc.join("conf.d/gpuarch.toml"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let edited = std::fs::read_to_string(&main).unwrap();
+    assert!(
+        edited.contains("imports = [\"/etc/containerd/conf.d/gpuarch*.toml\"]"),
+        "{edited}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(etc.join("config.toml.before-gpuarch")).unwrap(),
+        debian
+    );
+    let (_, out) = doctor(&node, root, &[]);
+    assert!(
+        containerd_line(&out)
+            .contains("ok    containerd   CRI loads; runtime handler gpuarch runs gpuarch-runtime"),
+        "{out}"
+    );
 }
 
 /// The complete entries of the store under `cache`: `objects/xx/<key>`

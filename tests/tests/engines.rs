@@ -464,9 +464,11 @@ fn ctr_run_with_gpuarch_as_the_runc_binary() {
 }
 
 /// `ctr plugins ls`'s line for the CRI plugin of a containerd started on
-/// `main` (its host paths moved under `dir`), after the drop-in `dropin`
-/// (`None`: written by gpuarchctl) is put in its imports.
-fn cri_status(dir: &Path, fixture: &str, dropin: Option<&str>) -> String {
+/// `fixture` (its host paths moved under `dir`) with the drop-in `dropin`
+/// (`None`: written by gpuarchctl) beside it, and containerd's own `config
+/// dump` of what it then reads. `imports`: the test adds the import line;
+/// otherwise it is left to `gpuarchctl engine containerd --write`.
+fn cri_status(dir: &Path, fixture: &str, dropin: Option<&str>, imports: bool) -> (String, String) {
     use std::process::{Command, Stdio};
     let original = std::fs::read_to_string(
         gpuarch_tests::workspace_root()
@@ -480,10 +482,12 @@ fn cri_status(dir: &Path, fixture: &str, dropin: Option<&str>) -> String {
     std::fs::create_dir_all(&conf_d).unwrap();
     // Only where containerd keeps its own files changes; the CRI section
     // stays as Debian or containerd wrote it.
-    doc.insert(
-        "imports".into(),
-        toml::Value::Array(vec![format!("{d}/conf.d/*.toml").into()]),
-    );
+    if imports {
+        doc.insert(
+            "imports".into(),
+            toml::Value::Array(vec![format!("{d}/conf.d/*.toml").into()]),
+        );
+    }
     doc.insert("root".into(), format!("{d}/root").into());
     doc.insert("state".into(), format!("{d}/state").into());
     let sock = dir.join("c.sock");
@@ -553,17 +557,24 @@ fn cri_status(dir: &Path, fixture: &str, dropin: Option<&str>) -> String {
         std::thread::sleep(Duration::from_millis(100));
     }
     let plugins = text(&ctr(&["plugins", "ls"]).stdout);
+    let dump = Command::new("containerd")
+        .arg("--config")
+        .arg(&main)
+        .args(["config", "dump"])
+        .output()
+        .unwrap();
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::process::Command::new("umount")
         .arg("-R")
         .arg(dir.join("state"))
         .output();
-    plugins
+    let line = plugins
         .lines()
         .find(|l| l.split_whitespace().nth(1) == Some("cri"))
         .unwrap_or("(no cri line)")
-        .to_owned()
+        .to_owned();
+    (line, text(&dump.stdout) + &text(&dump.stderr))
 }
 
 /// The drop-in keeps CRI loading on Debian's own containerd config and on
@@ -577,7 +588,7 @@ fn the_drop_in_keeps_cri_loading_on_debians_config_and_the_default() {
     for fixture in ["debian-1.6.toml", "default-1.6.toml"] {
         for (dropin, want) in [(None, "ok"), (Some(old), "error")] {
             let dir = tempfile::tempdir().unwrap();
-            let line = cri_status(dir.path(), fixture, dropin);
+            let (line, _) = cri_status(dir.path(), fixture, dropin, true);
             assert!(
                 line.trim_end().ends_with(want),
                 "{fixture} with {}: {line}\n{}",
@@ -589,6 +600,29 @@ fn the_drop_in_keeps_cri_loading_on_debians_config_and_the_default() {
                 std::fs::read_to_string(dir.path().join("containerd.log")).unwrap_or_default()
             );
         }
+    }
+}
+
+/// On Debian's config and on `containerd config default`, neither of which
+/// imports anything, `--write` adds the import itself, and a real
+/// containerd 1.6 then serves CRI with gpuarch's handler running the shim.
+#[test]
+fn write_adds_the_import_and_cri_comes_up_with_the_handler() {
+    let Some(e) = get() else { return };
+    let _turn = e.lock();
+    for fixture in ["debian-1.6.toml", "default-1.6.toml"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (line, dump) = cri_status(dir.path(), fixture, None, false);
+        let log = std::fs::read_to_string(dir.path().join("containerd.log")).unwrap_or_default();
+        assert!(line.trim_end().ends_with("ok"), "{fixture}: {line}\n{log}");
+        assert!(
+            dump.contains("[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpuarch]")
+                && dump.contains("BinaryName = \"/usr/bin/gpuarch-runtime\""),
+            "{fixture}: containerd's merged config has no gpuarch handler:\n{dump}"
+        );
+        let main = std::fs::read_to_string(dir.path().join("config.toml")).unwrap();
+        assert!(main.contains("conf.d/gpuarch*.toml"), "{main}");
+        assert!(dir.path().join("config.toml.before-gpuarch").exists());
     }
 }
 

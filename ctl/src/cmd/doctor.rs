@@ -882,6 +882,21 @@ fn containerd(root: &Path) -> Check {
         return fail(NAME, problem, fix);
     }
     let handlers = eff.gpuarch_handlers();
+    let dropin = under(root, Path::new(engines::DROPIN));
+    if handlers.is_empty()
+        && dropin.exists()
+        && !engines::reads(root, &file, &dropin).unwrap_or(true)
+    {
+        return fail(
+            NAME,
+            format!(
+                "{} does not import {}, so containerd never reads gpuarch's handler",
+                file.display(),
+                dropin.display()
+            ),
+            "gpuarchctl engine containerd --write (it adds the imports entry, keeping a backup), then systemctl restart containerd",
+        );
+    }
     if handlers.is_empty() {
         return fail(
             NAME,
@@ -892,7 +907,6 @@ fn containerd(root: &Path) -> Check {
             fix,
         );
     }
-    let dropin = under(root, Path::new(engines::DROPIN));
     if dropin.exists() && engines::stale(root, &file, &dropin).unwrap_or(false) {
         return fail(
             NAME,

@@ -1,10 +1,15 @@
 //! `gpuarchctl engine containerd`: the drop-in that wires gpuarch into
 //! containerd, printed or written (see [`crate::containerd`]).
+//!
+//! `--write` leaves containerd reading the handler or fails: when the
+//! config does not import the drop-in, the `imports` entry is added to it
+//! (a backup first, the edit atomic, the owner and mode kept); when that
+//! cannot be done it fails (status 2) with the exact edit to make.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 
 use crate::cli::ContainerdArgs;
 use crate::containerd;
@@ -24,21 +29,78 @@ pub fn containerd(args: &ContainerdArgs, out: &mut String) -> Result<u8> {
     for n in &drop.notes {
         eprintln!("gpuarchctl: {n}");
     }
-    match &args.write {
-        None => out.push_str(&drop.text),
-        Some(path) => {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
-            }
-            gpuarch_fs::write_atomic(path, drop.text.as_bytes())
-                .with_context(|| path.display().to_string())?;
-            let _ = writeln!(
-                out,
-                "wrote {}; restart containerd, then give pods runtimeClassName: {}",
-                path.display(),
-                args.handler
+    let Some(path) = &args.write else {
+        out.push_str(&drop.text);
+        if let Some(entry) = &drop.import {
+            eprintln!(
+                "gpuarchctl: containerd does not read {} yet: {} (--write does both)",
+                target.display(),
+                containerd::import_by_hand(&args.config, entry)
             );
         }
+        return Ok(0);
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
     }
+    gpuarch_fs::write_atomic(path, drop.text.as_bytes())
+        .with_context(|| path.display().to_string())?;
+    let _ = writeln!(out, "wrote {}", path.display());
+    if let Some(entry) = &drop.import {
+        match import(&args.config, entry) {
+            Ok(backup) => {
+                let _ = writeln!(
+                    out,
+                    "added \"{entry}\" to the imports of {} (the old file is {})",
+                    args.config.display(),
+                    backup.display()
+                );
+            }
+            Err(e) => bail!(
+                "wrote {}, but containerd does not read it: {} could not be edited ({e:#}).\n\
+                 To finish by hand, {}",
+                path.display(),
+                args.config.display(),
+                containerd::import_by_hand(&args.config, entry)
+            ),
+        }
+    }
+    // What containerd will load, read back as containerd reads it.
+    let eff = containerd::effective(&args.root, &args.config, None)?;
+    if let Some(problem) = eff.cri_problem() {
+        bail!("containerd's CRI would not load: {problem}");
+    }
+    if !eff.gpuarch_handlers().contains(&args.handler) {
+        bail!(
+            "containerd still has no runtime handler {} after the edit (a later import overrides it?)",
+            args.handler
+        );
+    }
+    let _ = writeln!(
+        out,
+        "restart containerd, then give pods runtimeClassName: {}",
+        args.handler
+    );
     Ok(0)
+}
+
+/// Add `entry` to `main`'s imports; the old file is kept beside it first.
+fn import(main: &Path, entry: &str) -> Result<PathBuf> {
+    let text = std::fs::read_to_string(main)?;
+    let edited = containerd::add_import(&text, entry)?;
+    let backup = backup_name(main)?;
+    gpuarch_fs::write_atomic_like(&backup, text.as_bytes(), main)
+        .with_context(|| format!("backup {}", backup.display()))?;
+    gpuarch_fs::rewrite_atomic(main, edited.as_bytes())?;
+    Ok(backup)
+}
+
+/// `config.toml.before-gpuarch`, or the first free `….N`: an older backup
+/// is never overwritten.
+fn backup_name(main: &Path) -> Result<PathBuf> {
+    let base = format!("{}.before-gpuarch", main.display());
+    std::iter::once(PathBuf::from(&base))
+        .chain((1..100).map(|n| PathBuf::from(format!("{base}.{n}"))))
+        .find(|p| std::fs::symlink_metadata(p).is_err())
+        .with_context(|| format!("{base}.1 to .99 all exist"))
 }
