@@ -12,6 +12,7 @@
 //! hook:
 //!   timeout_ms: 5000     # default: budget of one hook or shim invocation
 //!   image_cache: /run/gpuarch/images  # default: each image's consumers, when the directory exists
+//!   record_dir: /run/gpuarch/containers  # default: each GPU container's Plan, for `gpuarchctl why`
 //! runtime:
 //!   path: null           # default: the first of runc, crun on PATH
 //!   env_files: false     # default: no files written into containers (for exec sessions)
@@ -327,16 +328,23 @@ pub struct HookConfig {
     /// only when the directory exists (gpuarch's tmpfiles.d makes it, mode
     /// 0700); the hook never creates it. Default `/run/gpuarch/images`.
     pub image_cache: PathBuf,
+    /// Where each GPU container's Plan is kept for `gpuarchctl why`
+    /// ([`crate::record`]). Used only when the directory exists
+    /// (tmpfiles.d makes it, mode 0700). Default `/run/gpuarch/containers`.
+    pub record_dir: PathBuf,
 }
 
 /// [`HookConfig::image_cache`]'s default.
 pub const DEFAULT_IMAGE_CACHE: &str = "/run/gpuarch/images";
+/// [`HookConfig::record_dir`]'s default.
+pub const DEFAULT_RECORD_DIR: &str = "/run/gpuarch/containers";
 
 impl Default for HookConfig {
     fn default() -> Self {
         Self {
             timeout_ms: 5000,
             image_cache: PathBuf::from(DEFAULT_IMAGE_CACHE),
+            record_dir: PathBuf::from(DEFAULT_RECORD_DIR),
         }
     }
 }

@@ -34,6 +34,7 @@ pub mod nfd;
 pub mod nvrequire;
 pub mod oci;
 pub mod plan;
+pub mod record;
 pub mod requirement;
 pub mod select;
 pub mod slurm;

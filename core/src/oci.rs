@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Configs larger than this are not parsed: real ones are kilobytes (what a
 /// process can exec is bounded by ARG_MAX, a Kubernetes object's annotations
@@ -97,6 +97,86 @@ pub struct ContainerView {
     /// The consumers in the container's image, where the caller read its
     /// rootfs (the hook does); not part of the config.
     pub software: crate::software::Software,
+    /// The engine's names for the container, where the config has them.
+    pub names: Names,
+}
+
+/// What an engine calls a container, for logs and `gpuarchctl why`. Only
+/// Kubernetes' runtimes put names in the config (Docker and podman put
+/// none); the id comes from the engine (the OCI state, the runtime's
+/// arguments) or, for podman's precreate, from the config's mounts.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Names {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The container's name in its pod (or nerdctl's name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+impl Names {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// From the annotations that carry names (containerd's CRI, CRI-O,
+    /// nerdctl), and podman's userdata directory among `sources`.
+    fn from_config(a: &Annotations, sources: &[String]) -> Self {
+        let first = |keys: &[&str]| keys.iter().find_map(|k| a.get(*k)).map(|v| bounded(v));
+        Self {
+            id: sources.iter().find_map(|s| podman_id(s)).map(str::to_owned),
+            name: first(&NAME_ANNOTATIONS[0..3]),
+            pod: first(&NAME_ANNOTATIONS[3..5]),
+            namespace: first(&[
+                "io.kubernetes.cri.sandbox-namespace",
+                "io.kubernetes.pod.namespace",
+            ]),
+        }
+    }
+}
+
+/// A name as logged: at most 253 bytes (a Kubernetes name's limit), cut
+/// at a character boundary.
+fn bounded(v: &str) -> String {
+    let mut end = v.len().min(253);
+    while !v.is_char_boundary(end) {
+        end -= 1;
+    }
+    v[..end].to_owned()
+}
+
+/// The annotations naming a container and its pod, in the order read:
+/// the container's name (containerd's CRI, CRI-O, nerdctl), then the pod's.
+pub const NAME_ANNOTATIONS: [&str; 5] = [
+    "io.kubernetes.cri.container-name",
+    "io.kubernetes.container.name",
+    "nerdctl/name",
+    "io.kubernetes.cri.sandbox-name",
+    "io.kubernetes.pod.name",
+];
+
+/// podman's container id in a mount source under its storage
+/// (`…/overlay-containers/<64 hex>/userdata/hosts`): the one place its
+/// precreate hook, which gets no OCI state, can learn it.
+fn podman_id(source: &str) -> Option<&str> {
+    let mut parts = source.split('/');
+    while let Some(p) = parts.next() {
+        if p.ends_with("-containers") {
+            let mut rest = parts.clone();
+            if let (Some(id), Some("userdata")) = (rest.next(), rest.next())
+                && id.len() == 64
+                && id.bytes().all(|b| b.is_ascii_hexdigit())
+            {
+                return Some(id);
+            }
+        }
+    }
+    None
 }
 
 #[derive(Deserialize)]
@@ -107,6 +187,14 @@ struct Raw {
     annotations: Option<BTreeMap<String, String>>,
     #[serde(default)]
     linux: Option<RawLinux>,
+    #[serde(default)]
+    mounts: Option<Vec<RawMount>>,
+}
+
+#[derive(Deserialize)]
+struct RawMount {
+    #[serde(default)]
+    source: Option<String>,
 }
 
 /// A container's annotations, key to value.
@@ -125,12 +213,14 @@ pub const KUBERNETES_ANNOTATIONS: [&str; 7] = [
     "io.kubernetes.cri.sandbox-namespace",
 ];
 
-/// Does gpuarch read annotation `key`: CDI requests, `io.gpuarch.*`, and
-/// the runtime's image and namespace ([`KUBERNETES_ANNOTATIONS`]).
+/// Does gpuarch read annotation `key`: CDI requests, `io.gpuarch.*`, the
+/// runtime's image and namespace ([`KUBERNETES_ANNOTATIONS`]), and the
+/// container's names ([`NAME_ANNOTATIONS`]).
 pub fn read_annotation(key: &str) -> bool {
     key.starts_with("cdi.k8s.io/")
         || key.starts_with("io.gpuarch.")
         || KUBERNETES_ANNOTATIONS.contains(&key)
+        || NAME_ANNOTATIONS.contains(&key)
 }
 
 /// `annotations`, keeping only what [`read_annotation`] names; every value
@@ -308,9 +398,17 @@ impl ContainerView {
             ),
             None => Default::default(),
         };
+        let annotations = raw.annotations.unwrap_or_default();
+        let sources: Vec<String> = raw
+            .mounts
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|m| m.source)
+            .collect();
         Self {
             env,
-            annotations: raw.annotations.unwrap_or_default(),
+            names: Names::from_config(&annotations, &sources),
+            annotations,
             devices: devices.into_iter().map(DeviceNode::from).collect(),
             user,
             uid_mappings,
@@ -367,6 +465,42 @@ impl ContainerView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_come_from_kubernetes_annotations_and_podmans_userdata() {
+        let id = "c6bc73e047ca83c62f6b452532e52500e5ca650a065941c61787496d7da994f6";
+        let cri = serde_json::json!({
+            "annotations": {
+                "io.kubernetes.cri.container-name": "trainer",
+                "io.kubernetes.cri.sandbox-name": "job-7",
+                "io.kubernetes.cri.sandbox-namespace": "ml",
+                "org.example/other": "x"
+            },
+            "mounts": [{"destination": "/etc/hosts", "source": format!("/var/lib/containers/storage/overlay-containers/{id}/userdata/hosts")}]
+        });
+        let v = ContainerView::from_value(&cri).unwrap();
+        assert_eq!(v.names.name.as_deref(), Some("trainer"));
+        assert_eq!(v.names.pod.as_deref(), Some("job-7"));
+        assert_eq!(v.names.namespace.as_deref(), Some("ml"));
+        assert_eq!(v.names.id.as_deref(), Some(id));
+        assert!(!v.annotations.contains_key("org.example/other"));
+        // Not podman's layout, or not a whole id: no id.
+        for src in [
+            format!("/srv/overlay-containers/{}/userdata/hosts", &id[..12]),
+            format!("/srv/containers/{id}/userdata/hosts"),
+            format!("/srv/overlay-containers/{id}/other/hosts"),
+        ] {
+            let c = serde_json::json!({"mounts": [{"source": src}, {"type": "tmpfs"}]});
+            assert_eq!(
+                ContainerView::from_value(&c).unwrap().names,
+                Names::default()
+            );
+        }
+        let long = "é".repeat(300);
+        let c = serde_json::json!({"annotations": {"io.kubernetes.pod.name": long}});
+        let pod = ContainerView::from_value(&c).unwrap().names.pod.unwrap();
+        assert!(pod.len() <= 253 && long.starts_with(&pod));
+    }
 
     #[test]
     fn reads_env_annotations_and_devices_and_ignores_the_rest() {

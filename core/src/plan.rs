@@ -11,7 +11,7 @@ use crate::config::EnvConfig;
 pub use crate::env::EnvVar;
 use crate::features::Feature;
 use crate::nvrequire;
-use crate::oci::ContainerView;
+use crate::oci::{ContainerView, Names};
 use crate::select::{self, AssignedGpu, Selection, Source};
 use crate::snapshot::Snapshot;
 use crate::software::{self, Dist, Software, TorchNames};
@@ -37,6 +37,20 @@ pub struct Plan {
     /// container starts.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub blocking: Vec<String>,
+    /// What the engine calls the container, where its config says.
+    #[serde(skip_serializing_if = "Names::is_empty")]
+    pub container: Names,
+    /// The mounts gpuarch added to the config (kernel packages, the JIT
+    /// cache); filled by the hook and the shim, which add them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<AddedMount>,
+}
+
+/// A mount gpuarch added: where in the container, from where on the host.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct AddedMount {
+    pub destination: String,
+    pub source: String,
 }
 
 fn as_map<S: Serializer>(env: &[(String, String)], s: S) -> Result<S::Ok, S::Error> {
@@ -151,13 +165,15 @@ fn plan_with(
     cfg: &EnvConfig,
     select: impl FnOnce() -> Selection,
 ) -> Plan {
-    if let Some(why) = opted_out(view) {
-        return Plan {
+    let mut plan = match opted_out(view) {
+        Some(why) => Plan {
             notes: vec![why],
             ..Plan::default()
-        };
-    }
-    plan_selection(select(), view, inv, cfg)
+        },
+        None => plan_selection(select(), view, inv, cfg),
+    };
+    plan.container = view.names.clone();
+    plan
 }
 
 /// Most entries [`plan_devices`] takes: more than any node's GPUs and MIG
@@ -716,6 +732,7 @@ fn plan_selection(sel: Selection, view: &ContainerView, inv: &Snapshot, cfg: &En
             env: Vec::new(),
             notes,
             blocking,
+            ..Plan::default()
         };
     };
     if gpus.is_empty() {
@@ -728,6 +745,7 @@ fn plan_selection(sel: Selection, view: &ContainerView, inv: &Snapshot, cfg: &En
             env: Vec::new(),
             notes,
             blocking,
+            ..Plan::default()
         };
     }
     notes.push(format!(
@@ -808,6 +826,7 @@ fn plan_selection(sel: Selection, view: &ContainerView, inv: &Snapshot, cfg: &En
         env,
         notes,
         blocking,
+        ..Plan::default()
     }
 }
 

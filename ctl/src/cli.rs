@@ -92,6 +92,10 @@ pub enum Cmd {
     /// Wire gpuarch into a container engine's own config.
     #[command(subcommand)]
     Engine(EngineCmd),
+    /// What a container got at its start: its GPUs, env, mounts and the
+    /// reasons, by id (or its start), or under Kubernetes by name, pod or
+    /// NAMESPACE/POD. Exit status 1 when there is no record of it.
+    Why(WhyArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -137,6 +141,18 @@ pub enum EngineCmd {
     /// CRI section of config.toml; run this again after changing that
     /// section (doctor says when).
     Containerd(ContainerdArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct WhyArgs {
+    /// The container: its id or the start of it (3 characters or more, as
+    /// `docker ps` and `podman ps` show it), or, under Kubernetes, its
+    /// name, its pod's name, or NAMESPACE/POD.
+    pub container: String,
+    /// Where the records are [default: the config's hook.record_dir,
+    /// /run/gpuarch/containers].
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]

@@ -46,6 +46,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
         Cmd::Inspect(args) => cmd::inspect::run(cli, args, &mut out)?,
         Cmd::Engine(EngineCmd::Containerd(args)) => cmd::engine::containerd(args, &mut out)?,
         Cmd::Doctor(args) => cmd::doctor::run(cli, args, &mut out)?,
+        Cmd::Why(args) => cmd::why::run(cli.json, args, &mut out)?,
         // A plan for a container's own config or env is made here.
         Cmd::Plan(args) if args.config.is_some() || !args.env.is_empty() => {
             cmd::plan::local(cli, args, &mut out)?

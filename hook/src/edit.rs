@@ -155,6 +155,10 @@ pub fn edit_in(
         plan = plan::plan(&view, &ctx.inventory, &ctx.config.env);
         plan.notes.extend(notes);
     }
+    let mounts_before = config
+        .get("mounts")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
     let (kernels, notes) = kernels::discover(
         &ctx.config.kernels,
         &plan,
@@ -169,6 +173,20 @@ pub fn edit_in(
         jit::add_env(&mut plan, &p, &view, env_cfg);
         list_at(config, "mounts")?.push(jit::mount_entry(&p.source));
     }
+    plan.mounts = config
+        .get("mounts")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .skip(mounts_before)
+        .map(|m| {
+            let field = |k: &str| m.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+            gpuarch_core::plan::AddedMount {
+                destination: field("destination"),
+                source: field("source"),
+            }
+        })
+        .collect();
     apply_env(config, &plan)?;
     // The env is in the config now; the in-container stage is needed only
     // for what the config cannot say: the loader cache for mounted
@@ -434,6 +452,10 @@ pub(crate) mod tests {
         assert_eq!(mounts.len(), 2, "{mounts:?}");
         assert_eq!(mounts[1]["destination"], "/opt/gpuarch/kernels/both");
         assert_eq!(mounts[1]["options"][1], "ro");
+        // The Plan names the mount it added, and only that one.
+        assert_eq!(plan.mounts.len(), 1, "{:?}", plan.mounts);
+        assert_eq!(plan.mounts[0].destination, "/opt/gpuarch/kernels/both");
+        assert_eq!(plan.mounts[0].source, mounts[1]["source"]);
         assert_eq!(
             plan.env_get("GPUARCH_KERNELS_DIR"),
             Some("/opt/gpuarch/kernels")

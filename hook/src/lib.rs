@@ -31,3 +31,33 @@ pub use context::{
     read_at_most, read_config_file,
 };
 pub use edit::{HookError, edit, precreate};
+
+/// Keep what container `id` got for `gpuarchctl why`
+/// ([`gpuarch_core::record`]): only for a container that asked for a GPU,
+/// only when `dir` exists. With `only_first`, a record already there for
+/// the id (precreate's, the shim's) stays. Never fails a start.
+pub fn keep_record(
+    dir: &std::path::Path,
+    id: Option<&str>,
+    by: &str,
+    plan: &gpuarch_core::plan::Plan,
+    only_first: bool,
+) {
+    use gpuarch_core::record;
+    if plan.source.is_none() && plan.blocking.is_empty() {
+        return;
+    }
+    let Some(id) = id.or(plan.container.id.as_deref()) else {
+        log::debug("the engine gave no container id: no record for gpuarchctl why");
+        return;
+    };
+    if !dir.is_dir() {
+        return;
+    }
+    if let Err(e) = record::keep(dir, &record::Record::new(id, by, plan), only_first) {
+        log::warn(&format!(
+            "{}: {e}; gpuarchctl why will not know this container",
+            dir.display()
+        ));
+    }
+}

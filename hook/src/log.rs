@@ -51,6 +51,24 @@ struct State {
     /// The engine's runtime log (`--log`) and whether it is JSON.
     runtime_log: Option<(PathBuf, bool)>,
     journal_installed: bool,
+    /// The container the lines are about, once known.
+    who: Who,
+}
+
+/// A container's id and names, as every line carries them: journal
+/// fields, and a `container=… pod=…:` head on text lines.
+#[derive(Debug, Default, Clone)]
+struct Who {
+    /// Docker's journald convention: `CONTAINER_ID` is the 12-digit short
+    /// id of a 64-digit one (what `docker ps` shows), else the whole id;
+    /// `CONTAINER_ID_FULL` the whole id.
+    short: Option<String>,
+    full: Option<String>,
+    name: Option<String>,
+    pod: Option<String>,
+    namespace: Option<String>,
+    /// The head of a text line: empty when nothing is known.
+    head: String,
 }
 
 fn state() -> MutexGuard<'static, State> {
@@ -66,6 +84,7 @@ fn state() -> MutexGuard<'static, State> {
                 max_bytes: 1 << 20,
                 runtime_log: None,
                 journal_installed: false,
+                who: Who::default(),
             })
         })
         .lock()
@@ -126,13 +145,58 @@ fn sink(s: &mut State) -> Sink {
     if sink == Sink::Journal && !s.journal_installed {
         let program = s.program;
         s.journal_installed = tracing_journald::layer().is_ok_and(|layer| {
-            let sub = tracing_subscriber::registry()
-                .with(layer.with_syslog_identifier(program.to_owned()));
+            // Fields by their own names (CONTAINER_ID), as Docker's
+            // journald driver names them, not under the default `F_`.
+            let sub = tracing_subscriber::registry().with(
+                layer
+                    .with_syslog_identifier(program.to_owned())
+                    .with_field_prefix(None),
+            );
             tracing::subscriber::set_global_default(sub).is_ok()
         });
     }
     s.sink = Some(sink);
     sink
+}
+
+/// The container every later line is about: its id (from the OCI state,
+/// the runtime's arguments, or the config) and the names its config gives.
+/// What was known before stays when a later call knows less.
+pub fn set_container(id: Option<&str>, names: &gpuarch_core::oci::Names) {
+    let mut s = state();
+    let w = &mut s.who;
+    let id = id.or(names.id.as_deref());
+    if let Some(id) = id {
+        let id = clean(id).into_owned();
+        let hex = id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit());
+        w.short = Some(if hex { id[..12].to_owned() } else { id.clone() });
+        w.full = Some(id);
+    }
+    let keep = |slot: &mut Option<String>, v: &Option<String>| {
+        if let Some(v) = v {
+            *slot = Some(clean(v).into_owned());
+        }
+    };
+    keep(&mut w.name, &names.name);
+    keep(&mut w.pod, &names.pod);
+    keep(&mut w.namespace, &names.namespace);
+    let mut head = String::new();
+    if let Some(id) = &w.full {
+        head.push_str(&format!("container={id} "));
+    }
+    if let Some(n) = &w.name {
+        head.push_str(&format!("name={n} "));
+    }
+    match (&w.namespace, &w.pod) {
+        (Some(ns), Some(p)) => head.push_str(&format!("pod={ns}/{p} ")),
+        (None, Some(p)) => head.push_str(&format!("pod={p} ")),
+        _ => {}
+    }
+    if !head.is_empty() {
+        head.pop();
+        head.push_str(": ");
+    }
+    w.head = head;
 }
 
 /// The runtime log an engine passed to the shim (`--log PATH`, with
@@ -201,17 +265,29 @@ fn emit_all(level: LogLevel, msgs: &[&str]) {
         return;
     }
     let cleaned: Vec<std::borrow::Cow<'_, str>> = msgs.iter().map(|m| clean(m)).collect();
-    let msgs: Vec<&str> = cleaned.iter().map(|m| m.as_ref()).collect();
-    let msgs = msgs.as_slice();
     let program = s.program;
-    match sink(&mut s) {
+    let sink = sink(&mut s);
+    if sink == Sink::Journal && s.journal_installed {
+        let w = &s.who;
+        for msg in &cleaned {
+            journal(level, w, msg);
+        }
+        return;
+    }
+    // Text lines carry the container in their head.
+    let headed: Vec<String>;
+    let msgs: Vec<&str> = if s.who.head.is_empty() {
+        cleaned.iter().map(|m| m.as_ref()).collect()
+    } else {
+        headed = cleaned
+            .iter()
+            .map(|m| format!("{}{m}", s.who.head))
+            .collect();
+        headed.iter().map(String::as_str).collect()
+    };
+    let msgs = msgs.as_slice();
+    match sink {
         Sink::Stderr => msgs.iter().for_each(|msg| eprintln!("{program}: {msg}")),
-        Sink::Journal if s.journal_installed => msgs.iter().for_each(|msg| match level {
-            LogLevel::Error => tracing::error!("{msg}"),
-            LogLevel::Warn => tracing::warn!("{msg}"),
-            LogLevel::Info => tracing::info!("{msg}"),
-            LogLevel::Debug => tracing::debug!("{msg}"),
-        }),
         Sink::Journal | Sink::Syslog => {
             let failed: Vec<&str> = msgs
                 .iter()
@@ -225,6 +301,31 @@ fn emit_all(level: LogLevel, msgs: &[&str]) {
         Sink::File => {
             let _ = to_file(&s.file, s.max_bytes, level, program, msgs);
         }
+    }
+}
+
+/// One journal entry: the message, and the container in fields an admin
+/// filters on (`journalctl CONTAINER_ID=3f2a9c1e5b7d`); a field not known
+/// is not sent.
+fn journal(level: LogLevel, w: &Who, msg: &str) {
+    macro_rules! at {
+        ($level:expr) => {
+            tracing::event!(
+                $level,
+                container_id = w.short.as_deref(),
+                container_id_full = w.full.as_deref(),
+                container_name = w.name.as_deref(),
+                pod_name = w.pod.as_deref(),
+                pod_namespace = w.namespace.as_deref(),
+                "{msg}"
+            )
+        };
+    }
+    match level {
+        LogLevel::Error => at!(tracing::Level::ERROR),
+        LogLevel::Warn => at!(tracing::Level::WARN),
+        LogLevel::Info => at!(tracing::Level::INFO),
+        LogLevel::Debug => at!(tracing::Level::DEBUG),
     }
 }
 

@@ -74,7 +74,13 @@ pub struct Invocation {
     pub log: Option<PathBuf>,
     /// `--log-format json`.
     pub log_json: bool,
+    /// The container id of a `create`, `run` or `delete`: its one
+    /// positional argument.
+    pub id: Option<String>,
 }
+
+/// Options of `create` and `run` (runc's and crun's) that take a value.
+const COMMAND_WITH_VALUE: [&str; 4] = ["bundle", "b", "console-socket", "pid-file"];
 
 impl Invocation {
     pub fn parse(args: &[OsString]) -> Self {
@@ -122,6 +128,26 @@ impl Invocation {
             i += 1;
         }
         let mut bundle = None;
+        let mut id = None;
+        if matches!(command.as_deref(), Some("create" | "run" | "delete")) {
+            let rest = &args[i..];
+            let mut j = 0;
+            while j < rest.len() {
+                let a = rest[j].to_string_lossy();
+                if a == "--" {
+                    id = rest.get(j + 1).map(|v| v.to_string_lossy().into_owned());
+                    break;
+                }
+                match a.strip_prefix("--").or_else(|| a.strip_prefix('-')) {
+                    Some(name) if !name.contains('=') && COMMAND_WITH_VALUE.contains(&name) => {
+                        j += 1
+                    }
+                    Some(_) => {}
+                    None => id = Some(a.into_owned()),
+                }
+                j += 1;
+            }
+        }
         if matches!(command.as_deref(), Some("create" | "run")) {
             let rest = &args[i..];
             let mut j = 0;
@@ -148,6 +174,7 @@ impl Invocation {
             bundle,
             log,
             log_json,
+            id,
         }
     }
 
@@ -324,6 +351,7 @@ fn write_env_files(bundle: &Path, ctx: &Context) -> String {
     let state = crate::stage::State {
         bundle: bundle.to_owned(),
         pid: 0,
+        id: None,
     };
     match crate::stage::run(crate::stage::Stage::BeforeRuntime, &state, ctx) {
         Ok(out) => out.plan.notes.last().cloned().unwrap_or_default(),
@@ -364,6 +392,24 @@ mod tests {
         assert_eq!(i.bundle.as_deref(), Some(Path::new("/b")));
         assert_eq!(i.log.as_deref(), Some(Path::new("/x/log.json")));
         assert!(i.log_json);
+        assert_eq!(i.id.as_deref(), Some("id"));
+        // The id wherever the options put it, and a value never taken for it.
+        for (args, want) in [
+            (
+                &["create", "--console-socket", "/s", "c1", "--no-pivot"][..],
+                Some("c1"),
+            ),
+            (
+                &["create", "--bundle=/b", "--pid-file=/p", "c2"],
+                Some("c2"),
+            ),
+            (&["delete", "--force", "c3"], Some("c3")),
+            (&["run", "-d", "--", "-odd"], Some("-odd")),
+            (&["create", "--bundle", "/b"], None),
+            (&["start", "c4"], None),
+        ] {
+            assert_eq!(inv(args).id.as_deref(), want, "{args:?}");
+        }
         // As conmon calls it for podman.
         let p = inv(&["--log-format=json", "--log=/c/oci-log", "create", "id"]);
         assert_eq!(p.log.as_deref(), Some(Path::new("/c/oci-log")));

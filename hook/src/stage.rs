@@ -96,6 +96,9 @@ pub struct State {
     pub bundle: PathBuf,
     #[serde(default)]
     pub pid: i64,
+    /// The container's id (every runtime gives it; read for the log).
+    #[serde(default)]
+    pub id: Option<String>,
 }
 
 impl State {

@@ -284,7 +284,7 @@ impl Scene {
                 yaml.push_str(&path);
             }
         }
-        let yaml = crate::private_image_cache(&yaml, self.path());
+        let yaml = crate::private_hook_paths(&yaml, self.path());
         std::fs::write(&p, yaml).unwrap();
         p
     }

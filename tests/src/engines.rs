@@ -213,7 +213,7 @@ impl Engines {
             snapshot.display(),
             self.log.display()
         );
-        let yaml = crate::private_image_cache(&yaml, &self.dir);
+        let yaml = crate::private_hook_paths(&yaml, &self.dir);
         std::fs::write(&self.gpuarch_config, yaml).unwrap();
     }
 

@@ -33,13 +33,21 @@ pub fn workspace_root() -> PathBuf {
         .unwrap_or_default()
 }
 
-/// `yaml` with `hook.image_cache` under `dir` (made), so that a test never
-/// looks at the host's `/run/gpuarch/images`; a `hook:` section of its own
-/// keeps its other keys.
-pub fn private_image_cache(yaml: &str, dir: &Path) -> String {
+/// `yaml` with `hook.image_cache` and `hook.record_dir` under `dir`
+/// (made), so that a test never looks at the host's `/run/gpuarch/images`
+/// or `/run/gpuarch/containers`; a `hook:` section of its own keeps its
+/// other keys.
+pub fn private_hook_paths(yaml: &str, dir: &Path) -> String {
     let cache = dir.join("images");
-    std::fs::create_dir_all(&cache).expect("the test's image cache directory");
-    let line = format!("  image_cache: {}\n", cache.display());
+    let records = dir.join("containers");
+    for d in [&cache, &records] {
+        std::fs::create_dir_all(d).expect("the test's hook directories");
+    }
+    let line = format!(
+        "  image_cache: {}\n  record_dir: {}\n",
+        cache.display(),
+        records.display()
+    );
     if yaml.starts_with("hook:\n") || yaml.contains("\nhook:\n") {
         yaml.replacen("hook:\n", &format!("hook:\n{line}"), 1)
     } else {

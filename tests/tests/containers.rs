@@ -1868,3 +1868,180 @@ fn jit_caches_are_shared_per_arch_uid_and_image_and_nothing_leaks() {
     assert_eq!(escapes, 5, "one per cache");
     assert!(Path::new("/etc/passwd").is_file());
 }
+
+/// podman through the precreate hook: every line the hook logs for a GPU
+/// container carries its id (read from podman's userdata mounts, since
+/// precreate gets no OCI state), and `gpuarchctl why` shows what it got,
+/// by the short id `podman ps` shows, after `--rm` removed it.
+#[test]
+fn podman_logs_name_the_container_and_why_shows_what_it_got() {
+    require!("podman");
+    let s = Scene::new();
+    let cidfile = s.path().join("cid");
+    let seen = s.podman(&[
+        "--cidfile",
+        cidfile.to_str().unwrap(),
+        "-e",
+        "NVIDIA_VISIBLE_DEVICES=1",
+    ]);
+    assert_eq!(seen.ok().hints().0, Some("8.6"));
+    let id = std::fs::read_to_string(&cidfile).unwrap().trim().to_owned();
+    assert_eq!(id.len(), 64, "{id}");
+    let log = s.take_log();
+    let lines: Vec<&str> = log.lines().collect();
+    assert!(lines.iter().any(|l| l.contains("assigned from")), "{log}");
+    for l in &lines {
+        assert!(
+            l.contains(&format!("] info: container={id}: ")),
+            "a line without the container's id: {l}"
+        );
+    }
+    let why = |q: &str, json: bool| {
+        let mut c = Command::new(&artifacts().gpuarchctl);
+        if json {
+            c.arg("--json");
+        }
+        c.args(["why", q])
+            .env("GPUARCH_CONFIG", s.config_file(None))
+            .output()
+            .unwrap()
+    };
+    let o = why(&id[..12], false);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{o:?}");
+    assert!(out.starts_with(&format!("container {id}\n")), "{out}");
+    assert!(out.contains("planned by gpuarch-hook precreate"), "{out}");
+    assert!(out.contains("NVIDIA GeForce RTX 3090"), "{out}");
+    assert!(out.contains("  TORCH_CUDA_ARCH_LIST=8.6\n"), "{out}");
+    assert!(out.contains("notes:\n  - "), "{out}");
+    let o = why(&id, true);
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["id"], id.as_str());
+    assert_eq!(r["plan"]["env"]["TORCH_CUDA_ARCH_LIST"], "8.6");
+    // A container that asked for no GPU has no record; an unknown id neither.
+    let cid2 = s.path().join("cid2");
+    s.podman(&["--cidfile", cid2.to_str().unwrap()]).ok();
+    let other = std::fs::read_to_string(&cid2).unwrap();
+    for q in [other.trim(), "0123456789ab"] {
+        let o = why(q, false);
+        assert_eq!(o.status.code(), Some(1), "{o:?}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("no record of"),
+            "{o:?}"
+        );
+    }
+}
+
+/// In the journal, the hook's lines carry the container in fields an admin
+/// filters on. The hook runs in a mount namespace whose
+/// `/run/systemd/journal/socket` is this test's socket, and the test reads
+/// the entries as journald would receive them (its native protocol).
+#[test]
+fn journal_entries_carry_the_container_in_fields() {
+    require!("unshare", "mount");
+    use std::io::Write;
+    use std::os::unix::net::UnixDatagram;
+    let tmp = tempfile::tempdir().unwrap();
+    let sock_dir = tmp.path().join("journal");
+    std::fs::create_dir_all(&sock_dir).unwrap();
+    let sock = UnixDatagram::bind(sock_dir.join("socket")).unwrap();
+    sock.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let config = tmp.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        gpuarch_tests::private_hook_paths("strict: false\n", tmp.path()),
+    )
+    .unwrap();
+    let id = "c6bc73e047ca83c62f6b452532e52500e5ca650a065941c61787496d7da994f6";
+    let oci = json!({
+        "ociVersion": "1.0.2",
+        "process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"]},
+        "annotations": {
+            "io.kubernetes.cri.container-name": "trainer",
+            "io.kubernetes.cri.sandbox-name": "trainer-0",
+            "io.kubernetes.cri.sandbox-namespace": "ml"
+        },
+        "mounts": [{"destination": "/etc/hosts", "source": format!("/var/lib/containers/storage/overlay-containers/{id}/userdata/hosts")}]
+    });
+    let script = format!(
+        "mount -t tmpfs tmpfs /run && mkdir -p /run/systemd/journal && mount --bind {} /run/systemd/journal && exec {} precreate",
+        sock_dir.display(),
+        artifacts().gpuarch_hook.display()
+    );
+    let mut child = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .env("GPUARCH_LOG", "journal")
+        .env("GPUARCH_CONFIG", &config)
+        .env("GPUARCH_INVENTORY", fixture("2080ti-3090"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(oci.to_string().as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let mut entries = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    sock.set_nonblocking(true).unwrap();
+    while let Ok(n) = sock.recv(&mut buf) {
+        // tracing-journald first sends an empty datagram, to test the socket.
+        if n > 0 {
+            entries.push(journal_fields(&buf[..n]));
+        }
+    }
+    let planned: Vec<_> = entries
+        .iter()
+        .filter(|e| {
+            e.get("MESSAGE")
+                .is_some_and(|m| m.contains("assigned from"))
+        })
+        .collect();
+    assert_eq!(planned.len(), 1, "{entries:?}");
+    let e = planned[0];
+    assert_eq!(e["SYSLOG_IDENTIFIER"], "gpuarch-hook");
+    assert_eq!(e["CONTAINER_ID"], id[..12]);
+    assert_eq!(e["CONTAINER_ID_FULL"], id);
+    assert_eq!(e["CONTAINER_NAME"], "trainer");
+    assert_eq!(e["POD_NAME"], "trainer-0");
+    assert_eq!(e["POD_NAMESPACE"], "ml");
+    // Every entry carries the id; none has the container in its text.
+    for e in &entries {
+        assert_eq!(
+            e.get("CONTAINER_ID").map(String::as_str),
+            Some(&id[..12]),
+            "{e:?}"
+        );
+        assert!(!e["MESSAGE"].contains("container="), "{e:?}");
+    }
+}
+
+/// journald's native protocol: `KEY=value\n`, or `KEY\n`, a 64-bit
+/// little-endian length, the value and `\n`.
+fn journal_fields(mut b: &[u8]) -> std::collections::BTreeMap<String, String> {
+    let mut m = std::collections::BTreeMap::new();
+    while !b.is_empty() {
+        let nl = b.iter().position(|&c| c == b'\n').unwrap_or(b.len());
+        let line = &b[..nl];
+        if let Some(eq) = line.iter().position(|&c| c == b'=') {
+            m.insert(
+                String::from_utf8_lossy(&line[..eq]).into_owned(),
+                String::from_utf8_lossy(&line[eq + 1..]).into_owned(),
+            );
+            b = &b[(nl + 1).min(b.len())..];
+        } else {
+            let key = String::from_utf8_lossy(line).into_owned();
+            let rest = &b[nl + 1..];
+            let len = u64::from_le_bytes(rest[..8].try_into().unwrap()) as usize;
+            m.insert(key, String::from_utf8_lossy(&rest[8..8 + len]).into_owned());
+            b = &rest[(8 + len + 1).min(rest.len())..];
+        }
+    }
+    m
+}

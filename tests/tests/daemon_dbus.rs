@@ -1192,13 +1192,15 @@ fn doctor_and_kernels_name_a_missing_nvrtc() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{o:?}");
+    // A warning, not a failure: containers still get their Plan.
     let (code, out) = doctor_on(&node, root, &snapshot);
-    assert_eq!(code, 1, "{out}");
+    assert_eq!(code, 0, "{out}");
     assert!(
-        out.contains("FAIL  compiler     no builds possible for saxpy (1 NVRTC package(s)): NVRTC (libnvrtc.so.13 or libnvrtc.so.12) not found"),
+        out.contains("WARN  compiler     no builds possible for saxpy (1 NVRTC package(s)): NVRTC (libnvrtc.so.13 or libnvrtc.so.12) not found"),
         "{out}"
     );
     assert!(out.contains("fix: install NVRTC"), "{out}");
+    assert!(out.contains("; 1 warning(s)"), "{out}");
 }
 
 /// gpuarchd rewrites the snapshot only when the GPUs change: on a healthy

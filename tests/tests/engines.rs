@@ -149,6 +149,54 @@ fn docker_runs_gpuarch_as_its_default_runtime_and_by_name() {
     assert!(log.contains("NVIDIA GeForce RTX 3090"), "{log}");
 }
 
+/// Every line the shim logs for a Docker container carries its id, and
+/// `gpuarchctl why` shows what the container got, by the short id `docker
+/// ps` shows, after it has exited.
+#[test]
+fn docker_logs_name_the_container_and_why_shows_what_it_got() {
+    let Some(e) = get() else { return };
+    let _turn = e.lock();
+    e.set_gpuarch_config("");
+    e.take_log();
+    let name = format!("gpuarch-why-{}", std::process::id());
+    let o = e.docker(&[
+        "run",
+        "--name",
+        &name,
+        "--network",
+        "none",
+        "-e",
+        "NVIDIA_VISIBLE_DEVICES=1",
+        IMAGE,
+        "true",
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    let id = text(&e.docker(&["inspect", "-f", "{{.Id}}", &name]).stdout)
+        .trim()
+        .to_owned();
+    assert_eq!(id.len(), 64, "{id}");
+    let log = e.take_log();
+    assert!(log.contains("assigned from"), "{log}");
+    for l in log.lines() {
+        assert!(
+            l.contains(&format!("] info: container={id}: ")),
+            "a line without the container's id: {l}"
+        );
+    }
+    let o = std::process::Command::new(&gpuarch_tests::artifacts().gpuarchctl)
+        .args(["why", &id[..12]])
+        .env("GPUARCH_CONFIG", &e.gpuarch_config)
+        .output()
+        .unwrap();
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{o:?}");
+    assert!(out.starts_with(&format!("container {id}\n")), "{out}");
+    assert!(out.contains("planned by gpuarch-runtime create"), "{out}");
+    assert!(out.contains("NVIDIA GeForce RTX 3090"), "{out}");
+    assert!(out.contains("  TORCH_CUDA_ARCH_LIST=8.6\n"), "{out}");
+    assert!(e.docker(&["rm", &name]).status.success());
+}
+
 /// `docker exec` starts a process with the env Docker stored, not the
 /// bundle's: it does not get the Plan. The env files the shim writes with
 /// `runtime.env_files: true` carry it there.

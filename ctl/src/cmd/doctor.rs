@@ -27,6 +27,10 @@ pub enum Status {
     Ok,
     /// Nothing to check (an engine that is not installed).
     Skip,
+    /// Works, with something missing that a part of gpuarch needs (NVRTC
+    /// for the kernel builds): containers still get their Plan. Not a
+    /// failure for the exit status.
+    Warn,
     Fail,
 }
 
@@ -52,6 +56,15 @@ fn fail(name: &str, detail: impl Into<String>, fix: impl Into<String>) -> Check 
     Check {
         name: name.into(),
         status: Status::Fail,
+        detail: detail.into(),
+        fix: Some(fix.into()),
+    }
+}
+
+fn warn(name: &str, detail: impl Into<String>, fix: impl Into<String>) -> Check {
+    Check {
+        name: name.into(),
+        status: Status::Warn,
         detail: detail.into(),
         fix: Some(fix.into()),
     }
@@ -92,6 +105,7 @@ fn under(root: &Path, path: &Path) -> PathBuf {
 pub fn run(cli: &Cli, args: &DoctorArgs, out: &mut String) -> Result<u8> {
     let checks = checks(cli, &args.root);
     let failed = checks.iter().filter(|c| c.status == Status::Fail).count();
+    let warned = checks.iter().filter(|c| c.status == Status::Warn).count();
     if cli.json {
         let doc = json!({"ok": failed == 0, "checks": checks});
         let _ = writeln!(out, "{}", serde_json::to_string_pretty(&doc)?);
@@ -100,6 +114,7 @@ pub fn run(cli: &Cli, args: &DoctorArgs, out: &mut String) -> Result<u8> {
             let tag = match c.status {
                 Status::Ok => "ok  ",
                 Status::Skip => "-   ",
+                Status::Warn => "WARN",
                 Status::Fail => "FAIL",
             };
             let _ = writeln!(out, "{tag}  {:<12} {}", c.name, c.detail);
@@ -107,15 +122,15 @@ pub fn run(cli: &Cli, args: &DoctorArgs, out: &mut String) -> Result<u8> {
                 let _ = writeln!(out, "      {:<12} fix: {fix}", "");
             }
         }
-        let _ = writeln!(
-            out,
-            "{}",
-            if failed == 0 {
-                "no problems found".to_owned()
-            } else {
-                format!("{failed} problem(s)")
-            }
-        );
+        let mut summary = if failed == 0 {
+            "no problems found".to_owned()
+        } else {
+            format!("{failed} problem(s)")
+        };
+        if warned > 0 {
+            summary.push_str(&format!("; {warned} warning(s)"));
+        }
+        let _ = writeln!(out, "{summary}");
     }
     Ok(u8::from(failed > 0))
 }
@@ -451,7 +466,9 @@ fn compiler(
             NAME,
             format!("no NVRTC package to build; {whose}: {answer}"),
         ),
-        Some(why) => fail(
+        // Containers still get their Plan; only these packages' builds
+        // (and so their mounts) are missing.
+        Some(why) => warn(
             NAME,
             format!(
                 "no builds possible for {} ({} NVRTC package(s)): {why} ({whose})",

@@ -19,3 +19,4 @@ pub mod reload;
 pub mod slurm;
 pub mod status;
 pub mod verify;
+pub mod why;

@@ -51,6 +51,7 @@ fn precreate() -> ExitCode {
     let (cfg, cfg_err) = gpuarch_hook::load_config();
     log::configure(&cfg.log);
     let strict = cfg.strict;
+    let records = cfg.hook.record_dir.clone();
     let result = match cfg_err {
         // A config that cannot be read leaves strict off: fail open.
         Some(e) => Err(e),
@@ -65,7 +66,11 @@ fn precreate() -> ExitCode {
     };
     let out: &[u8] = match &result {
         Ok((out, plan)) => {
+            // podman gives precreate no OCI state: the id, when there is
+            // one, is read from the config's mounts.
+            log::set_container(None, &plan.container);
             log::plan(plan);
+            gpuarch_hook::keep_record(&records, None, "gpuarch-hook precreate", plan, false);
             out
         }
         Err(e) if strict => {
@@ -122,11 +127,15 @@ fn in_container(which: Stage) -> ExitCode {
     let (cfg, cfg_err) = gpuarch_hook::load_config();
     log::configure(&cfg.log);
     let strict = cfg.strict;
+    let records = cfg.hook.record_dir.clone();
+    let mut id = None;
     let result = match cfg_err {
         Some(e) => Err(e),
         None => match State::read(std::io::stdin().lock()) {
             Err(e) => Err(e.to_string()),
             Ok(state) => {
+                id = state.id.clone();
+                log::set_container(id.as_deref(), &Default::default());
                 // The container's rootfs may be anything (a FUSE mount
                 // that never answers): the whole stage runs under the
                 // budget.
@@ -142,7 +151,15 @@ fn in_container(which: Stage) -> ExitCode {
     };
     match result {
         Ok(out) => {
+            log::set_container(id.as_deref(), &out.plan.container);
             log::plan(&out.plan);
+            let by = match which {
+                Stage::Prestart => "gpuarch-hook prestart",
+                _ => "gpuarch-hook create-container",
+            };
+            // Only where no earlier step (precreate, the shim) planned it:
+            // theirs is what the container's env holds.
+            gpuarch_hook::keep_record(&records, id.as_deref(), by, &out.plan, true);
             ExitCode::SUCCESS
         }
         Err(e) if strict => {

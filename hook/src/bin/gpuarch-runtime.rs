@@ -31,6 +31,8 @@ fn main() -> ExitCode {
     }
     let (cfg, cfg_err) = gpuarch_hook::load_config();
     log::configure(&cfg.log);
+    log::set_container(inv.id.as_deref(), &Default::default());
+    let records = cfg.hook.record_dir.clone();
     let myself = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
     let runtime = match shim::find_runtime(
         cfg.runtime.path.as_deref(),
@@ -67,7 +69,12 @@ fn main() -> ExitCode {
             }
         };
         match result {
-            Ok(plan) => log::plan(&plan),
+            Ok(plan) => {
+                log::set_container(inv.id.as_deref(), &plan.container);
+                log::plan(&plan);
+                let by = format!("gpuarch-runtime {}", inv.command.as_deref().unwrap_or(""));
+                gpuarch_hook::keep_record(&records, inv.id.as_deref(), &by, &plan, false);
+            }
             Err(e) if strict => {
                 log::fatal(&format!("{e} (strict: refusing to create the container)"));
                 return ExitCode::FAILURE;

@@ -1,0 +1,326 @@
+//! What each GPU container got, kept for `gpuarchctl why`: one small JSON
+//! file per start in `hook.record_dir` (`/run/gpuarch/containers`, made
+//! by tmpfiles.d, mode 0700; used only when it exists).
+//!
+//! - Written by the shim on `create` and by the hook's precreate; the
+//!   hook's in-container stages write one only when none is there for the
+//!   id (precreate's Plan is what podman's container got).
+//! - Removed by any writer once the directory holds [`MAX_RECORDS`] (the
+//!   oldest quarter goes) or a record is older than [`MAX_AGE_S`], and by
+//!   a later start of the same id. Not on the runtime's `delete`: engines
+//!   delete a container's task as soon as it exits, which is when someone
+//!   asks why it failed.
+//! - A file is at most [`MAX_RECORD_BYTES`]; its name is the start time
+//!   and the id (a hash of it when the engine's id is not a plain name),
+//!   so neither a lookup nor the pruning stats a file.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::Digest;
+
+use crate::oci::Names;
+use crate::plan::Plan;
+
+/// Records kept at most; past it the oldest quarter goes.
+pub const MAX_RECORDS: usize = 1024;
+/// A record older than this is removed (30 days).
+pub const MAX_AGE_S: u64 = 30 * 24 * 3600;
+/// One record's bytes at most: notes past it are left out.
+pub const MAX_RECORD_BYTES: usize = 16 * 1024;
+/// An id longer than this is kept cut (containerd's are 76 bytes at most).
+pub const MAX_ID_BYTES: usize = 256;
+
+/// One container start, as `gpuarchctl why` shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub id: String,
+    #[serde(default)]
+    pub names: Names,
+    /// Which program planned it: `gpuarch-runtime create`, ...
+    pub by: String,
+    /// When, in seconds since the epoch.
+    pub at: u64,
+    /// The Plan as `gpuarchctl plan` prints it: env, notes, mounts.
+    pub plan: serde_json::Value,
+}
+
+impl Record {
+    /// A record of `plan` for container `id` now.
+    pub fn new(id: &str, by: &str, plan: &Plan) -> Self {
+        let mut end = id.len().min(MAX_ID_BYTES);
+        while !id.is_char_boundary(end) {
+            end -= 1;
+        }
+        let mut names = plan.container.clone();
+        names.id = None;
+        Self {
+            id: id[..end].to_owned(),
+            names,
+            by: by.to_owned(),
+            at: now(),
+            plan: serde_json::to_value(plan).unwrap_or_default(),
+        }
+    }
+
+    /// The record's JSON within [`MAX_RECORD_BYTES`]: notes are dropped
+    /// from the end (saying how many) until it fits.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut r = self.clone();
+        loop {
+            let bytes = serde_json::to_vec(&r).unwrap_or_default();
+            if bytes.len() <= MAX_RECORD_BYTES {
+                return bytes;
+            }
+            let notes = r.plan.get_mut("notes").and_then(|n| n.as_array_mut());
+            match notes {
+                Some(n) if n.len() > 1 => {
+                    let keep = n.len() / 2;
+                    let gone = n.len() - keep;
+                    n.truncate(keep);
+                    n.push(format!("({gone} more notes left out of this record)").into());
+                }
+                _ => {
+                    r.plan = serde_json::json!({
+                        "notes": ["the Plan was over the record's size bound: see the log"]
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// `id` as a file name: itself when it is a plain name (letters, digits,
+/// `_.-`, not starting with a dot, at most 128 bytes), else `h-` and a
+/// hash of it.
+pub fn key(id: &str) -> String {
+    let plain = !id.is_empty()
+        && id.len() <= 128
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if plain {
+        id.to_owned()
+    } else {
+        let d = sha2::Sha256::digest(id.as_bytes());
+        let hex: String = d[..16].iter().map(|b| format!("{b:02x}")).collect();
+        format!("h-{hex}")
+    }
+}
+
+/// A record file's start time and key: `<16 hex digits>-<key>.json`.
+fn parse_name(name: &str) -> Option<(u64, &str)> {
+    let stem = name.strip_suffix(".json")?;
+    let (at, key) = stem.split_at_checked(16)?;
+    let key = key.strip_prefix('-')?;
+    Some((u64::from_str_radix(at, 16).ok()?, key))
+}
+
+/// The record files in `dir`: (start time, key, path), oldest first.
+fn list(dir: &Path) -> std::io::Result<Vec<(u64, String, PathBuf)>> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name();
+            let (at, key) = parse_name(name.to_str()?)?;
+            Some((at, key.to_owned(), e.path()))
+        })
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+/// Keep `record` in `dir` (which must exist: nothing is kept otherwise).
+/// With `only_first`, nothing is written when a record of the same id is
+/// there. Prunes as the module says. Returns whether it wrote.
+pub fn keep(dir: &Path, record: &Record, only_first: bool) -> std::io::Result<bool> {
+    let mut all = list(dir)?;
+    let k = key(&record.id);
+    if only_first && all.iter().any(|(_, key, _)| *key == k) {
+        return Ok(false);
+    }
+    let now = now();
+    let old = |at: u64| now.saturating_sub(at) > MAX_AGE_S;
+    let mut gone = 0;
+    if all.len() >= MAX_RECORDS || all.first().is_some_and(|(at, _, _)| old(*at)) {
+        let keep_at_most = MAX_RECORDS * 3 / 4;
+        for (i, (at, _, path)) in all.iter().enumerate() {
+            if old(*at) || all.len() - i > keep_at_most {
+                let _ = std::fs::remove_file(path);
+                gone = i + 1;
+            } else {
+                break;
+            }
+        }
+    }
+    all.drain(..gone);
+    // An earlier record of this id (a restarted container) is replaced.
+    for (_, key, path) in &all {
+        if *key == k {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    let name = format!("{:016x}-{k}.json", record.at);
+    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?; // create_new: never through a symlink
+        f.write_all(&record.to_bytes())?;
+        std::fs::rename(&tmp, dir.join(&name))
+    };
+    write().inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })?;
+    Ok(true)
+}
+
+/// The records `query` names: an id or a prefix of one (at least 3
+/// characters), a container or pod name, or `namespace/pod`. Newest first.
+pub fn find(dir: &Path, query: &str) -> std::io::Result<Vec<Record>> {
+    let mut found = Vec::new();
+    for (_, _, path) in list(dir)?.into_iter().rev() {
+        let Ok(f) = std::fs::File::open(&path) else {
+            continue;
+        };
+        let mut bytes = Vec::new();
+        if f.take(MAX_RECORD_BYTES as u64 + 1)
+            .read_to_end(&mut bytes)
+            .is_err()
+            || bytes.len() > MAX_RECORD_BYTES
+        {
+            continue;
+        }
+        let Ok(r) = serde_json::from_slice::<Record>(&bytes) else {
+            continue;
+        };
+        if matches(&r, query) {
+            found.push(r);
+        }
+    }
+    Ok(found)
+}
+
+fn matches(r: &Record, q: &str) -> bool {
+    let n = &r.names;
+    (q.len() >= 3 && r.id.starts_with(q))
+        || n.name.as_deref() == Some(q)
+        || n.pod.as_deref() == Some(q)
+        || matches!((&n.namespace, &n.pod), (Some(ns), Some(p)) if q.split_once('/') == Some((ns.as_str(), p.as_str())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(notes: usize) -> Plan {
+        Plan {
+            env: vec![("TORCH_CUDA_ARCH_LIST".into(), "8.6".into())],
+            notes: (0..notes)
+                .map(|i| format!("note {i} {}", "x".repeat(200)))
+                .collect(),
+            container: Names {
+                pod: Some("job-7".into()),
+                namespace: Some("ml".into()),
+                ..Names::default()
+            },
+            ..Plan::default()
+        }
+    }
+
+    #[test]
+    fn kept_found_by_prefix_or_name_and_replaced() {
+        let d = tempfile::tempdir().unwrap();
+        let id = "3f2a9c1e5b7d".repeat(5);
+        assert!(
+            keep(
+                d.path(),
+                &Record::new(&id, "gpuarch-runtime create", &plan(2)),
+                false
+            )
+            .unwrap()
+        );
+        // A hook stage after it does not replace it.
+        assert!(
+            !keep(
+                d.path(),
+                &Record::new(&id, "gpuarch-hook create-container", &plan(0)),
+                true
+            )
+            .unwrap()
+        );
+        for q in [&id[..3], id.as_str(), "job-7", "ml/job-7"] {
+            let r = find(d.path(), q).unwrap();
+            assert_eq!(r.len(), 1, "{q}");
+            assert_eq!(r[0].by, "gpuarch-runtime create");
+            assert_eq!(r[0].plan["env"]["TORCH_CUDA_ARCH_LIST"], "8.6");
+        }
+        for q in ["3f", "other", "ml/other", "default/job-7"] {
+            assert!(find(d.path(), q).unwrap().is_empty(), "{q}");
+        }
+        // The same id started again replaces its record.
+        keep(d.path(), &Record::new(&id, "again", &plan(0)), false).unwrap();
+        let r = find(d.path(), &id).unwrap();
+        assert_eq!((r.len(), r[0].by.as_str()), (1, "again"));
+    }
+
+    #[test]
+    fn a_hostile_id_is_a_hash_and_a_huge_plan_is_cut() {
+        for bad in ["../../etc/passwd", ".hidden", "", "a/b", &"a".repeat(129)] {
+            let k = key(bad);
+            assert!(k.starts_with("h-") && k.len() == 34, "{bad}: {k}");
+        }
+        assert_eq!(key("moby-3f2a_1.x"), "moby-3f2a_1.x");
+        let d = tempfile::tempdir().unwrap();
+        let id = "../".repeat(200);
+        keep(d.path(), &Record::new(&id, "t", &plan(1000)), false).unwrap();
+        let files: Vec<_> = std::fs::read_dir(d.path()).unwrap().flatten().collect();
+        assert_eq!(files.len(), 1);
+        let len = files[0].metadata().unwrap().len() as usize;
+        assert!(len <= MAX_RECORD_BYTES, "{len}");
+        let r = &find(d.path(), "../../").unwrap()[0];
+        assert_eq!(r.id.len(), MAX_ID_BYTES);
+        let notes = r.plan["notes"].as_array().unwrap();
+        assert!(
+            notes
+                .last()
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .contains("more notes left out")
+        );
+    }
+
+    #[test]
+    fn the_directory_stays_bounded_and_old_records_go() {
+        let d = tempfile::tempdir().unwrap();
+        // Records named as if written long ago, and a full directory.
+        let stale = format!("{:016x}-old.json", 1u64);
+        std::fs::write(d.path().join(&stale), b"{}").unwrap();
+        let t = now();
+        for i in 0..MAX_RECORDS {
+            std::fs::write(d.path().join(format!("{t:016x}-c{i:04}.json")), b"{}").unwrap();
+        }
+        keep(d.path(), &Record::new("newest", "t", &plan(0)), false).unwrap();
+        let left = list(d.path()).unwrap();
+        assert!(left.len() <= MAX_RECORDS * 3 / 4 + 1, "{}", left.len());
+        assert!(!d.path().join(stale).exists());
+        assert_eq!(left.last().unwrap().1, "newest");
+        // The newest of the others stay.
+        assert!(
+            left.iter()
+                .any(|(_, k, _)| k == &format!("c{:04}", MAX_RECORDS - 1))
+        );
+    }
+}
