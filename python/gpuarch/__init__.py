@@ -1,6 +1,7 @@
 """What gpuarch gave this container, for application code.
 
-gpuarch (https://github.com/gpuarch) sets, at container start, variables
+gpuarch (its README: /usr/share/doc/gpuarch/README.md on a host with the
+package, README.md in its source tree) sets, at container start, variables
 naming what the container's GPUs can do (GPUARCH_DTYPE,
 GPUARCH_ATTN_IMPLEMENTATION, ...) and mounts prebuilt kernels under
 GPUARCH_KERNELS_DIR with a manifest saying which file serves which GPU.
