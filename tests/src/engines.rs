@@ -311,9 +311,30 @@ state = "{d}/run/containerd"
         daemon["runtimes"]["nvidia-standin"] = serde_json::json!({"path": chain});
         let file = self.path("daemon.json");
         std::fs::write(&file, daemon.to_string()).unwrap();
+        // A stand-in for NVIDIA's hook on dockerd's PATH: with it dockerd
+        // registers its `gpu` device driver, which `--gpus` and compose's
+        // GPU reservations need; it records each call and does nothing.
+        let bin = self.path("nvidia-bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let hook = bin.join("nvidia-container-runtime-hook");
+        std::fs::write(
+            &hook,
+            format!(
+                "#!/bin/sh\ncat >/dev/null\nprintf '%s\\n' \"$*\" >> {}\n",
+                self.path("nvidia-hook.calls").display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
         self.spawn(
             "dockerd",
             Command::new("dockerd")
+                .env("PATH", path)
                 .arg("--containerd")
                 .arg(&self.containerd_sock)
                 .arg("--data-root")

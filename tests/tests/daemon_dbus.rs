@@ -1065,6 +1065,20 @@ fn doctor_checks_the_daemon_nvml_snapshot_cache_and_each_engine() {
     ] {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");
     }
+    // Docker without NVIDIA's hook: --gpus cannot work, the rest does.
+    assert!(
+        out.contains("WARN  docker gpus  docker run --gpus and compose GPU reservations fail")
+            && out.contains("fix: install NVIDIA's container toolkit"),
+        "{out}"
+    );
+    std::fs::write(root.join("usr/bin/nvidia-container-runtime-hook"), b"").unwrap();
+    let (code, out) = doctor_on(&node, root, &snapshot);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("ok    docker gpus  --gpus and compose GPU reservations work")
+            && out.contains("no problems found\n"),
+        "{out}"
+    );
 
     // Break each part.
     std::fs::write(root.join("etc/docker/daemon.json"), b"{}").unwrap();

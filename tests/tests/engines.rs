@@ -197,6 +197,74 @@ fn docker_logs_name_the_container_and_why_shows_what_it_got() {
     assert!(e.docker(&["rm", &name]).status.success());
 }
 
+/// What most Docker users type: `--gpus`, and compose's GPU reservations.
+/// dockerd turns both into `NVIDIA_VISIBLE_DEVICES` (and NVIDIA's prestart
+/// hook) once its gpu driver is registered, which needs
+/// `nvidia-container-runtime-hook` on its PATH (a stand-in here; NVIDIA's
+/// toolkit on a real host). gpuarch, the default runtime, plans from it.
+#[test]
+fn docker_gpus_and_compose_gpu_reservations_get_the_plan() {
+    let Some(e) = get() else { return };
+    let _turn = e.lock();
+    e.set_gpuarch_config("");
+    let calls = e.dir.join("nvidia-hook.calls");
+    let _ = std::fs::remove_file(&calls);
+    for (gpus, want) in [
+        ("device=1", (Some("8.6"), Some("bfloat16"))),
+        ("\"device=0,1\"", (Some("7.5;8.6"), Some("float16"))),
+        ("all", (Some("7.5;8.6"), Some("float16"))),
+        ("1", (Some("7.5"), Some("float16"))),
+    ] {
+        let env = docker_env(e, &["--gpus", gpus]);
+        assert_eq!(hints(&env), want, "--gpus {gpus}: {env:?}");
+    }
+    // dockerd added NVIDIA's hook to each of those containers.
+    let called = std::fs::read_to_string(&calls).unwrap_or_default();
+    assert_eq!(
+        called.lines().filter(|l| *l == "prestart").count(),
+        4,
+        "{called}"
+    );
+
+    let Some(compose) = gpuarch_tests::which("docker-compose") else {
+        gpuarch_tests::skip("no docker-compose (apt install docker-compose)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("docker-compose.yml"),
+        format!(
+            "version: \"3.8\"\nservices:\n  train:\n    image: {IMAGE}\n    command: env\n    network_mode: none\n    deploy:\n      resources:\n        reservations:\n          devices:\n            - driver: nvidia\n              device_ids: [\"1\"]\n              capabilities: [gpu]\n"
+        ),
+    )
+    .unwrap();
+    let project = format!("gpuarch{}", std::process::id());
+    let run = |args: &[&str]| {
+        std::process::Command::new(&compose)
+            .args(["--project-name", &project, "--ansi", "never"])
+            .args(args)
+            .current_dir(dir.path())
+            .env("DOCKER_HOST", &e.docker_host)
+            .output()
+            .unwrap()
+    };
+    let o = run(&["up", "--abort-on-container-exit"]);
+    let _ = run(&["down"]);
+    assert!(o.status.success(), "{o:?}");
+    // Each line of the service's output, after compose's `train_1  | `.
+    let env: BTreeMap<String, String> = text(&o.stdout)
+        .lines()
+        .filter_map(|l| l.split_once("| "))
+        .filter_map(|(_, kv)| kv.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    assert_eq!(
+        hints(&env),
+        (Some("8.6"), Some("bfloat16")),
+        "compose: {env:?}\n{o:?}"
+    );
+}
+
 /// `docker exec` starts a process with the env Docker stored, not the
 /// bundle's: it does not get the Plan. The env files the shim writes with
 /// `runtime.env_files: true` carry it there.

@@ -187,6 +187,7 @@ pub fn checks(cli: &Cli, root: &Path) -> Vec<Check> {
     checks.push(registry(&config.kernels, root));
     checks.push(podman(root));
     checks.push(docker(root));
+    checks.push(docker_gpus(root));
     checks.push(containerd(root));
     checks.extend(crio(root));
     checks
@@ -785,6 +786,37 @@ fn podman(root: &Path) -> Check {
             NAME,
             "no hooks.d file runs gpuarch-hook at precreate (podman reads /usr/share/containers/oci/hooks.d and /etc/containers/oci/hooks.d unless containers.conf sets hooks_dir)",
             "apt install --reinstall gpuarch (it ships /usr/share/containers/oci/hooks.d/gpuarch-hook.json)",
+        ),
+    }
+}
+
+/// The program dockerd looks for on its PATH at start; only with it does it
+/// register the `gpu` device driver that `--gpus` and compose's GPU
+/// reservations ask for (NVIDIA's container toolkit installs it).
+const NVIDIA_HOOK: &str = "nvidia-container-runtime-hook";
+
+/// Will `docker run --gpus` work? gpuarch plans from the
+/// `NVIDIA_VISIBLE_DEVICES` dockerd's gpu driver sets; without the driver
+/// dockerd refuses the request before any runtime runs.
+fn docker_gpus(root: &Path) -> Check {
+    const NAME: &str = "docker gpus";
+    if installed(root, "dockerd").is_none() {
+        return skip(NAME, "docker not installed");
+    }
+    match installed(root, NVIDIA_HOOK) {
+        Some(p) => ok(
+            NAME,
+            format!(
+                "--gpus and compose GPU reservations work: dockerd finds {} and sets NVIDIA_VISIBLE_DEVICES, which gpuarch plans from",
+                p.display()
+            ),
+        ),
+        None => warn(
+            NAME,
+            format!(
+                "docker run --gpus and compose GPU reservations fail (could not select device driver \"\" with capabilities: [[gpu]]): dockerd registers its gpu driver only when {NVIDIA_HOOK} is on its PATH"
+            ),
+            "install NVIDIA's container toolkit (nvidia-container-toolkit), then systemctl restart docker; until then give GPUs as --device /dev/nvidiaN, which gpuarch plans too",
         ),
     }
 }
