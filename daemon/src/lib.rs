@@ -131,7 +131,11 @@ pub fn run(args: Args) -> Result<()> {
         .snapshot
         .clone()
         .unwrap_or_else(|| config.daemon.snapshot.clone());
-    let shared = Arc::new(Shared::new(config, snapshot, config_path, must_exist));
+    let mut shared = Shared::new(config, snapshot, config_path, must_exist);
+    if let Some(lib) = &nvml_lib {
+        shared.nvml_library = lib.display().to_string();
+    }
+    let shared = Arc::new(shared);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -193,6 +193,13 @@ impl Inventory {
         self.shared.inventory().last_error.unwrap_or_default()
     }
 
+    /// The NVML library gpuarchd loads, as it was named: `--nvml-lib`,
+    /// else `GPUARCH_NVML_LIB`, else `libnvidia-ml.so.1`.
+    #[zbus(property(emits_changed_signal = "const"))]
+    fn nvml_library(&self) -> String {
+        self.shared.nvml_library.clone()
+    }
+
     /// The set of GPUs or their properties changed.
     #[zbus(signal)]
     pub async fn devices_changed(emitter: &SignalEmitter<'_>) -> zbus::Result<()>;

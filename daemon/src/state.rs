@@ -84,6 +84,9 @@ pub struct Shared {
     /// The config file and whether it must exist (named explicitly).
     pub config_path: PathBuf,
     pub config_must_exist: bool,
+    /// The NVML library gpuarchd loads, as named (`--nvml-lib`,
+    /// `GPUARCH_NVML_LIB`, else the driver's soname), for `doctor`.
+    pub nvml_library: String,
     /// The system bus connection in use; `None` while the bus is down.
     /// Replaced when gpuarchd reconnects after a dbus-daemon restart, so
     /// signals and job objects always go to the live one.
@@ -112,6 +115,7 @@ impl Shared {
             snapshot_path,
             config_path,
             config_must_exist,
+            nvml_library: gpuarch_inventory::DEFAULT_NVML_LIB.to_owned(),
             bus: RwLock::new(None),
         }
     }

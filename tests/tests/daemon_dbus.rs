@@ -1258,6 +1258,16 @@ fn doctor_judges_the_snapshot_by_the_daemons_last_read() {
     std::fs::write(&old_path, old.to_json_pretty()).unwrap();
     let (_, out) = doctor_on(&node, root, &old_path);
     assert!(out.contains("ok    snapshot"), "{out}");
+    // NVML as gpuarchd loads it: the fake library from its own environment,
+    // which doctor's lacks (there libnvidia-ml.so.1 is not to be found).
+    let (_, out) = doctor(&node, root, &["--inventory", snapshot.to_str().unwrap()]);
+    let fake = artifacts().fake_nvml.display().to_string();
+    assert!(
+        out.contains(&format!(
+            "ok    NVML         gpuarchd loads {fake}: 2 GPU(s), driver 580.95.05; it last answered"
+        )),
+        "{out}"
+    );
 
     // Its NVML reads stop succeeding: after three intervals, a FAIL.
     std::fs::rename(node.path("topology.json"), node.path("topology.away")).unwrap();
@@ -1271,6 +1281,13 @@ fn doctor_judges_the_snapshot_by_the_daemons_last_read() {
     assert!(line.starts_with("FAIL  snapshot"), "{out}");
     assert!(
         line.contains("marked stale: gpuarchd's last NVML read failed"),
+        "{out}"
+    );
+    let (_, out) = doctor(&node, root, &["--inventory", snapshot.to_str().unwrap()]);
+    assert!(
+        out.contains(&format!(
+            "FAIL  NVML         gpuarchd's NVML ({fake}) fails: "
+        )) && out.contains("Environment=GPUARCH_NVML_LIB="),
         "{out}"
     );
 }

@@ -274,6 +274,8 @@ pub trait Inventory {
     fn last_refresh(&self) -> zbus::Result<u64>;
     #[zbus(property)]
     fn last_error(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn nvml_library(&self) -> zbus::Result<String>;
     #[zbus(signal)]
     fn devices_changed(&self) -> zbus::Result<()>;
 }

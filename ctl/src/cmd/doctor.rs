@@ -173,7 +173,7 @@ pub fn checks(cli: &Cli, root: &Path) -> Vec<Check> {
     let bus = Daemon::connect();
     let d = bus.as_ref().ok();
     checks.push(daemon(&bus));
-    checks.push(nvml(cli));
+    checks.push(nvml(cli, d.and_then(daemon_nvml)));
     checks.push(snapshot_judged(
         cli,
         root,
@@ -300,8 +300,64 @@ fn daemon(bus: &Result<Daemon>) -> Check {
     }
 }
 
-fn nvml(cli: &Cli) -> Check {
+/// What gpuarchd says of its own NVML reads.
+struct DaemonNvml {
+    library: String,
+    last_ok: Option<Duration>,
+    last_error: String,
+    gpus: usize,
+    driver: String,
+}
+
+fn daemon_nvml(d: &Daemon) -> Option<DaemonNvml> {
+    d.ask_within(Duration::from_secs(5), async {
+        let e = |e| BusError::of("asking gpuarchd", e);
+        let inv = InventoryProxy::new(&d.conn).await.map_err(e)?;
+        Ok(DaemonNvml {
+            library: inv.nvml_library().await.map_err(e)?,
+            last_ok: crate::render::age_of_usec(inv.last_refresh().await.map_err(e)?),
+            last_error: inv.last_error().await.map_err(e)?,
+            gpus: inv.compute_capabilities().await.map_err(e)?.len(),
+            driver: inv.driver_version().await.map_err(e)?,
+        })
+    })
+    .ok()
+}
+
+/// NVML as gpuarchd loads it (its library, its environment), when it
+/// answers and `--nvml-lib` does not name another; else as this process
+/// loads it, saying so.
+fn nvml(cli: &Cli, daemons: Option<DaemonNvml>) -> Check {
     const NAME: &str = "NVML";
+    if cli.nvml_lib.is_none()
+        && let Some(n) = daemons
+    {
+        return match (&n.last_ok, n.last_error.is_empty()) {
+            (Some(age), true) => ok(
+                NAME,
+                format!(
+                    "gpuarchd loads {}: {} GPU(s), driver {}; it last answered {} ago",
+                    n.library,
+                    n.gpus,
+                    n.driver,
+                    crate::render::short_duration(*age)
+                ),
+            ),
+            _ => fail(
+                NAME,
+                format!(
+                    "gpuarchd's NVML ({}) fails: {}",
+                    n.library,
+                    if n.last_error.is_empty() {
+                        "it has not answered yet"
+                    } else {
+                        &n.last_error
+                    }
+                ),
+                "install the NVIDIA driver (it provides libnvidia-ml.so.1), or name the library gpuarchd loads: systemctl edit gpuarchd, Environment=GPUARCH_NVML_LIB=/path/libnvidia-ml.so.1",
+            ),
+        };
+    }
     let lib = cli
         .nvml_lib
         .clone()
@@ -311,7 +367,7 @@ fn nvml(cli: &Cli) -> Check {
         Ok(s) => ok(
             NAME,
             format!(
-                "{} loads: {} GPU(s), driver {}",
+                "{} loads in gpuarchctl's own environment: {} GPU(s), driver {}",
                 lib.as_deref()
                     .map_or(gpuarch_inventory::DEFAULT_NVML_LIB.into(), |p| p
                         .display()
@@ -322,7 +378,14 @@ fn nvml(cli: &Cli) -> Check {
         ),
         Err(e) => fail(
             NAME,
-            e.to_string(),
+            format!(
+                "{e} ({})",
+                if cli.nvml_lib.is_some() {
+                    "--nvml-lib, loaded by gpuarchctl"
+                } else {
+                    "in gpuarchctl's own environment: gpuarchd does not answer"
+                }
+            ),
             "install the NVIDIA driver (it provides libnvidia-ml.so.1), or name the library in GPUARCH_NVML_LIB",
         ),
     }
