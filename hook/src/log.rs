@@ -167,7 +167,11 @@ pub fn set_container(id: Option<&str>, names: &gpuarch_core::oci::Names) {
     let w = &mut s.who;
     let id = id.or(names.id.as_deref());
     if let Some(id) = id {
-        let id = clean(id).into_owned();
+        let mut end = id.len().min(gpuarch_core::record::MAX_ID_BYTES);
+        while !id.is_char_boundary(end) {
+            end -= 1;
+        }
+        let id = clean(&id[..end]).into_owned();
         let hex = id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit());
         w.short = Some(if hex { id[..12].to_owned() } else { id.clone() });
         w.full = Some(id);
@@ -279,9 +283,11 @@ fn emit_all(level: LogLevel, msgs: &[&str]) {
     let msgs: Vec<&str> = if s.who.head.is_empty() {
         cleaned.iter().map(|m| m.as_ref()).collect()
     } else {
+        // Cleaned again whole: a record stays one line of at most 4 KiB,
+        // head included (escaped text passes unchanged).
         headed = cleaned
             .iter()
-            .map(|m| format!("{}{m}", s.who.head))
+            .map(|m| clean(&format!("{}{m}", s.who.head)).into_owned())
             .collect();
         headed.iter().map(String::as_str).collect()
     };
@@ -475,6 +481,40 @@ mod tests {
         let text = std::fs::read_to_string(&f).unwrap();
         assert_eq!(text.lines().count(), 1, "{}", &text[..200]);
         assert!(text.len() < MAX_RECORD_BYTES + 128);
+    }
+
+    #[test]
+    fn a_line_naming_a_container_is_still_one_bounded_line() {
+        // The only test here that goes through the process-wide state.
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("g.log");
+        if std::env::var_os(LOG_ENV).is_some() {
+            return; // GPUARCH_LOG would override the file target
+        }
+        configure(&LogConfig {
+            to: LogTarget::File,
+            file: f.clone(),
+            ..LogConfig::default()
+        });
+        let long = "p\n".repeat(300);
+        let names = gpuarch_core::oci::Names {
+            name: Some(long.clone()),
+            pod: Some(long.clone()),
+            namespace: Some(long),
+            ..Default::default()
+        };
+        set_container(Some(&"c".repeat(10_000)), &names);
+        info(&"m".repeat(8000));
+        let text = std::fs::read_to_string(&f).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        let line = text.lines().next().unwrap();
+        assert!(line.len() <= MAX_RECORD_BYTES + 128, "{}", line.len());
+        assert!(
+            line.contains(&format!("container={} ", "c".repeat(256))),
+            "{line}"
+        );
+        assert!(line.contains("name=p\\np\\n"), "{line}");
+        assert!(line.ends_with("more bytes cut]"), "{line}");
     }
 
     #[test]
