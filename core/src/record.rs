@@ -55,12 +55,17 @@ impl Record {
         }
         let mut names = plan.container.clone();
         names.id = None;
+        let mut value = serde_json::to_value(plan).unwrap_or_default();
+        // The source as the notes and `gpuarchctl plan` name it.
+        if let (Some(src), Some(obj)) = (plan.source, value.as_object_mut()) {
+            obj.insert("source".into(), src.to_string().into());
+        }
         Self {
             id: id[..end].to_owned(),
             names,
             by: by.to_owned(),
             at: now(),
-            plan: serde_json::to_value(plan).unwrap_or_default(),
+            plan: value,
         }
     }
 

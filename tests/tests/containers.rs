@@ -1911,6 +1911,10 @@ fn podman_logs_name_the_container_and_why_shows_what_it_got() {
     assert!(o.status.success(), "{o:?}");
     assert!(out.starts_with(&format!("container {id}\n")), "{out}");
     assert!(out.contains("planned by gpuarch-hook precreate"), "{out}");
+    assert!(
+        out.contains("GPUs (from NVIDIA_VISIBLE_DEVICES, in CUDA order):"),
+        "{out}"
+    );
     assert!(out.contains("NVIDIA GeForce RTX 3090"), "{out}");
     assert!(out.contains("  TORCH_CUDA_ARCH_LIST=8.6\n"), "{out}");
     assert!(out.contains("notes:\n  - "), "{out}");
