@@ -5,14 +5,16 @@
 //! - Written by the shim on `create` and by the hook's precreate; the
 //!   hook's in-container stages write one only when none is there for the
 //!   id (precreate's Plan is what podman's container got).
-//! - Removed by any writer once the directory holds [`MAX_RECORDS`] (the
-//!   oldest quarter goes) or a record is older than [`MAX_AGE_S`], and by
-//!   a later start of the same id. Not on the runtime's `delete`: engines
+//! - Replaced by a later start of the same id; removed, oldest first, by
+//!   a pruning pass once the directory holds [`MAX_RECORDS`], and when
+//!   older than [`MAX_AGE_S`]. Not on the runtime's `delete`: engines
 //!   delete a container's task as soon as it exits, which is when someone
 //!   asks why it failed.
-//! - A file is at most [`MAX_RECORD_BYTES`]; its name is the start time
-//!   and the id (a hash of it when the engine's id is not a plain name),
-//!   so neither a lookup nor the pruning stats a file.
+//! - A write is one file named by the id (a hash of it when the engine's
+//!   id is not a plain name), renamed into place: no directory listing.
+//!   The pruning pass (a listing and a `stat` each) runs on one write in
+//!   [`PRUNE_EVERY`], chosen by the clock's nanoseconds, never by the id.
+//! - A file is at most [`MAX_RECORD_BYTES`].
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -29,6 +31,8 @@ pub const MAX_RECORDS: usize = 1024;
 pub const MAX_AGE_S: u64 = 30 * 24 * 3600;
 /// One record's bytes at most: notes past it are left out.
 pub const MAX_RECORD_BYTES: usize = 16 * 1024;
+/// On average one write in this many prunes the directory.
+pub const PRUNE_EVERY: u32 = 32;
 /// An id longer than this is kept cut (containerd's are 76 bytes at most).
 pub const MAX_ID_BYTES: usize = 256;
 
@@ -121,59 +125,42 @@ pub fn key(id: &str) -> String {
     }
 }
 
-/// A record file's start time and key: `<16 hex digits>-<key>.json`.
-fn parse_name(name: &str) -> Option<(u64, &str)> {
-    let stem = name.strip_suffix(".json")?;
-    let (at, key) = stem.split_at_checked(16)?;
-    let key = key.strip_prefix('-')?;
-    Some((u64::from_str_radix(at, 16).ok()?, key))
-}
-
-/// The record files in `dir`: (start time, key, path), oldest first.
-fn list(dir: &Path) -> std::io::Result<Vec<(u64, String, PathBuf)>> {
-    let mut v: Vec<_> = std::fs::read_dir(dir)?
+/// The record files in `dir`: (key, path).
+fn list(dir: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
+    Ok(std::fs::read_dir(dir)?
         .flatten()
         .filter_map(|e| {
             let name = e.file_name();
-            let (at, key) = parse_name(name.to_str()?)?;
-            Some((at, key.to_owned(), e.path()))
+            let key = name.to_str()?.strip_suffix(".json")?;
+            (!key.starts_with('.')).then(|| (key.to_owned(), e.path()))
         })
-        .collect();
-    v.sort();
-    Ok(v)
+        .collect())
 }
 
 /// Keep `record` in `dir` (which must exist: nothing is kept otherwise).
 /// With `only_first`, nothing is written when a record of the same id is
-/// there. Prunes as the module says. Returns whether it wrote.
+/// there. Returns whether it wrote.
 pub fn keep(dir: &Path, record: &Record, only_first: bool) -> std::io::Result<bool> {
-    let mut all = list(dir)?;
-    let k = key(&record.id);
-    if only_first && all.iter().any(|(_, key, _)| *key == k) {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    keep_pruning(dir, record, only_first, nanos.is_multiple_of(PRUNE_EVERY))
+}
+
+fn keep_pruning(
+    dir: &Path,
+    record: &Record,
+    only_first: bool,
+    prune_now: bool,
+) -> std::io::Result<bool> {
+    let name = format!("{}.json", key(&record.id));
+    let path = dir.join(&name);
+    if only_first && std::fs::symlink_metadata(&path).is_ok() {
         return Ok(false);
     }
-    let now = now();
-    let old = |at: u64| now.saturating_sub(at) > MAX_AGE_S;
-    let mut gone = 0;
-    if all.len() >= MAX_RECORDS || all.first().is_some_and(|(at, _, _)| old(*at)) {
-        let keep_at_most = MAX_RECORDS * 3 / 4;
-        for (i, (at, _, path)) in all.iter().enumerate() {
-            if old(*at) || all.len() - i > keep_at_most {
-                let _ = std::fs::remove_file(path);
-                gone = i + 1;
-            } else {
-                break;
-            }
-        }
+    if prune_now {
+        prune(dir)?;
     }
-    all.drain(..gone);
-    // An earlier record of this id (a restarted container) is replaced.
-    for (_, key, path) in &all {
-        if *key == k {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-    let name = format!("{:016x}-{k}.json", record.at);
     let tmp = dir.join(format!(".{name}.{}", std::process::id()));
     let write = || -> std::io::Result<()> {
         use std::os::unix::fs::OpenOptionsExt;
@@ -183,7 +170,8 @@ pub fn keep(dir: &Path, record: &Record, only_first: bool) -> std::io::Result<bo
             .mode(0o600)
             .open(&tmp)?; // create_new: never through a symlink
         f.write_all(&record.to_bytes())?;
-        std::fs::rename(&tmp, dir.join(&name))
+        // A record of the same id (a restarted container) is replaced.
+        std::fs::rename(&tmp, &path)
     };
     write().inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
@@ -191,11 +179,33 @@ pub fn keep(dir: &Path, record: &Record, only_first: bool) -> std::io::Result<bo
     Ok(true)
 }
 
+/// Remove records older than [`MAX_AGE_S`], and past [`MAX_RECORDS`] the
+/// oldest until three quarters are left. Ages are the files' mtimes (when
+/// each was written).
+fn prune(dir: &Path) -> std::io::Result<()> {
+    let now = std::time::SystemTime::now();
+    let mut all: Vec<(std::time::SystemTime, PathBuf)> = list(dir)?
+        .into_iter()
+        .filter_map(|(_, p)| Some((std::fs::symlink_metadata(&p).ok()?.modified().ok()?, p)))
+        .collect();
+    all.sort();
+    let old =
+        |t: std::time::SystemTime| now.duration_since(t).is_ok_and(|d| d.as_secs() > MAX_AGE_S);
+    let over = all.len().saturating_sub(MAX_RECORDS * 3 / 4);
+    let excess = if all.len() >= MAX_RECORDS { over } else { 0 };
+    for (i, (t, p)) in all.iter().enumerate() {
+        if i < excess || old(*t) {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    Ok(())
+}
+
 /// The records `query` names: an id or a prefix of one (at least 3
 /// characters), a container or pod name, or `namespace/pod`. Newest first.
 pub fn find(dir: &Path, query: &str) -> std::io::Result<Vec<Record>> {
     let mut found = Vec::new();
-    for (_, _, path) in list(dir)?.into_iter().rev() {
+    for (_, path) in list(dir)? {
         let Ok(f) = std::fs::File::open(&path) else {
             continue;
         };
@@ -214,6 +224,7 @@ pub fn find(dir: &Path, query: &str) -> std::io::Result<Vec<Record>> {
             found.push(r);
         }
     }
+    found.sort_by_key(|r| std::cmp::Reverse(r.at));
     Ok(found)
 }
 
@@ -310,22 +321,43 @@ mod tests {
     #[test]
     fn the_directory_stays_bounded_and_old_records_go() {
         let d = tempfile::tempdir().unwrap();
-        // Records named as if written long ago, and a full directory.
-        let stale = format!("{:016x}-old.json", 1u64);
-        std::fs::write(d.path().join(&stale), b"{}").unwrap();
-        let t = now();
+        // A record written long ago, and a full directory.
+        let stale = d.path().join("old.json");
+        std::fs::write(&stale, b"{}").unwrap();
+        let long_ago =
+            std::time::SystemTime::now() - std::time::Duration::from_secs(MAX_AGE_S + 60);
+        std::fs::File::options()
+            .write(true)
+            .open(&stale)
+            .unwrap()
+            .set_modified(long_ago)
+            .unwrap();
+        // Without a pruning pass the write costs no listing.
+        keep_pruning(d.path(), &Record::new("first", "t", &plan(0)), false, false).unwrap();
+        assert!(stale.exists());
         for i in 0..MAX_RECORDS {
-            std::fs::write(d.path().join(format!("{t:016x}-c{i:04}.json")), b"{}").unwrap();
+            let f = d.path().join(format!("c{i:04}.json"));
+            std::fs::write(&f, b"{}").unwrap();
+            let t = std::time::SystemTime::now() - std::time::Duration::from_secs(3600)
+                + std::time::Duration::from_millis(i as u64);
+            std::fs::File::options()
+                .write(true)
+                .open(&f)
+                .unwrap()
+                .set_modified(t)
+                .unwrap();
         }
-        keep(d.path(), &Record::new("newest", "t", &plan(0)), false).unwrap();
-        let left = list(d.path()).unwrap();
+        keep_pruning(d.path(), &Record::new("newest", "t", &plan(0)), false, true).unwrap();
+        let left: Vec<String> = list(d.path())
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
         assert!(left.len() <= MAX_RECORDS * 3 / 4 + 1, "{}", left.len());
-        assert!(!d.path().join(stale).exists());
-        assert_eq!(left.last().unwrap().1, "newest");
-        // The newest of the others stay.
-        assert!(
-            left.iter()
-                .any(|(_, k, _)| k == &format!("c{:04}", MAX_RECORDS - 1))
-        );
+        assert!(!stale.exists());
+        assert!(left.contains(&"newest".to_owned()) && left.contains(&"first".to_owned()));
+        // The newest of the others stay, the oldest went.
+        assert!(left.contains(&format!("c{:04}", MAX_RECORDS - 1)));
+        assert!(!left.contains(&"c0000".to_owned()));
     }
 }
