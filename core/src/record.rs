@@ -76,6 +76,10 @@ impl Record {
     /// The record's JSON within [`MAX_RECORD_BYTES`]: notes are dropped
     /// from the end (saying how many) until it fits.
     pub fn to_bytes(&self) -> Vec<u8> {
+        let bytes = serde_json::to_vec(self).unwrap_or_default();
+        if bytes.len() <= MAX_RECORD_BYTES {
+            return bytes;
+        }
         let mut r = self.clone();
         loop {
             let bytes = serde_json::to_vec(&r).unwrap_or_default();

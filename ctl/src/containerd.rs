@@ -180,6 +180,12 @@ pub fn effective(root: &Path, main: &Path, skip: Option<&Path>) -> Result<Effect
 }
 
 impl Effective {
+    /// Does this config, read from `main` on the host at `root`, import
+    /// `file`?
+    pub fn reads_file(&self, root: &Path, main: &Path, file: &Path) -> bool {
+        imported(root, main, &self.main, file)
+    }
+
     fn runtimes(&self) -> Option<&Table> {
         self.cri
             .get("containerd")
@@ -377,11 +383,6 @@ fn import_for(root: &Path, path: &Path) -> String {
         _ => format!("{}*", seen.file_name().unwrap_or_default().display()),
     };
     seen.with_file_name(name).display().to_string()
-}
-
-/// Does the containerd reading `main` read `file` (one of its imports)?
-pub fn reads(root: &Path, main: &Path, file: &Path) -> Result<bool> {
-    Ok(imported(root, main, &read(main)?, file))
 }
 
 /// `text`, a containerd config, with `entry` added to its `imports`:
@@ -594,8 +595,8 @@ mod tests {
         );
         assert_eq!(add_import(&edited, &glob).unwrap(), edited);
         std::fs::write(&main, &edited).unwrap();
-        assert!(reads(Path::new("/"), &main, &out).unwrap());
         let eff = effective(Path::new("/"), &main, None).unwrap();
+        assert!(eff.reads_file(Path::new("/"), &main, &out));
         assert_eq!(eff.gpuarch_handlers(), vec!["gpu".to_owned()]);
     }
 

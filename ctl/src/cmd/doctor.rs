@@ -995,10 +995,7 @@ fn containerd(root: &Path) -> Check {
     }
     let handlers = eff.gpuarch_handlers();
     let dropin = under(root, Path::new(engines::DROPIN));
-    if handlers.is_empty()
-        && dropin.exists()
-        && !engines::reads(root, &file, &dropin).unwrap_or(true)
-    {
+    if handlers.is_empty() && dropin.exists() && !eff.reads_file(root, &file, &dropin) {
         return fail(
             NAME,
             format!(
