@@ -11,7 +11,7 @@ pub mod registry;
 pub mod slurm;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
 /// The fixture topologies every NVML test runs on. `h100-real` is what
@@ -53,6 +53,28 @@ pub fn private_hook_paths(yaml: &str, dir: &Path) -> String {
     } else {
         format!("{yaml}\nhook:\n{line}")
     }
+}
+
+/// Run `cmd` with `input` on its stdin, collecting stdout and stderr. The
+/// input is fed from a thread: a program may write before it has read
+/// everything, and one that stops reading (a refusal) makes the write
+/// fail, which is its answer, not the test's.
+pub fn output_with_stdin(cmd: &mut Command, input: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let mut pipe = child.stdin.take().expect("stdin was piped");
+    let input = input.to_vec();
+    let feeder = std::thread::spawn(move || pipe.write_all(&input));
+    let out = child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let _ = feeder.join().expect("the stdin feeder panicked");
+    out
 }
 
 /// `tests/fixtures/images/NAME`: a rootfs tree of an image's Python

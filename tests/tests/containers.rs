@@ -1943,7 +1943,6 @@ fn podman_logs_name_the_container_and_why_shows_what_it_got() {
 #[test]
 fn journal_entries_carry_the_container_in_fields() {
     require!("unshare", "mount");
-    use std::io::Write;
     use std::os::unix::net::UnixDatagram;
     let tmp = tempfile::tempdir().unwrap();
     let sock_dir = tmp.path().join("journal");
@@ -1973,23 +1972,14 @@ fn journal_entries_carry_the_container_in_fields() {
         sock_dir.display(),
         artifacts().gpuarch_hook.display()
     );
-    let mut child = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
-        .env("GPUARCH_LOG", "journal")
-        .env("GPUARCH_CONFIG", &config)
-        .env("GPUARCH_INVENTORY", fixture("2080ti-3090"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(oci.to_string().as_bytes())
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
+    let o = gpuarch_tests::output_with_stdin(
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+            .env("GPUARCH_LOG", "journal")
+            .env("GPUARCH_CONFIG", &config)
+            .env("GPUARCH_INVENTORY", fixture("2080ti-3090")),
+        oci.to_string().as_bytes(),
+    );
     assert!(o.status.success(), "{o:?}");
     let mut entries = Vec::new();
     let mut buf = vec![0u8; 1 << 16];

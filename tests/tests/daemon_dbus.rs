@@ -990,20 +990,27 @@ fn doctor_root(dir: &Path) {
         ]
         .concat(),
     );
-    let o = Command::new(&artifacts().gpuarchctl)
-        .args(["engine", "containerd", "--root"])
-        .arg(dir)
-        .arg("--config")
-        .arg(dir.join("etc/containerd/config.toml"))
-        .arg("--write")
-        .arg(dir.join("etc/containerd/conf.d/gpuarch.toml"))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{o:?}");
+    write_dropin(dir);
     w(
         "etc/crio/crio.conf.d/50-gpuarch.conf",
         &shipped("packaging/crio/50-gpuarch.conf"),
     );
+}
+
+/// `gpuarchctl engine containerd --write` on the root's own config, as an
+/// admin runs it; it must succeed.
+fn write_dropin(root: &Path) {
+    let etc = root.join("etc/containerd");
+    let o = Command::new(&artifacts().gpuarchctl)
+        .args(["engine", "containerd", "--root"])
+        .arg(root)
+        .arg("--config")
+        .arg(etc.join("config.toml"))
+        .arg("--write")
+        .arg(etc.join("conf.d/gpuarch.toml"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
 }
 
 fn doctor(node: &Node, root: &Path, extra: &[&str]) -> (i32, String) {
@@ -1336,16 +1343,7 @@ fn doctor_names_a_containerd_config_where_cri_would_not_load() {
         "{out}"
     );
 
-    let o = Command::new(&artifacts().gpuarchctl)
-        .args(["engine", "containerd", "--root"])
-        .arg(root)
-        .arg("--config")
-        .arg(&main)
-        .arg("--write")
-        .arg(etc.join("conf.d/gpuarch.toml"))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{o:?}");
+    write_dropin(root);
     let (_, out) = doctor(&node, root, &[]);
     assert!(
         containerd_line(&out)
@@ -1379,16 +1377,7 @@ fn doctor_names_a_containerd_config_where_cri_would_not_load() {
                 .contains("fix: gpuarchctl engine containerd --write (it adds the imports entry"),
         "{out}"
     );
-    let o = Command::new(&artifacts().gpuarchctl)
-        .args(["engine", "containerd", "--root"])
-        .arg(root)
-        .arg("--config")
-        .arg(&main)
-        .arg("--write")
-        .arg(etc.join("conf.d/gpuarch.toml"))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{o:?}");
+    write_dropin(root);
     let edited = std::fs::read_to_string(&main).unwrap();
     assert!(
         edited.contains("imports = [\"/etc/containerd/conf.d/gpuarch*.toml\"]"),
@@ -2047,27 +2036,17 @@ fn a_second_node_prewarms_from_the_registry_with_no_build() {
 /// container given `visible` (NVIDIA_VISIBLE_DEVICES): the config it
 /// returns, and its log (the plan's notes).
 fn precreate(node: &Node, visible: &str) -> (serde_json::Value, String) {
-    use std::io::Write;
     let config = serde_json::json!({"ociVersion": "1.2.0",
         "process": {"args": ["sh"], "env": [format!("NVIDIA_VISIBLE_DEVICES={visible}")]},
         "root": {"path": "rootfs"}});
-    let mut child = Command::new(&artifacts().gpuarch_hook)
-        .arg("precreate")
-        .env("GPUARCH_CONFIG", node.path("config.yaml"))
-        .env("GPUARCH_INVENTORY", node.path("run/inventory.json"))
-        .env("GPUARCH_LOG", "stderr")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(config.to_string().as_bytes())
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
+    let o = gpuarch_tests::output_with_stdin(
+        Command::new(&artifacts().gpuarch_hook)
+            .arg("precreate")
+            .env("GPUARCH_CONFIG", node.path("config.yaml"))
+            .env("GPUARCH_INVENTORY", node.path("run/inventory.json"))
+            .env("GPUARCH_LOG", "stderr"),
+        config.to_string().as_bytes(),
+    );
     let (out, log) = text(&o);
     assert!(o.status.success(), "{log}");
     (serde_json::from_str(&out).unwrap(), log)

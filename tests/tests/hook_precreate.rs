@@ -3,8 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use gpuarch_tests::{artifacts, fixture};
 use serde_json::{Value, json};
@@ -27,25 +26,15 @@ fn hook_env(stdin: &[u8], config_yaml: &str, env: &[(&str, &std::ffi::OsStr)]) -
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("config.yaml");
     std::fs::write(&cfg, config_yaml).unwrap();
-    let mut child = Command::new(&artifacts().gpuarch_hook)
-        .arg("precreate")
-        .env_remove("GPUARCH_INVENTORY")
-        .envs(env.iter().copied())
-        .env("GPUARCH_CONFIG", &cfg)
-        .env("GPUARCH_LOG", "stderr")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Feed stdin from a thread: the hook may stream output before the end.
-    let mut pipe = child.stdin.take().unwrap();
-    let input = stdin.to_vec();
-    let feeder = std::thread::spawn(move || pipe.write_all(&input));
-    let out = child.wait_with_output().unwrap();
-    // A hook that refuses may stop reading: a broken pipe is its answer.
-    let _ = feeder.join().unwrap();
-    out
+    gpuarch_tests::output_with_stdin(
+        Command::new(&artifacts().gpuarch_hook)
+            .arg("precreate")
+            .env_remove("GPUARCH_INVENTORY")
+            .envs(env.iter().copied())
+            .env("GPUARCH_CONFIG", &cfg)
+            .env("GPUARCH_LOG", "stderr"),
+        stdin,
+    )
 }
 
 fn config(env: &[&str]) -> Value {
