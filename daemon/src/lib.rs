@@ -10,6 +10,7 @@
 //! - [`watch`]: config file watching;
 //! - [`cache`]: the kernel cache and its jobs;
 //! - [`jit`]: the per-architecture JIT caches the hook hands out;
+//! - [`nri`]: the Plan for every pod's containers, as an NRI plugin;
 //! - [`sdnotify`], [`logging`]: systemd citizenship.
 //!
 //! gpuarchctl, its CLI, is the crate `gpuarch-ctl`; the records both
@@ -19,6 +20,7 @@ pub mod cache;
 pub mod jit;
 pub mod logging;
 pub mod nfd;
+pub mod nri;
 pub mod refresh;
 pub mod sdnotify;
 pub mod service;
@@ -182,6 +184,7 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
     let refresh_task = tokio::spawn(refresher.run(req_rx, stop_rx.clone()));
     let _watcher = watch::start(shared.clone(), req_tx.clone());
     tokio::spawn(jit_gc_every(shared.clone()));
+    let nri_task = tokio::spawn(nri::run(shared.clone(), stop_rx.clone()));
     if let Some(every) = sdnotify::watchdog_interval() {
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
@@ -269,6 +272,7 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
     // The refresher stops between steps; a snapshot write in progress
     // finishes (it is a rename, so the file is whole either way).
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), refresh_task).await;
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), nri_task).await;
     shared.set_bus(None);
     outcome
 }

@@ -9,6 +9,7 @@ pub mod engines;
 pub mod fatlib;
 pub mod registry;
 pub mod slurm;
+pub mod stack;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -742,166 +742,8 @@ fn write_adds_the_import_and_cri_comes_up_with_the_handler() {
     }
 }
 
-mod cri {
-    //! The calls kubelet makes for a pod, over the CRI v1 gRPC API.
-
-    use super::*;
-    use hyper_util::rt::TokioIo;
-    use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-    use k8s_cri::v1::*;
-    use tonic::transport::{Channel, Endpoint, Uri};
-
-    pub async fn client(sock: &Path) -> RuntimeServiceClient<Channel> {
-        let sock = sock.to_owned();
-        let ch = Endpoint::try_from("http://[::]:50051")
-            .unwrap()
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let sock = sock.clone();
-                async move {
-                    Ok::<_, std::io::Error>(TokioIo::new(
-                        tokio::net::UnixStream::connect(sock).await?,
-                    ))
-                }
-            }))
-            .await
-            .unwrap();
-        RuntimeServiceClient::new(ch)
-    }
-
-    /// A pod (host network) with `handler`, one container running `env`
-    /// into a host directory with `envs` and `devices`; what it printed.
-    pub async fn pod_env(
-        e: &Engines,
-        name: &str,
-        handler: &str,
-        envs: &[(&str, &str)],
-        devices: &[(&Path, &str)],
-    ) -> String {
-        pod_run(e, name, handler, envs, devices, "env > /out/env").await;
-        std::fs::read_to_string(e.path(&format!("pods/{name}/env"))).unwrap()
-    }
-
-    /// A pod as [`pod_env`]'s, its container running `script` with the
-    /// host directory `pods/<name>` at `/out`.
-    pub async fn pod_run(
-        e: &Engines,
-        name: &str,
-        handler: &str,
-        envs: &[(&str, &str)],
-        devices: &[(&Path, &str)],
-        script: &str,
-    ) {
-        let mut c = client(&e.containerd_sock).await;
-        let out = e.path(&format!("pods/{name}"));
-        std::fs::create_dir_all(&out).unwrap();
-        let sandbox = PodSandboxConfig {
-            metadata: Some(PodSandboxMetadata {
-                name: name.into(),
-                uid: format!("uid-{name}"),
-                namespace: "default".into(),
-                attempt: 0,
-            }),
-            log_directory: out.display().to_string(),
-            linux: Some(LinuxPodSandboxConfig {
-                security_context: Some(LinuxSandboxSecurityContext {
-                    namespace_options: Some(NamespaceOption {
-                        network: NamespaceMode::Node as i32,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let pod = c
-            .run_pod_sandbox(RunPodSandboxRequest {
-                config: Some(sandbox.clone()),
-                runtime_handler: handler.into(),
-            })
-            .await
-            .unwrap_or_else(|s| panic!("RunPodSandbox({handler:?}): {s}"))
-            .into_inner()
-            .pod_sandbox_id;
-        let config = ContainerConfig {
-            metadata: Some(ContainerMetadata {
-                name: "probe".into(),
-                attempt: 0,
-            }),
-            image: Some(ImageSpec {
-                image: IMAGE.into(),
-                ..Default::default()
-            }),
-            command: vec!["sh".into(), "-c".into(), script.into()],
-            envs: envs
-                .iter()
-                .map(|(k, v)| KeyValue {
-                    key: (*k).into(),
-                    value: (*v).into(),
-                })
-                .collect(),
-            mounts: vec![Mount {
-                container_path: "/out".into(),
-                host_path: out.display().to_string(),
-                ..Default::default()
-            }],
-            devices: devices
-                .iter()
-                .map(|(host, ctr)| Device {
-                    container_path: (*ctr).into(),
-                    host_path: host.display().to_string(),
-                    permissions: "rw".into(),
-                })
-                .collect(),
-            log_path: "probe.log".into(),
-            ..Default::default()
-        };
-        let id = c
-            .create_container(CreateContainerRequest {
-                pod_sandbox_id: pod.clone(),
-                config: Some(config),
-                sandbox_config: Some(sandbox),
-            })
-            .await
-            .unwrap_or_else(|s| panic!("CreateContainer: {s}"))
-            .into_inner()
-            .container_id;
-        c.start_container(StartContainerRequest {
-            container_id: id.clone(),
-        })
-        .await
-        .unwrap_or_else(|s| panic!("StartContainer: {s}"));
-        let t = Instant::now();
-        loop {
-            let st = c
-                .container_status(ContainerStatusRequest {
-                    container_id: id.clone(),
-                    verbose: false,
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .status
-                .unwrap();
-            if st.state == ContainerState::ContainerExited as i32 {
-                assert_eq!(st.exit_code, 0, "{st:?}");
-                break;
-            }
-            assert!(t.elapsed() < Duration::from_secs(60), "{st:?}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        c.stop_pod_sandbox(StopPodSandboxRequest {
-            pod_sandbox_id: pod.clone(),
-        })
-        .await
-        .unwrap();
-        c.remove_pod_sandbox(RemovePodSandboxRequest {
-            pod_sandbox_id: pod,
-        })
-        .await
-        .unwrap();
-    }
-}
+#[path = "common/cri.rs"]
+mod cri;
 
 /// Kubernetes on containerd: the drop-in kept CRI loading (with the
 /// admin's own CRI settings: without its pause image no pod starts); a pod
@@ -924,28 +766,35 @@ fn a_cri_pod_with_handler_gpuarch_gets_its_plan() {
         .enable_all()
         .build()
         .unwrap();
-    let line = |env: &str, k: &str| {
-        env.lines()
-            .find_map(|l| l.strip_prefix(&format!("{k}=")))
-            .map(str::to_owned)
+    let line = cri::var;
+    let pods = e.path("pods");
+    let pod = |name: &str, handler: &str, envs: &[(&str, &str)], devices: &[(&Path, &str)]| {
+        let p = cri::Pod {
+            sock: &e.containerd_sock,
+            pods: &pods,
+            image: IMAGE,
+            name,
+            handler,
+            envs,
+            devices,
+        };
+        rt.block_on(p.env()).unwrap()
     };
     let id = std::process::id();
-    let env = rt.block_on(cri::pod_env(
-        e,
+    let env = pod(
         &format!("plain-{id}"),
         "",
         &[("NVIDIA_VISIBLE_DEVICES", "1")],
         &[],
-    ));
+    );
     assert_eq!(line(&env, "TORCH_CUDA_ARCH_LIST"), None, "{env}");
     assert_eq!(line(&env, "GPUARCH_DTYPE"), None, "{env}");
-    let env = rt.block_on(cri::pod_env(
-        e,
+    let env = pod(
         &format!("gpu1-{id}"),
         "gpuarch",
         &[("NVIDIA_VISIBLE_DEVICES", "1")],
         &[],
-    ));
+    );
     assert_eq!(
         line(&env, "TORCH_CUDA_ARCH_LIST").as_deref(),
         Some("8.6"),
@@ -957,13 +806,12 @@ fn a_cri_pod_with_handler_gpuarch_gets_its_plan() {
         "{env}"
     );
     let node = e.dev.join("nvidia1");
-    let env = rt.block_on(cri::pod_env(
-        e,
+    let env = pod(
         &format!("dev1-{id}"),
         "gpuarch",
         &[],
         &[(&node, "/dev/nvidia1")],
-    ));
+    );
     assert_eq!(
         line(&env, "TORCH_CUDA_ARCH_LIST").as_deref(),
         Some("8.6"),
@@ -999,14 +847,17 @@ fn jit_caches_under_cri_and_docker() {
     let id = std::process::id();
     let pod = |name: &str, gpu: &str| {
         let name = format!("{name}-{id}");
-        rt.block_on(cri::pod_run(
-            e,
-            &name,
-            "gpuarch",
-            &[("NVIDIA_VISIBLE_DEVICES", gpu)],
-            &[],
-            JIT_SCRIPT,
-        ));
+        let pods = e.path("pods");
+        let p = cri::Pod {
+            sock: &e.containerd_sock,
+            pods: &pods,
+            image: IMAGE,
+            name: &name,
+            handler: "gpuarch",
+            envs: &[("NVIDIA_VISIBLE_DEVICES", gpu)],
+            devices: &[],
+        };
+        rt.block_on(p.run(JIT_SCRIPT)).unwrap();
         let read = |f: &str| {
             std::fs::read_to_string(e.path(&format!("pods/{name}/{f}")))
                 .unwrap()

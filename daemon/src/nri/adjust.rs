@@ -1,0 +1,190 @@
+//! One container, as NRI shows it, through the same edit the hook and the
+//! shim make ([`gpuarch_hook::edit`]), and back as NRI's adjustment: the
+//! Plan's env, the kernel and JIT cache mounts, and the `createContainer`
+//! hook when mounted libraries need ldconfig.
+//!
+//! NRI shows a container before its root filesystem is mounted, so the
+//! image cannot be read here: the Plan is the one for software not known
+//! (values every consumer release in gpuarch's table accepts).
+
+use gpuarch_core::plan::Plan;
+use gpuarch_hook::{Context, HookError};
+use serde_json::{Value, json};
+
+use super::nri::{
+    Container, ContainerAdjustment, Hook, Hooks, KeyValue, Mount, OptionalInt, PodSandbox,
+};
+
+/// What [`adjust`] decided for one container.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Nothing to do: no GPU asked for, or the Plan changes nothing.
+    Nothing(Plan),
+    /// The pod's runtime handler is one that plans by itself.
+    Skipped(String),
+    /// The adjustment to send, and the Plan it carries.
+    Adjust(Box<ContainerAdjustment>, Plan),
+}
+
+/// The annotation naming the CDI devices NRI lists for the container, so
+/// that the selection reads them as it reads a pod's CDI annotations.
+pub const CDI_ANNOTATION: &str = "cdi.k8s.io/gpuarch-nri";
+
+/// Plan `container` of `pod` and give the adjustment. A refusal under
+/// `strict` is the error.
+pub fn adjust(pod: &PodSandbox, container: &Container, ctx: &Context) -> Result<Outcome, String> {
+    if !pod.runtime_handler.is_empty()
+        && ctx.config.nri.skip_handlers.contains(&pod.runtime_handler)
+    {
+        return Ok(Outcome::Skipped(pod.runtime_handler.clone()));
+    }
+    let mut config = oci_config(pod, container);
+    let mounts_before = list_len(&config, "mounts");
+    let hooks_before = hook_count(&config);
+    let plan = match gpuarch_hook::edit(&mut config, ctx) {
+        Ok(plan) => plan,
+        Err(HookError::Refused(why)) => return Err(why),
+        Err(e) => return Err(format!("cannot plan: {e}")),
+    };
+    if plan.is_noop() {
+        return Ok(Outcome::Nothing(plan));
+    }
+    let mut adj = ContainerAdjustment::new();
+    adj.env = plan
+        .env
+        .iter()
+        .map(|(k, v)| {
+            let mut kv = KeyValue::new();
+            kv.key.clone_from(k);
+            kv.value.clone_from(v);
+            kv
+        })
+        .collect();
+    adj.mounts = config
+        .get("mounts")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .skip(mounts_before)
+        .map(nri_mount)
+        .collect();
+    let added: Vec<Hook> = config
+        .pointer("/hooks/createContainer")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .skip(hooks_before)
+        .map(nri_hook)
+        .collect();
+    if !added.is_empty() {
+        let mut hooks = Hooks::new();
+        hooks.create_container = added;
+        adj.hooks = protobuf::MessageField::some(hooks);
+    }
+    Ok(Outcome::Adjust(Box::new(adj), plan))
+}
+
+/// The OCI config fields gpuarch reads, from what NRI shows: the env, the
+/// annotations (the container's, then the names NRI gives), the devices,
+/// the mounts and the `createContainer` hooks.
+fn oci_config(pod: &PodSandbox, c: &Container) -> Value {
+    let mut annotations: serde_json::Map<String, Value> = c
+        .annotations
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .collect();
+    for (key, value) in [
+        ("io.kubernetes.cri.container-name", &c.name),
+        ("io.kubernetes.cri.sandbox-name", &pod.name),
+        ("io.kubernetes.cri.sandbox-namespace", &pod.namespace),
+    ] {
+        if !value.is_empty() {
+            annotations
+                .entry(key)
+                .or_insert_with(|| Value::String(value.clone()));
+        }
+    }
+    let cdi: Vec<&str> = c.CDI_devices.iter().map(|d| d.name.as_str()).collect();
+    if !cdi.is_empty() {
+        annotations.insert(CDI_ANNOTATION.to_owned(), Value::String(cdi.join(",")));
+    }
+    let devices: Vec<Value> = c
+        .linux
+        .as_ref()
+        .map(|l| l.devices.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .map(|d| json!({"path": d.path, "type": d.type_, "major": d.major, "minor": d.minor}))
+        .collect();
+    let mounts: Vec<Value> = c
+        .mounts
+        .iter()
+        .map(|m| {
+            json!({"destination": m.destination, "type": m.type_, "source": m.source, "options": m.options})
+        })
+        .collect();
+    let create_container: Vec<Value> = c
+        .hooks
+        .as_ref()
+        .map(|h| h.create_container.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .map(|h| json!({"path": h.path, "args": h.args}))
+        .collect();
+    json!({
+        "ociVersion": "1.0.2",
+        "process": {"env": c.env},
+        "annotations": annotations,
+        "linux": {"devices": devices},
+        "mounts": mounts,
+        "hooks": {"createContainer": create_container},
+    })
+}
+
+fn list_len(config: &Value, key: &str) -> usize {
+    config
+        .get(key)
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len)
+}
+
+fn hook_count(config: &Value) -> usize {
+    config
+        .pointer("/hooks/createContainer")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len)
+}
+
+fn strings(v: Option<&Value>) -> Vec<String> {
+    v.and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.as_str().map(str::to_owned))
+        .collect()
+}
+
+fn text(v: &Value, key: &str) -> String {
+    v.get(key).and_then(Value::as_str).unwrap_or("").to_owned()
+}
+
+fn nri_mount(m: &Value) -> Mount {
+    let mut out = Mount::new();
+    out.destination = text(m, "destination");
+    out.type_ = text(m, "type");
+    out.source = text(m, "source");
+    out.options = strings(m.get("options"));
+    out
+}
+
+fn nri_hook(h: &Value) -> Hook {
+    let mut out = Hook::new();
+    out.path = text(h, "path");
+    out.args = strings(h.get("args"));
+    out.env = strings(h.get("env"));
+    if let Some(t) = h.get("timeout").and_then(Value::as_i64) {
+        let mut timeout = OptionalInt::new();
+        timeout.value = t;
+        out.timeout = protobuf::MessageField::some(timeout);
+    }
+    out
+}

@@ -1,0 +1,350 @@
+//! The engines of today's nodes, from the Debian roots that
+//! `scripts/lib/setup.sh` (`ensure_engine_roots`) builds under
+//! `.local/engines`: sid's containerd 2.1 and runc 1.3, trixie's containerd
+//! 1.7. Each runs inside that root, in a mount namespace of its own (the
+//! root bind-mounted on itself, `/proc`, `/sys` and `/dev` from the host, a
+//! tmpfs on `/run`), with the test's directory and gpuarch's binaries
+//! mounted at the paths they have outside, so the test, gpuarchd and the
+//! engine name every file alike. Nothing of the host's engines is used.
+
+#![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use sha2::Digest;
+
+use crate::{artifacts, workspace_root};
+
+/// The root of Debian `suite`'s engines, or why it is not there.
+pub fn root(suite: &str) -> Result<PathBuf, String> {
+    let root = workspace_root().join(".local/engines").join(suite);
+    if root.join("usr/bin/containerd").is_file() {
+        Ok(root)
+    } else {
+        Err(format!(
+            "no {suite} engine root at {} (scripts/test builds it: ensure_engine_roots in scripts/lib/setup.sh)",
+            root.display()
+        ))
+    }
+}
+
+/// What the root's package manager says it holds of `package`.
+pub fn version(root: &Path, package: &str) -> String {
+    let o = Command::new("chroot")
+        .arg(root)
+        .args(["dpkg-query", "-W", "-f", "${Version}", package])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).trim().to_owned()
+}
+
+/// Where gpuarch's binaries are, mounted into every engine root.
+fn binaries() -> PathBuf {
+    artifacts().gpuarch_runtime.parent().unwrap().to_owned()
+}
+
+/// The script that enters `root`: the mounts, then `exec chroot`.
+const ENTER: &str = r#"set -e
+R=$1; shift
+mount --rbind "$R" "$R"
+mount -t proc proc "$R/proc"
+mount --rbind /sys "$R/sys"
+mount --rbind /dev "$R/dev"
+mount -t tmpfs -o mode=0755 tmpfs "$R/run"
+while [ "$1" != -- ]; do
+    mkdir -p "$R$1"
+    mount --rbind "$1" "$R$1"
+    shift
+done
+shift
+exec chroot "$R" "$@"
+"#;
+
+/// `argv` run inside `root` (in a new mount namespace, so nothing it
+/// mounts is seen outside), with `shared` directories at their own paths.
+pub fn command_in(root: &Path, shared: &[&Path], argv: &[&str]) -> Command {
+    let mut c = Command::new("unshare");
+    c.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        ENTER,
+        "enter",
+    ])
+    .arg(root);
+    for d in shared {
+        c.arg(d);
+    }
+    c.arg(binaries()).arg("--").args(argv);
+    c
+}
+
+/// containerd from an engine root, on private sockets and its own state.
+#[derive(Debug)]
+pub struct Containerd {
+    pub root: PathBuf,
+    pub dir: PathBuf,
+    pub sock: PathBuf,
+    /// Its NRI socket (`socket_path`).
+    pub nri_sock: PathBuf,
+    pub config: PathBuf,
+    shared: Vec<PathBuf>,
+    child: Option<Child>,
+}
+
+/// The image every pod's container runs, and the CRI sandbox image.
+pub const IMAGE: &str = "gpuarch.test/busybox:1";
+pub const PAUSE: &str = "gpuarch.test/pause:1";
+
+impl Containerd {
+    /// containerd of `root` with its files in `dir`: version 3 config for
+    /// 2.x, 2 for 1.x; CRI with the native snapshotter and host-network
+    /// pods; NRI on, at `dir/nri.sock`; gpuarch's handler added by
+    /// `gpuarchctl engine containerd --write`, as an admin would. `shared`:
+    /// more directories it must see (gpuarchd's, for the snapshot).
+    pub fn start(root: &Path, dir: &Path, shared: &[&Path]) -> Self {
+        std::fs::create_dir_all(dir.join("conf.d")).unwrap();
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let major = version(root, "containerd");
+        let v3 = !major.starts_with('1');
+        let d = dir.display();
+        // Snapshotters that look for their own mounts, which a chroot lacks.
+        let disabled = r#"disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.blockfile", "io.containerd.snapshotter.v1.erofs"]"#;
+        let cri = if v3 {
+            format!(
+                r#"[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "native"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{PAUSE}"
+[plugins."io.containerd.cri.v1.runtime"]
+  # This machine refuses a negative oom_score_adj even to root.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    conf_dir = "{d}/cni"
+"#
+            )
+        } else {
+            format!(
+                r#"[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE}"
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    conf_dir = "{d}/cni"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "native"
+"#
+            )
+        };
+        let config = dir.join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"version = {version}
+imports = ["{d}/conf.d/gpuarch*.toml"]
+root = "{d}/root"
+state = "{d}/state"
+{disabled}
+[grpc]
+  address = "{d}/containerd.sock"
+[ttrpc]
+  address = "{d}/containerd.sock.ttrpc"
+[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  socket_path = "{d}/nri.sock"
+{cri}"#,
+                version = if v3 { 3 } else { 2 },
+            ),
+        )
+        .unwrap();
+        let o = Command::new(&artifacts().gpuarchctl)
+            .args(["engine", "containerd", "--config"])
+            .arg(&config)
+            .arg("--runtime")
+            .arg(&artifacts().gpuarch_runtime)
+            .arg("--write")
+            .arg(dir.join("conf.d/gpuarch.toml"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "gpuarchctl engine containerd: {o:?}");
+        let mut c = Self {
+            root: root.to_owned(),
+            dir: dir.to_owned(),
+            sock: dir.join("containerd.sock"),
+            nri_sock: dir.join("nri.sock"),
+            config,
+            shared: shared.iter().map(|p| p.to_path_buf()).collect(),
+            child: None,
+        };
+        c.spawn();
+        c.import_images();
+        c
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("containerd.log"))
+            .unwrap();
+        let mut shared: Vec<&Path> = vec![&self.dir];
+        shared.extend(self.shared.iter().map(PathBuf::as_path));
+        let child = command_in(
+            &self.root,
+            &shared,
+            &["containerd", "--config", self.config.to_str().unwrap()],
+        )
+        .env("GPUARCH_CONFIG", self.dir.join("gpuarch.yaml"))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+        self.child = Some(child);
+        let t = Instant::now();
+        while !self.ctr(&["version"]).status.success() {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "containerd did not come up in 60 s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Stop containerd (SIGTERM, as systemd would) and wait for it.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(15) {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Stop and start again on the same state.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
+    }
+
+    /// The root's `ctr` against this containerd (it needs only libc, so it
+    /// runs outside the root).
+    pub fn ctr(&self, args: &[&str]) -> Output {
+        Command::new(self.root.join("usr/bin/ctr"))
+            .arg("--address")
+            .arg(&self.sock)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    fn import_images(&self) {
+        let rootfs = self.dir.join("rootfs");
+        crate::containers::make_rootfs(&rootfs);
+        std::os::unix::fs::symlink("busybox", rootfs.join("bin/sleep")).unwrap();
+        for (name, cmd) in [(IMAGE, "/bin/sh"), (PAUSE, "/bin/sleep 2147483647")] {
+            let tar = oci_archive(&rootfs, name, cmd, &self.dir.join("image"));
+            let o = self.ctr(&[
+                "-n",
+                "k8s.io",
+                "images",
+                "import",
+                "--local",
+                "--snapshotter",
+                "native",
+                "--platform",
+                "linux/amd64",
+                tar.to_str().unwrap(),
+            ]);
+            assert!(o.status.success(), "ctr images import {name}: {o:?}");
+        }
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// An OCI image archive (the image layout, tarred) of `rootfs` as one
+/// layer, named `name`, running `cmd`; built in `work`.
+pub fn oci_archive(rootfs: &Path, name: &str, cmd: &str, work: &Path) -> PathBuf {
+    let _ = std::fs::remove_dir_all(work);
+    let blobs = work.join("layout/blobs/sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let put = |bytes: &[u8]| -> (String, usize) {
+        let digest = format!("{:x}", sha2::Sha256::digest(bytes));
+        std::fs::write(blobs.join(&digest), bytes).unwrap();
+        (format!("sha256:{digest}"), bytes.len())
+    };
+    let o = Command::new("tar")
+        .arg("-C")
+        .arg(rootfs)
+        .args(["--owner=0", "--group=0", "-cf", "-", "."])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "tar: {o:?}");
+    let (layer, layer_size) = put(&o.stdout);
+    let cmd: Vec<&str> = cmd.split(' ').collect();
+    let config = serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Cmd": cmd, "Env": ["PATH=/bin"]},
+        "rootfs": {"type": "layers", "diff_ids": [layer]},
+    });
+    let (config, config_size) = put(config.to_string().as_bytes());
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config, "size": config_size},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer, "size": layer_size}],
+    });
+    let (manifest, manifest_size) = put(manifest.to_string().as_bytes());
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": manifest,
+            "size": manifest_size,
+            "platform": {"architecture": "amd64", "os": "linux"},
+            "annotations": {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": name.rsplit(':').next().unwrap()},
+        }],
+    });
+    let layout = work.join("layout");
+    std::fs::write(layout.join("index.json"), index.to_string()).unwrap();
+    std::fs::File::create(layout.join("oci-layout"))
+        .unwrap()
+        .write_all(br#"{"imageLayoutVersion":"1.0.0"}"#)
+        .unwrap();
+    let tar = work.join("image.tar");
+    let o = Command::new("tar")
+        .arg("-C")
+        .arg(&layout)
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "tar: {o:?}");
+    tar
+}

@@ -1,0 +1,237 @@
+//! gpuarchd as an NRI plugin under real containerd: 2.1 from Debian sid
+//! (NRI on by default) and 1.7 from trixie (NRI turned on in its config),
+//! each from its engine root (gpuarch_tests::stack), driven through CRI as
+//! kubelet drives it. One containerd and one gpuarchd (the fake NVML's
+//! 2080 Ti + 3090) per release, shared by that release's cases, which run
+//! in order because some stop one or the other.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use gpuarch_tests::daemon::{Node, Policy};
+use gpuarch_tests::stack::{self, Containerd, IMAGE};
+
+#[path = "common/cri.rs"]
+mod cri;
+
+struct Stack {
+    node: Node,
+    containerd: Containerd,
+    pods: PathBuf,
+    dev: PathBuf,
+    rt: tokio::runtime::Runtime,
+    serial: usize,
+}
+
+impl Stack {
+    fn new(suite: &str) -> Option<Self> {
+        let root = match stack::root(suite) {
+            Ok(r) => r,
+            Err(why) => {
+                gpuarch_tests::skip(&why);
+                return None;
+            }
+        };
+        let node = Node::new("2080ti-3090", Policy::Shipped);
+        let dir = node.path("containerd");
+        let dev = gpuarch_tests::containers::nvidia_nodes(&node.path("dev"), &[0, 1]);
+        // The shim's config (the gpuarch handler): gpuarchd's snapshot and
+        // record directory, its own log.
+        let shim = gpuarch_tests::private_hook_paths(
+            &format!(
+                "daemon:\n  snapshot: {}\nlog:\n  to: file\n  file: {}\n{}",
+                node.path("run/inventory.json").display(),
+                node.path("shim.log").display(),
+                gpuarch_tests::daemon::kernels_yaml(&node.path(""), &[], None)
+            ),
+            &node.path(""),
+        );
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("gpuarch.yaml"), shim).unwrap();
+        let mut s = Self {
+            containerd: Containerd::start(&root, &dir, &[&node.path("")]),
+            pods: node.path("pods"),
+            node,
+            dev,
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+            serial: 0,
+        };
+        s.start_gpuarchd(true);
+        eprintln!(
+            "{suite}: containerd {}, runc {}",
+            stack::version(&root, "containerd"),
+            stack::version(&root, "runc")
+        );
+        Some(s)
+    }
+
+    fn start_gpuarchd(&mut self, nri: bool) {
+        let yaml = format!(
+            "nri:\n  enable: {nri}\n  socket: {}\n",
+            self.containerd.nri_sock.display()
+        );
+        let yaml = gpuarch_tests::private_hook_paths(
+            &self.node.private_config(&yaml),
+            &self.node.path(""),
+        );
+        std::fs::write(self.node.path("config.yaml"), yaml).unwrap();
+        self.node.start(&[]);
+    }
+
+    /// Wait until gpuarchd's log has `what` `times` times.
+    fn wait_log(&self, what: &str, times: usize) {
+        let t = Instant::now();
+        while self.node.log().matches(what).count() < times {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "gpuarchd did not log {what:?} {times} times in 20 s:\n{}\ncontainerd:\n{}",
+                self.node.log(),
+                self.containerd.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// A pod's container env, or CreateContainer's refusal.
+    fn pod(
+        &mut self,
+        handler: &str,
+        envs: &[(&str, &str)],
+        devices: &[(&Path, &str)],
+    ) -> (String, Result<String, String>) {
+        self.serial += 1;
+        let name = format!("p{}-{}", self.serial, std::process::id());
+        let p = cri::Pod {
+            sock: &self.containerd.sock,
+            pods: &self.pods,
+            image: IMAGE,
+            name: &name,
+            handler,
+            envs,
+            devices,
+        };
+        let r = self.rt.block_on(p.env());
+        (name, r)
+    }
+
+    fn why(&self, pod: &str) -> String {
+        let o = self.node.ctl(
+            None,
+            &[
+                "why",
+                "--json",
+                "--dir",
+                self.node.path("containers").to_str().unwrap(),
+                pod,
+            ],
+        );
+        assert!(o.status.success(), "gpuarchctl why {pod}: {o:?}");
+        String::from_utf8(o.stdout).unwrap()
+    }
+}
+
+const REGISTERED: &str = "NRI: registered with containerd";
+
+fn cases(suite: &str) {
+    let Some(mut s) = Stack::new(suite) else {
+        return;
+    };
+    s.wait_log(REGISTERED, 1);
+    let gpu1 = [("NVIDIA_VISIBLE_DEVICES", "1")];
+
+    // No runtimeClassName: NRI gives the Plan, by env and by device node.
+    let (name, env) = s.pod("", &gpu1, &[]);
+    let env = env.unwrap();
+    assert_eq!(
+        cri::var(&env, "TORCH_CUDA_ARCH_LIST").as_deref(),
+        Some("8.6"),
+        "{env}"
+    );
+    assert_eq!(
+        cri::var(&env, "GPUARCH_DTYPE").as_deref(),
+        Some("bfloat16"),
+        "{env}"
+    );
+    let why = s.why(&name);
+    assert!(why.contains(r#""by": "nri""#), "{why}");
+    let node0 = s.dev.join("nvidia0");
+    let (_, env) = s.pod("", &[], &[(&node0, "/dev/nvidia0")]);
+    let env = env.unwrap();
+    assert_eq!(
+        cri::var(&env, "TORCH_CUDA_ARCH_LIST").as_deref(),
+        Some("7.5"),
+        "{env}"
+    );
+    // The container's own value wins.
+    let (_, env) = s.pod("", &[gpu1[0], ("TORCH_CUDA_ARCH_LIST", "8.0")], &[]);
+    assert_eq!(
+        cri::var(&env.unwrap(), "TORCH_CUDA_ARCH_LIST").as_deref(),
+        Some("8.0")
+    );
+    let (_, env) = s.pod("", &[gpu1[0], ("GPUARCH_DISABLE", "1")], &[]);
+    assert_eq!(cri::var(&env.unwrap(), "TORCH_CUDA_ARCH_LIST"), None);
+
+    // The gpuarch handler as well: the shim's Plan alone, once.
+    let (name, env) = s.pod("gpuarch", &gpu1, &[]);
+    let env = env.unwrap();
+    assert_eq!(
+        env.lines()
+            .filter(|l| l.starts_with("TORCH_CUDA_ARCH_LIST="))
+            .count(),
+        1,
+        "{env}"
+    );
+    assert_eq!(
+        cri::var(&env, "TORCH_CUDA_ARCH_LIST").as_deref(),
+        Some("8.6"),
+        "{env}"
+    );
+    let why = s.why(&name);
+    assert!(why.contains(r#""by": "gpuarch-runtime"#), "{why}");
+    assert!(
+        s.node
+            .log()
+            .contains("runtime handler gpuarch plans it itself"),
+        "{}",
+        s.node.log()
+    );
+
+    // containerd restarts: gpuarchd registers again, and pods get the Plan.
+    s.containerd.restart();
+    s.wait_log(REGISTERED, 2);
+    let (_, env) = s.pod("", &gpu1, &[]);
+    assert_eq!(
+        cri::var(&env.unwrap(), "TORCH_CUDA_ARCH_LIST").as_deref(),
+        Some("8.6")
+    );
+
+    // gpuarchd down: pods start, unchanged.
+    s.node.stop();
+    let t = Instant::now();
+    let (_, env) = s.pod("", &gpu1, &[]);
+    let env = env.unwrap();
+    assert_eq!(cri::var(&env, "TORCH_CUDA_ARCH_LIST"), None, "{env}");
+    assert!(t.elapsed() < Duration::from_secs(30));
+
+    // NRI off in gpuarch's config: gpuarchd runs, pods get nothing.
+    s.start_gpuarchd(false);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!s.node.log().contains(REGISTERED), "{}", s.node.log());
+    let (_, env) = s.pod("", &gpu1, &[]);
+    assert_eq!(cri::var(&env.unwrap(), "TORCH_CUDA_ARCH_LIST"), None);
+}
+
+#[test]
+fn nri_under_containerd_2_1() {
+    cases("sid");
+}
+
+#[test]
+fn nri_under_containerd_1_7() {
+    cases("trixie");
+}
