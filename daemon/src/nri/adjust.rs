@@ -11,7 +11,7 @@ use gpuarch_core::plan::Plan;
 use gpuarch_hook::{Context, HookError};
 use serde_json::{Value, json};
 
-use super::nri::{
+use super::proto::nri::{
     Container, ContainerAdjustment, Hook, Hooks, KeyValue, Mount, OptionalInt, PodSandbox,
 };
 
