@@ -998,4 +998,26 @@ mod tests {
         let e = Config::from_yaml("strict: maybe\n").unwrap_err();
         assert!(e.to_string().starts_with("line 1"), "{e}");
     }
+
+    #[test]
+    fn nri_index_is_two_digits_however_yaml_spells_it() {
+        for (yaml, want) in [
+            ("50", "50"),
+            ("\"05\"", "05"),
+            ("7", "07"),
+            ("\"99\"", "99"),
+        ] {
+            let c = Config::from_yaml(&format!("nri:\n  index: {yaml}\n")).unwrap();
+            assert_eq!(c.nri.index, want, "{yaml}");
+        }
+        for bad in ["100", "\"5a\"", "-1", "[1]", "\"\""] {
+            let e = Config::from_yaml(&format!("nri:\n  index: {bad}\n")).unwrap_err();
+            assert!(e.to_string().contains("two digits"), "{bad}: {e}");
+        }
+        assert_eq!(
+            Config::default().nri.socket,
+            PathBuf::from(DEFAULT_NRI_SOCKET)
+        );
+        assert!(!Config::default().nri.enable);
+    }
 }

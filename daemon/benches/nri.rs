@@ -31,7 +31,10 @@ fn main() {
     cfg.hook.image_cache = dir.path().join("images");
     cfg.kernels.mount_root = dir.path().join("kernels");
     std::fs::create_dir(&cfg.hook.record_dir).expect("records");
-    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/2080ti-3090.json");
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/2080ti-3090.json"
+    );
     let shared = Shared::new(
         cfg,
         dir.path().join("inventory.json"),

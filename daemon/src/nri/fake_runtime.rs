@@ -12,8 +12,8 @@ use tokio::sync::oneshot;
 
 use super::mux;
 use super::proto::nri::{
-    ConfigureRequest, Container, CreateContainerRequest, Empty, PodSandbox,
-    RegisterPluginRequest, SynchronizeRequest,
+    ConfigureRequest, Container, CreateContainerRequest, Empty, PodSandbox, RegisterPluginRequest,
+    SynchronizeRequest,
 };
 use super::proto::nri_ttrpc::{PluginClient, Runtime, create_runtime};
 
@@ -84,12 +84,13 @@ impl FakeRuntime {
         let (tx, rx) = oneshot::channel();
         let service = create_runtime(Arc::new(Registrar(Mutex::new(Some(tx)))));
         let mut one = Some(m.runtime);
-        let listener = ttrpc::r#async::transport::Listener::new(futures_util::stream::poll_fn(
-            move |_| match one.take() {
-                Some(s) => std::task::Poll::Ready(Some(Ok::<_, io::Error>(s))),
-                None => std::task::Poll::Pending,
-            },
-        ));
+        let listener =
+            ttrpc::r#async::transport::Listener::new(futures_util::stream::poll_fn(move |_| {
+                match one.take() {
+                    Some(s) => std::task::Poll::Ready(Some(Ok::<_, io::Error>(s))),
+                    None => std::task::Poll::Pending,
+                }
+            }));
         let mut server = ttrpc::r#async::Server::new()
             .register_service(service)
             .add_listener(listener);

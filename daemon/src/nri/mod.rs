@@ -373,8 +373,16 @@ mod tests {
         cfg.hook.image_cache = dir.join("images");
         cfg.kernels.mount_root = dir.join("kernels");
         cfg.jit_cache.dir = dir.join("jit");
-        let s = Shared::new(cfg, dir.join("inventory.json"), dir.join("config.yaml"), false);
-        let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/2080ti-3090.json");
+        let s = Shared::new(
+            cfg,
+            dir.join("inventory.json"),
+            dir.join("config.yaml"),
+            false,
+        );
+        let fixture = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/2080ti-3090.json"
+        );
         s.refreshed(Snapshot::from_json(&std::fs::read(fixture).unwrap()).unwrap());
         Arc::new(s)
     }
@@ -404,13 +412,21 @@ mod tests {
         let got = env(&p.create(&pod, &c).await.unwrap());
         assert_eq!(got["TORCH_CUDA_ARCH_LIST"], "8.6");
         assert_eq!(got["GPUARCH_DTYPE"], "bfloat16");
-        let records = std::fs::read_dir(dir.path().join("records")).unwrap().count();
+        let records = std::fs::read_dir(dir.path().join("records"))
+            .unwrap()
+            .count();
         assert_eq!(records, 1, "a record for gpuarchctl why");
 
         let (pod, c) = container(&[], &[("/dev/nvidia0", 195, 0)]);
-        assert_eq!(env(&p.create(&pod, &c).await.unwrap())["TORCH_CUDA_ARCH_LIST"], "7.5");
+        assert_eq!(
+            env(&p.create(&pod, &c).await.unwrap())["TORCH_CUDA_ARCH_LIST"],
+            "7.5"
+        );
 
-        let (pod, c) = container(&["NVIDIA_VISIBLE_DEVICES=1", "TORCH_CUDA_ARCH_LIST=8.0"], &[]);
+        let (pod, c) = container(
+            &["NVIDIA_VISIBLE_DEVICES=1", "TORCH_CUDA_ARCH_LIST=8.0"],
+            &[],
+        );
         let got = env(&p.create(&pod, &c).await.unwrap());
         assert!(!got.contains_key("TORCH_CUDA_ARCH_LIST"), "{got:?}");
         assert_eq!(got["GPUARCH_DTYPE"], "bfloat16");
@@ -420,7 +436,10 @@ mod tests {
         let mut cdi = proto::nri::CDIDevice::new();
         cdi.name = "nvidia.com/gpu=0".to_owned();
         c.CDI_devices.push(cdi);
-        assert_eq!(env(&p.create(&pod, &c).await.unwrap())["TORCH_CUDA_ARCH_LIST"], "7.5");
+        assert_eq!(
+            env(&p.create(&pod, &c).await.unwrap())["TORCH_CUDA_ARCH_LIST"],
+            "7.5"
+        );
 
         // No GPU, GPUARCH_DISABLE, the gpuarch handler: no adjustment.
         for (env_, handler) in [
@@ -443,9 +462,15 @@ mod tests {
         let (_stop_tx, stop) = watch::channel(false);
         tokio::spawn(run(s.clone(), stop));
         let p = rt.accept().await.unwrap();
-        let (pod, c) = container(&["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_REQUIRE_ARCH=arch>=8.0"], &[]);
+        let (pod, c) = container(
+            &["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_REQUIRE_ARCH=arch>=8.0"],
+            &[],
+        );
         let e = p.create(&pod, &c).await.unwrap_err().to_string();
-        assert!(e.contains("NVIDIA_REQUIRE_ARCH") && e.contains("2080 Ti"), "{e}");
+        assert!(
+            e.contains("NVIDIA_REQUIRE_ARCH") && e.contains("2080 Ti"),
+            "{e}"
+        );
 
         // A pod author's flood, 3 MiB of requirement terms under ttrpc's
         // 4 MiB message, without strict: a note, and an answer well inside
@@ -483,7 +508,10 @@ mod tests {
         let rt = FakeRuntime::bind(&sock).unwrap();
         let p = rt.accept().await.unwrap();
         let (pod, c) = container(&["NVIDIA_VISIBLE_DEVICES=1"], &[]);
-        assert_eq!(env(&p.create(&pod, &c).await.unwrap())["TORCH_CUDA_ARCH_LIST"], "8.6");
+        assert_eq!(
+            env(&p.create(&pod, &c).await.unwrap())["TORCH_CUDA_ARCH_LIST"],
+            "8.6"
+        );
         drop(p);
         // A peer that answers the registration with garbage, then a frame
         // over NRI's limit: gpuarchd drops it and comes back.
@@ -492,17 +520,27 @@ mod tests {
         let l = tokio::net::UnixListener::bind(&sock).unwrap();
         let (mut bad, _) = l.accept().await.unwrap();
         use tokio::io::AsyncWriteExt;
-        bad.write_all(&[0, 0, 0, 2, 0, 0, 0, 12, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 1, 9, 9, 1, 2])
+        bad.write_all(&[
+            0, 0, 0, 2, 0, 0, 0, 12, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 1, 9, 9, 1, 2,
+        ])
+        .await
+        .unwrap();
+        bad.write_all(&[0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff])
             .await
             .unwrap();
-        bad.write_all(&[0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff]).await.unwrap();
         drop(l);
         std::fs::remove_file(&sock).unwrap();
         let rt = FakeRuntime::bind(&sock).unwrap();
         let p = rt.accept().await.unwrap();
-        assert_eq!(env(&p.create(&pod, &c).await.unwrap())["TORCH_CUDA_ARCH_LIST"], "8.6");
+        assert_eq!(
+            env(&p.create(&pod, &c).await.unwrap())["TORCH_CUDA_ARCH_LIST"],
+            "8.6"
+        );
         // gpuarchd stopping ends the loop.
         stop_tx.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
     }
 }
