@@ -50,6 +50,15 @@ impl Stack {
         );
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("gpuarch.yaml"), shim).unwrap();
+        // A kernel package built for both GPUs, where gpuarchd's store
+        // keeps it (`kernels.mount_root`).
+        let demo = node.path("kernels/demo");
+        std::fs::create_dir_all(&demo).unwrap();
+        std::fs::write(
+            demo.join("manifest.json"),
+            r#"{"package": "demo", "targets": ["sm_75", "sm_86"]}"#,
+        )
+        .unwrap();
         let mut s = Self {
             containerd: Containerd::start(&root, &dir, &[&node.path("")]),
             pods: node.path("pods"),
@@ -72,8 +81,9 @@ impl Stack {
 
     fn start_gpuarchd(&mut self, nri: bool) {
         let yaml = format!(
-            "nri:\n  enable: {nri}\n  socket: {}\n",
-            self.containerd.nri_sock.display()
+            "nri:\n  enable: {nri}\n  socket: {}\njit_cache:\n  enable: true\n  dir: {}\n",
+            self.containerd.nri_sock.display(),
+            self.node.path("jit").display()
         );
         let yaml = gpuarch_tests::private_hook_paths(
             &self.node.private_config(&yaml),
@@ -104,6 +114,19 @@ impl Stack {
         envs: &[(&str, &str)],
         devices: &[(&Path, &str)],
     ) -> (String, Result<String, String>) {
+        let (name, r) = self.pod_run(handler, envs, devices, "env > /out/env");
+        let r = r.map(|()| std::fs::read_to_string(self.pods.join(&name).join("env")).unwrap());
+        (name, r)
+    }
+
+    /// A pod whose container runs `script` (`/out` is [`Stack::out`]).
+    fn pod_run(
+        &mut self,
+        handler: &str,
+        envs: &[(&str, &str)],
+        devices: &[(&Path, &str)],
+        script: &str,
+    ) -> (String, Result<(), String>) {
         self.serial += 1;
         let name = format!("p{}-{}", self.serial, std::process::id());
         let p = cri::Pod {
@@ -115,8 +138,15 @@ impl Stack {
             envs,
             devices,
         };
-        let r = self.rt.block_on(p.env());
+        let r = self.rt.block_on(p.run(script));
         (name, r)
+    }
+
+    fn out(&self, name: &str, file: &str) -> String {
+        std::fs::read_to_string(self.pods.join(name).join(file))
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
     }
 
     fn why(&self, pod: &str) -> String {
@@ -144,9 +174,26 @@ fn cases(suite: &str) {
     s.wait_log(REGISTERED, 1);
     let gpu1 = [("NVIDIA_VISIBLE_DEVICES", "1")];
 
-    // No runtimeClassName: NRI gives the Plan, by env and by device node.
-    let (name, env) = s.pod("", &gpu1, &[]);
-    let env = env.unwrap();
+    // No runtimeClassName: NRI gives the Plan, by env and by device node,
+    // with the kernel package read-only and a writable JIT cache.
+    let (name, r) = s.pod_run(
+        "",
+        &gpu1,
+        &[],
+        "env > /out/env; cat /opt/gpuarch/kernels/demo/manifest.json > /out/manifest; \
+         if touch /opt/gpuarch/kernels/demo/x 2>/dev/null; then echo writable; else echo ro; fi > /out/kernels; \
+         if mkdir -p $TORCH_EXTENSIONS_DIR/ext; then echo ok; fi > /out/jit",
+    );
+    r.unwrap();
+    let env = s.out(&name, "env");
+    assert_eq!(
+        cri::var(&env, "GPUARCH_KERNELS_DIR").as_deref(),
+        Some("/opt/gpuarch/kernels"),
+        "{env}"
+    );
+    assert!(s.out(&name, "manifest").contains(r#""package": "demo""#));
+    assert_eq!(s.out(&name, "kernels"), "ro");
+    assert_eq!(s.out(&name, "jit"), "ok", "{env}");
     assert_eq!(
         cri::var(&env, "TORCH_CUDA_ARCH_LIST").as_deref(),
         Some("8.6"),

@@ -365,8 +365,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn shared(dir: &std::path::Path, strict: bool) -> Arc<Shared> {
-        let mut cfg = Config::default();
-        cfg.strict = strict;
+        let mut cfg = Config {
+            strict,
+            ..Config::default()
+        };
         cfg.nri.enable = true;
         cfg.nri.socket = dir.join("nri.sock");
         cfg.hook.record_dir = dir.join("records");
