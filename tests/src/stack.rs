@@ -106,7 +106,8 @@ impl Containerd {
     /// containerd of `root` with its files in `dir`: version 3 config for
     /// 2.x, 2 for 1.x; CRI with the native snapshotter and host-network
     /// pods; NRI on, at `dir/nri.sock`; gpuarch's handler added by
-    /// `gpuarchctl engine containerd --write`, as an admin would. `shared`:
+    /// `gpuarchctl engine containerd --write`, as an admin would; CDI on,
+    /// its specs in `dir/cdi-specs`. `shared`:
     /// more directories it must see (gpuarchd's, for the snapshot).
     pub fn start(root: &Path, dir: &Path, shared: &[&Path]) -> Self {
         std::fs::create_dir_all(dir.join("conf.d")).unwrap();
@@ -125,6 +126,8 @@ impl Containerd {
 [plugins."io.containerd.cri.v1.runtime"]
   # This machine refuses a negative oom_score_adj even to root.
   restrict_oom_score_adj = true
+  enable_cdi = true
+  cdi_spec_dirs = ["{d}/cdi-specs"]
   [plugins."io.containerd.cri.v1.runtime".cni]
     conf_dir = "{d}/cni"
 "#
@@ -134,6 +137,8 @@ impl Containerd {
                 r#"[plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{PAUSE}"
   restrict_oom_score_adj = true
+  enable_cdi = true
+  cdi_spec_dirs = ["{d}/cdi-specs"]
   [plugins."io.containerd.grpc.v1.cri".cni]
     conf_dir = "{d}/cni"
   [plugins."io.containerd.grpc.v1.cri".containerd]

@@ -776,6 +776,7 @@ fn a_cri_pod_with_handler_gpuarch_gets_its_plan() {
             name,
             handler,
             envs,
+            annotations: &[],
             devices,
         };
         rt.block_on(p.env()).unwrap()
@@ -855,6 +856,7 @@ fn jit_caches_under_cri_and_docker() {
             name: &name,
             handler: "gpuarch",
             envs: &[("NVIDIA_VISIBLE_DEVICES", gpu)],
+            annotations: &[],
             devices: &[],
         };
         rt.block_on(p.run(JIT_SCRIPT)).unwrap();

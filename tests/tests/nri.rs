@@ -50,6 +50,23 @@ impl Stack {
         );
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("gpuarch.yaml"), shim).unwrap();
+        // NVIDIA's CDI spec for GPU 1, as nvidia-ctk writes it, on the
+        // stand-in node.
+        let specs = dir.join("cdi-specs");
+        std::fs::create_dir_all(&specs).unwrap();
+        std::fs::write(
+            specs.join("nvidia.json"),
+            serde_json::json!({
+                "cdiVersion": "0.5.0",
+                "kind": "nvidia.com/gpu",
+                "devices": [{"name": "1", "containerEdits": {"deviceNodes": [
+                    {"path": "/dev/nvidia1", "hostPath": dev.join("nvidia1")}
+                ]}}],
+                "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]},
+            })
+            .to_string(),
+        )
+        .unwrap();
         // A kernel package built for both GPUs, where gpuarchd's store
         // keeps it (`kernels.mount_root`).
         let demo = node.path("kernels/demo");
@@ -127,6 +144,17 @@ impl Stack {
         devices: &[(&Path, &str)],
         script: &str,
     ) -> (String, Result<(), String>) {
+        self.pod_with(handler, envs, &[], devices, script)
+    }
+
+    fn pod_with(
+        &mut self,
+        handler: &str,
+        envs: &[(&str, &str)],
+        annotations: &[(&str, &str)],
+        devices: &[(&Path, &str)],
+        script: &str,
+    ) -> (String, Result<(), String>) {
         self.serial += 1;
         let name = format!("p{}-{}", self.serial, std::process::id());
         let p = cri::Pod {
@@ -136,6 +164,7 @@ impl Stack {
             name: &name,
             handler,
             envs,
+            annotations,
             devices,
         };
         let r = self.rt.block_on(p.run(script));
@@ -222,6 +251,35 @@ fn cases(suite: &str) {
     );
     let (_, env) = s.pod("", &[gpu1[0], ("GPUARCH_DISABLE", "1")], &[]);
     assert_eq!(cri::var(&env.unwrap(), "TORCH_CUDA_ARCH_LIST"), None);
+
+    // A CDI device, as the NVIDIA device plugin's CDI mode asks for it.
+    let (name, r) = s.pod_with(
+        "",
+        &[],
+        &[("cdi.k8s.io/gpu", "nvidia.com/gpu=1")],
+        &[],
+        "env > /out/env; ls /dev/nvidia1 > /out/dev",
+    );
+    r.unwrap();
+    assert_eq!(
+        s.out(&name, "dev"),
+        "/dev/nvidia1",
+        "the CDI device was injected"
+    );
+    let env = s.out(&name, "env");
+    assert_eq!(
+        cri::var(&env, "TORCH_CUDA_ARCH_LIST").as_deref(),
+        Some("8.6"),
+        "{env}"
+    );
+    // What this release shows the plugin: the device injected already, or
+    // its CDI name (both are planned alike).
+    let log = s.node.log();
+    let shown = log
+        .lines()
+        .find(|l| l.contains(&format!("pod=default/{name}:")) && l.contains("device nodes"))
+        .unwrap_or_default();
+    eprintln!("{suite}: a CDI pod as NRI shows it: {shown}");
 
     // The gpuarch handler as well: the shim's Plan alone, once.
     let (name, env) = s.pod("gpuarch", &gpu1, &[]);

@@ -290,6 +290,18 @@ impl proto::nri_ttrpc::Plugin for Plugin {
         let pod = req.pod.as_ref().cloned().unwrap_or_default();
         let container = req.container.as_ref().cloned().unwrap_or_default();
         let who = who(&pod, &container);
+        // Whether the runtime injected CDI devices before NRI, or lists them.
+        debug!(
+            "NRI: {who}: {} device nodes, CDI devices [{}], {} annotations",
+            container.linux.devices.len(),
+            container
+                .CDI_devices
+                .iter()
+                .map(|d| d.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            container.annotations.len()
+        );
         match adjust(&pod, &container, &ctx) {
             Ok(Outcome::Adjust(adj, mut plan)) => {
                 plan.container.id = Some(container.id.clone());

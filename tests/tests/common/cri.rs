@@ -38,6 +38,8 @@ pub struct Pod<'a> {
     /// The runtime handler (`runtimeClassName`); empty for the default.
     pub handler: &'a str,
     pub envs: &'a [(&'a str, &'a str)],
+    /// The container's annotations (CDI requests among them).
+    pub annotations: &'a [(&'a str, &'a str)],
     /// Host device node, path in the container.
     pub devices: &'a [(&'a Path, &'a str)],
 }
@@ -121,6 +123,11 @@ impl Pod<'_> {
                     host_path: host.display().to_string(),
                     permissions: "rw".into(),
                 })
+                .collect(),
+            annotations: self
+                .annotations
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
             log_path: "probe.log".into(),
             ..Default::default()
