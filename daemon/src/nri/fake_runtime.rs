@@ -83,17 +83,9 @@ impl FakeRuntime {
         let m = mux::split(stream);
         let (tx, rx) = oneshot::channel();
         let service = create_runtime(Arc::new(Registrar(Mutex::new(Some(tx)))));
-        let mut one = Some(m.runtime);
-        let listener =
-            ttrpc::r#async::transport::Listener::new(futures_util::stream::poll_fn(move |_| {
-                match one.take() {
-                    Some(s) => std::task::Poll::Ready(Some(Ok::<_, io::Error>(s))),
-                    None => std::task::Poll::Pending,
-                }
-            }));
         let mut server = ttrpc::r#async::Server::new()
             .register_service(service)
-            .add_listener(listener);
+            .add_listener(super::one_connection(m.runtime));
         server.start().await.map_err(rpc)?;
         let client = PluginClient::new(ttrpc::r#async::Client::new(
             ttrpc::r#async::transport::Socket::new(m.plugin),

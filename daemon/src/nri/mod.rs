@@ -127,20 +127,9 @@ async fn session(
         hook_path: hook_path(),
     };
     let service = proto::nri_ttrpc::create_plugin(Arc::new(plugin));
-    // The one connection the runtime makes to the plugin's service, then
-    // nothing: a listener that ended would end ttrpc's accept task, and its
-    // shutdown then panics on the channel to it.
-    let mut one = Some(m.plugin);
-    let listener =
-        ttrpc::r#async::transport::Listener::new(futures_util::stream::poll_fn(move |_| match one
-            .take()
-        {
-            Some(s) => std::task::Poll::Ready(Some(Ok::<_, std::io::Error>(s))),
-            None => std::task::Poll::Pending,
-        }));
     let mut server = ttrpc::r#async::Server::new()
         .register_service(service)
-        .add_listener(listener);
+        .add_listener(one_connection(m.plugin));
     server
         .start()
         .await
@@ -212,6 +201,19 @@ async fn session(
     let _ = server.shutdown().await;
     drop(client);
     Ok(why)
+}
+
+/// A ttrpc listener that accepts `stream`, one multiplexed connection, and
+/// then nothing: a listener that ended would end ttrpc's accept task, and
+/// the server's shutdown then panics on the channel to it.
+fn one_connection(stream: tokio::io::DuplexStream) -> ttrpc::r#async::transport::Listener {
+    let mut one = Some(stream);
+    ttrpc::r#async::transport::Listener::new(futures_util::stream::poll_fn(move |_| {
+        match one.take() {
+            Some(s) => std::task::Poll::Ready(Some(Ok::<_, std::io::Error>(s))),
+            None => std::task::Poll::Pending,
+        }
+    }))
 }
 
 /// The `gpuarch-hook` beside gpuarchd, for the `createContainer` entry.
