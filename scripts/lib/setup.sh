@@ -110,15 +110,17 @@ ensure_cargo_fuzz() { ensure_cargo_tool cargo-fuzz 0.13.2; }
 
 # The engines of today's nodes, each in a Debian root under .local/engines
 # (tests/src/stack.rs runs them there, in a mount namespace of their own):
-# sid's containerd 2.1 (NRI on by default), Docker 28, podman 5, runc 1.3,
-# crun and Slurm; trixie's containerd 1.7 (NRI in its config). Pinned;
-# when the mirror no longer has a pinned release (sid moves on), the root
-# is built from what it has, and the versions it got are printed and kept
-# in the root's `versions` file for the tests to report. About 30 s each,
-# once per checkout (or when the list changes).
+# sid's containerd 2.1 (NRI on by default), Docker 28 (its CLI and compose
+# v2 are packages of their own there), podman 5, runc 1.3, crun and Slurm;
+# trixie's containerd 1.7 (NRI in its config). Pinned; when the mirror no
+# longer has a pinned release (sid moves on), the root is built from what
+# it has, and the versions it got are printed and kept in the root's
+# `versions` file for the tests to report. `mount` (unpinned) gives the
+# root the umount that drops the host's root after pivot_root. About 30 s
+# each, once per checkout (or when the list changes).
 ENGINE_ROOTS=(
-    "sid containerd=2.1.9+ds1-5 runc=1.3.6+ds1-1 crun=1.28-1 docker.io=28.5.2+dfsg4-5 podman=5.8.6+ds1-3 slurm-wlm=26.05.5-1"
-    "trixie containerd=1.7.24~ds1-6+deb13u1 runc=1.1.15+ds1-2+b4"
+    "sid containerd=2.1.9+ds1-5 runc=1.3.6+ds1-1 crun=1.28-1 docker.io=28.5.2+dfsg4-5 docker-cli=28.5.2+dfsg4-5 docker-compose=2.40.3-3 podman=5.8.6+ds1-3 slurm-wlm=26.05.5-1 mount"
+    "trixie containerd=1.7.24~ds1-6+deb13u1 runc=1.1.15+ds1-2+b4 mount"
 )
 
 ensure_engine_roots() {
@@ -142,7 +144,7 @@ ensure_engine_roots() {
         fi
         # Host-network pods copy the node's hosts file; a minimal root has none.
         [ -e "$root/etc/hosts" ] || printf '127.0.0.1 localhost\n' >"$root/etc/hosts"
-        chroot "$root" dpkg-query -W containerd runc crun docker.io podman slurm-wlm 2>/dev/null \
+        chroot "$root" dpkg-query -W containerd runc crun docker.io docker-cli docker-compose podman slurm-wlm 2>/dev/null \
             | tee "$root/versions" >&2 || true
         echo "$spec" >"$stamp"
     done

@@ -47,7 +47,7 @@ fn binaries() -> PathBuf {
     artifacts().gpuarch_runtime.parent().unwrap().to_owned()
 }
 
-/// The script that enters `root`: the mounts, then `exec chroot`.
+/// The script that enters `root`: the mounts, then `pivot_root` and exec.
 const ENTER: &str = r#"set -e
 R=$1; shift
 mount --rbind "$R" "$R"
@@ -61,7 +61,13 @@ while [ "$1" != -- ]; do
     shift
 done
 shift
-exec chroot "$R" "$@"
+# pivot_root, as a node's engines have it, not chroot: in a chroot,
+# runc 1.3's `exec` put the process in the host's root, not the container's.
+cd "$R"
+mkdir -p .gpuarch-old-root
+pivot_root . .gpuarch-old-root
+umount -l /.gpuarch-old-root
+exec "$@"
 "#;
 
 /// `argv` run inside `root` (in a new mount namespace, so nothing it
@@ -84,6 +90,16 @@ pub fn command_in(root: &Path, shared: &[&Path], argv: &[&str]) -> Command {
     c.arg(binaries()).arg("--").args(argv);
     c
 }
+
+/// The snapshotters a containerd in an engine root must leave off: they
+/// look for mounts of their own, which a chroot lacks.
+pub const DISABLED: [&str; 5] = [
+    "io.containerd.snapshotter.v1.btrfs",
+    "io.containerd.snapshotter.v1.zfs",
+    "io.containerd.snapshotter.v1.devmapper",
+    "io.containerd.snapshotter.v1.blockfile",
+    "io.containerd.snapshotter.v1.erofs",
+];
 
 /// containerd from an engine root, on private sockets and its own state.
 #[derive(Debug)]
@@ -115,8 +131,7 @@ impl Containerd {
         let major = version(root, "containerd");
         let v3 = !major.starts_with('1');
         let d = dir.display();
-        // Snapshotters that look for their own mounts, which a chroot lacks.
-        let disabled = r#"disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.blockfile", "io.containerd.snapshotter.v1.erofs"]"#;
+        let disabled = format!("disabled_plugins = {DISABLED:?}");
         let cri = if v3 {
             format!(
                 r#"[plugins."io.containerd.cri.v1.images"]
