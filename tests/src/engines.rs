@@ -1,7 +1,10 @@
 //! The real engines most GPU nodes run, started once per test binary on
-//! private sockets: containerd 1.6 (its CRI plugin too) with gpuarch's
-//! containerd drop-in, and dockerd 20.10 on that containerd with gpuarch in
-//! `daemon.json`. Nothing of the host's is used: their roots, sockets, the
+//! private sockets: containerd (its CRI plugin too) with gpuarch's
+//! containerd drop-in, and dockerd on that containerd with gpuarch in
+//! `daemon.json`. Whose: the host's (Debian 12: containerd 1.6, Docker
+//! 20.10, runc 1.1), or with `GPUARCH_ENGINES=sid` those of the Debian root
+//! `scripts/test` builds (containerd 2.1, Docker 28, runc 1.3), each run
+//! inside that root ([`crate::stack`]), their CLIs from it. Nothing of the host's is used: their roots, sockets, the
 //! gpuarch config (`GPUARCH_CONFIG`, set on containerd alone, as
 //! `/etc/gpuarch/config.yaml` would be found), its snapshot (the config's
 //! `daemon.snapshot`, no env) and its log are in one directory that goes
@@ -34,17 +37,50 @@ pub const TOOLS: [&str; 5] = [
     "runc",
 ];
 
+/// The Debian root whose engines run (`GPUARCH_ENGINES=SUITE`), or `None`
+/// for the host's own; `Err`: why the root asked for is not there.
+pub fn engine_root() -> Result<Option<PathBuf>, String> {
+    match std::env::var("GPUARCH_ENGINES").as_deref() {
+        Err(_) | Ok("" | "host") => Ok(None),
+        Ok(suite) => crate::stack::root(suite).map(Some),
+    }
+}
+
 /// Why the engines cannot run here, if they cannot.
 pub fn missing() -> Option<String> {
-    cannot_run("to run containerd and dockerd", &TOOLS).or_else(|| {
+    let busybox = || {
         (!Path::new("/bin/busybox").is_file())
             .then(|| "no /bin/busybox (apt install busybox-static)".to_owned())
-    })
+    };
+    match engine_root() {
+        Err(why) => Some(why),
+        Ok(None) => cannot_run("to run containerd and dockerd", &TOOLS).or_else(busybox),
+        Ok(Some(root)) => cannot_run("to run an engine root", &["unshare", "chroot", "tar"])
+            .or_else(|| {
+                [
+                    "usr/sbin/dockerd",
+                    "usr/bin/docker",
+                    "usr/bin/ctr",
+                    "usr/bin/runc",
+                ]
+                .iter()
+                .find(|p| !root.join(p).is_file())
+                .map(|p| {
+                    format!(
+                        "the engine root {} has no /{p} (scripts/lib/setup.sh: ENGINE_ROOTS)",
+                        root.display()
+                    )
+                })
+            })
+            .or_else(busybox),
+    }
 }
 
 /// The running engines and their files.
 #[derive(Debug)]
 pub struct Engines {
+    /// The Debian root the engines run in; `None`: the host's.
+    pub root: Option<PathBuf>,
     pub dir: PathBuf,
     pub containerd_sock: PathBuf,
     pub docker_host: String,
@@ -103,8 +139,12 @@ pub fn engines() -> Option<&'static Engines> {
         .as_ref()
 }
 
-fn docker_cli() -> PathBuf {
-    // Debian's client, the same release as its dockerd.
+fn docker_cli(root: Option<&Path>) -> PathBuf {
+    // Debian's client, the same release as its dockerd. A root's (and its
+    // ctr and compose) needs only libc, so it runs outside the root.
+    if let Some(root) = root {
+        return root.join("usr/bin/docker");
+    }
     let debian = Path::new("/usr/bin/docker");
     if debian.is_file() {
         debian.to_owned()
@@ -168,6 +208,7 @@ impl Engines {
         std::fs::create_dir_all(run.join("gpuarch")).unwrap();
         std::fs::copy(fixture("2080ti-3090"), run.join("gpuarch/inventory.json")).unwrap();
         let e = Self {
+            root: engine_root().unwrap(),
             containerd_sock: dir.join("containerd.sock"),
             docker_host: format!("unix://{}", dir.join("docker.sock").display()),
             containerd_config: dir.join("containerd/config.toml"),
@@ -181,7 +222,67 @@ impl Engines {
         e.start_containerd();
         e.start_dockerd();
         e.import_images();
+        eprintln!("engines: {}", e.versions());
         e
+    }
+
+    /// Which engines these are: the root's package versions, or the host's.
+    pub fn versions(&self) -> String {
+        match &self.root {
+            Some(root) => {
+                ["containerd", "docker.io", "runc"]
+                    .map(|p| format!("{p} {}", crate::stack::version(root, p)))
+                    .join(", ")
+                    + &format!(" (the root {})", root.display())
+            }
+            None => {
+                let v = |argv: &[&str]| {
+                    Command::new(argv[0])
+                        .args(&argv[1..])
+                        .output()
+                        .map(|o| {
+                            String::from_utf8_lossy(&o.stdout)
+                                .lines()
+                                .next()
+                                .unwrap_or("")
+                                .to_owned()
+                        })
+                        .unwrap_or_default()
+                };
+                format!(
+                    "the host's: {}; {}; {}",
+                    v(&["containerd", "--version"]),
+                    v(&["dockerd", "--version"]),
+                    v(&["runc", "--version"])
+                )
+            }
+        }
+    }
+
+    /// `program` of these engines: the host's, or run inside the root
+    /// with this directory and the workspace (gpuarch's binaries, the
+    /// fixtures) at their own paths.
+    pub fn program(&self, program: &str) -> Command {
+        match &self.root {
+            Some(root) => {
+                crate::stack::command_in(root, &[&self.dir, &workspace_root()], &[program])
+            }
+            None => Command::new(program),
+        }
+    }
+
+    /// A host tool of these engines that runs outside any root (`ctr`,
+    /// `docker-compose`): the root's copy, or the host's.
+    pub fn tool(&self, name: &str) -> Option<PathBuf> {
+        match &self.root {
+            Some(root) => Some(root.join("usr/bin").join(name)).filter(|p| p.is_file()),
+            None => which(name),
+        }
+    }
+
+    /// A scratch directory of the test's that the engines see at its path.
+    pub fn scratch(&self) -> tempfile::TempDir {
+        tempfile::tempdir_in(&self.dir).unwrap()
     }
 
     /// gpuarchd's snapshot (the 2080 Ti + 3090), as `daemon.snapshot`.
@@ -247,11 +348,16 @@ impl Engines {
         let d = self.dir.display();
         let conf = self.containerd_config.parent().unwrap();
         std::fs::create_dir_all(conf.join("conf.d")).unwrap();
+        let disabled = if self.root.is_some() {
+            format!("disabled_plugins = {:?}\n", crate::stack::DISABLED)
+        } else {
+            String::new()
+        };
         std::fs::write(
             &self.containerd_config,
             format!(
                 r#"version = 2
-imports = ["{d}/containerd/conf.d/*.toml"]
+{disabled}imports = ["{d}/containerd/conf.d/*.toml"]
 root = "{d}/containerd/root"
 state = "{d}/run/containerd"
 [grpc]
@@ -288,7 +394,7 @@ state = "{d}/run/containerd"
         );
         self.spawn(
             "containerd",
-            Command::new("containerd")
+            self.program("containerd")
                 .arg("--config")
                 .arg(&self.containerd_config)
                 .env("GPUARCH_CONFIG", &self.gpuarch_config),
@@ -309,6 +415,11 @@ state = "{d}/run/containerd"
         daemon["default-runtime"] = "gpuarch".into();
         let chain = self.chain_scripts();
         daemon["runtimes"]["nvidia-standin"] = serde_json::json!({"path": chain});
+        if self.root.is_some() {
+            // Docker 28 has CDI (20.10 has none): the node's specs here.
+            daemon["cdi-spec-dirs"] = serde_json::json!([self.path("cdi")]);
+            self.write_cdi_spec();
+        }
         let file = self.path("daemon.json");
         std::fs::write(&file, daemon.to_string()).unwrap();
         // A stand-in for NVIDIA's hook on dockerd's PATH: with it dockerd
@@ -333,7 +444,7 @@ state = "{d}/run/containerd"
         );
         self.spawn(
             "dockerd",
-            Command::new("dockerd")
+            self.program("dockerd")
                 .env("PATH", path)
                 .arg("--containerd")
                 .arg(&self.containerd_sock)
@@ -469,25 +580,46 @@ state = "{d}/run/containerd"
             self.docker(&["save", "-o", saved.to_str().unwrap(), IMAGE, PAUSE]),
             "docker save",
         );
+        // containerd 2.x's ctr unpacks only for a platform it is given.
+        let platform: &[&str] = if self.root.is_some() {
+            &["--local", "--platform", "linux/amd64"]
+        } else {
+            &[]
+        };
         for ns in ["default", "k8s.io"] {
-            check(
-                self.ctr(&[
-                    "-n",
-                    ns,
-                    "images",
-                    "import",
-                    "--snapshotter",
-                    "native",
-                    saved.to_str().unwrap(),
-                ]),
-                "ctr images import",
-            );
+            let saved = saved.to_str().unwrap();
+            let args = [
+                &["-n", ns, "images", "import", "--snapshotter", "native"][..],
+                platform,
+                &[saved],
+            ]
+            .concat();
+            check(self.ctr(&args), "ctr images import");
         }
+    }
+
+    /// NVIDIA's CDI spec for both GPUs, as `nvidia-ctk cdi generate` writes
+    /// it, on the stand-in device nodes: `nvidia.com/gpu=0`, `=1`, `=all`.
+    fn write_cdi_spec(&self) {
+        let node = |n: u32| serde_json::json!({"path": format!("/dev/nvidia{n}"), "hostPath": self.dev.join(format!("nvidia{n}"))});
+        let spec = serde_json::json!({
+            "cdiVersion": "0.5.0",
+            "kind": "nvidia.com/gpu",
+            "devices": [
+                {"name": "0", "containerEdits": {"deviceNodes": [node(0)]}},
+                {"name": "1", "containerEdits": {"deviceNodes": [node(1)]}},
+                {"name": "all", "containerEdits": {"deviceNodes": [node(0), node(1)]}},
+            ],
+            "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]},
+        });
+        let dir = self.path("cdi");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("nvidia.json"), spec.to_string()).unwrap();
     }
 
     /// The Docker CLI against this dockerd.
     pub fn docker_cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(docker_cli());
+        let mut c = Command::new(docker_cli(self.root.as_deref()));
         c.arg("--host").arg(&self.docker_host).args(args);
         c.env("DOCKER_CONFIG", self.path("docker-cli"));
         c
@@ -499,7 +631,7 @@ state = "{d}/run/containerd"
 
     /// ctr against this containerd.
     pub fn ctr(&self, args: &[&str]) -> Output {
-        Command::new("ctr")
+        Command::new(self.tool("ctr").unwrap())
             .arg("--address")
             .arg(&self.containerd_sock)
             .args(args)

@@ -1,11 +1,14 @@
-//! gpuarch under the engines most GPU nodes run: Docker 20.10 (gpuarch as
+//! gpuarch under the engines most GPU nodes run: Docker (gpuarch as
 //! `--runtime`, as `default-runtime`, opted out with `--runtime runc`, and
-//! with a stand-in for NVIDIA's runtime on either side of it), containerd
-//! 1.6 through `ctr`, and Kubernetes' path: the CRI calls kubelet makes, with
-//! `runtime_handler: gpuarch` from the drop-in `gpuarchctl engine
-//! containerd` wrote. The engines start once for this binary
-//! (gpuarch_tests::engines); the tests take turns, since some change the
-//! gpuarch config.
+//! with a stand-in for NVIDIA's runtime on either side of it; `--gpus`,
+//! compose and, from Docker 28, CDI), containerd through `ctr`, and
+//! Kubernetes' path: the CRI calls kubelet makes, with `runtime_handler:
+//! gpuarch` from the drop-in `gpuarchctl engine containerd` wrote. The
+//! engines start once for this binary (gpuarch_tests::engines): the host's
+//! Debian 12 releases (containerd 1.6, Docker 20.10, runc 1.1), or with
+//! `GPUARCH_ENGINES=sid` today's (containerd 2.1, Docker 28, runc 1.3);
+//! `scripts/test` runs this binary both ways. The tests take turns, since
+//! some change the gpuarch config.
 
 #![allow(clippy::unwrap_used)]
 
@@ -226,8 +229,10 @@ fn docker_gpus_and_compose_gpu_reservations_get_the_plan() {
         "{called}"
     );
 
-    let Some(compose) = gpuarch_tests::which("docker-compose") else {
-        gpuarch_tests::skip("no docker-compose (apt install docker-compose)");
+    let Some(compose) = e.tool("docker-compose") else {
+        gpuarch_tests::skip(
+            "no docker-compose (apt install docker-compose; in an engine root, its pin)",
+        );
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -251,7 +256,8 @@ fn docker_gpus_and_compose_gpu_reservations_get_the_plan() {
     let o = run(&["up", "--abort-on-container-exit"]);
     let _ = run(&["down"]);
     assert!(o.status.success(), "{o:?}");
-    // Each line of the service's output, after compose's `train_1  | `.
+    // Each line of the service's output, after compose's `train_1  | `
+    // (1.29) or `train-1  | ` (2.x).
     let env: BTreeMap<String, String> = text(&o.stdout)
         .lines()
         .filter_map(|l| l.split_once("| "))
@@ -263,6 +269,65 @@ fn docker_gpus_and_compose_gpu_reservations_get_the_plan() {
         (Some("8.6"), Some("bfloat16")),
         "compose: {env:?}\n{o:?}"
     );
+}
+
+/// Docker's own CDI (Docker 28; 20.10 has none): `--device
+/// nvidia.com/gpu=N`, resolved by dockerd from NVIDIA's spec, gives the
+/// container that GPU's node, and gpuarch, the default runtime, the Plan of
+/// the GPU behind it.
+#[test]
+fn docker_cdi_devices_get_the_plan() {
+    let Some(e) = get() else { return };
+    if e.root.is_none() {
+        eprintln!("not here: Docker 20.10 has no CDI (the GPUARCH_ENGINES=sid run covers it)");
+        return;
+    }
+    let _turn = e.lock();
+    e.set_gpuarch_config("");
+    for (device, want, node) in [
+        (
+            "nvidia.com/gpu=1",
+            (Some("8.6"), Some("bfloat16")),
+            "/dev/nvidia1",
+        ),
+        (
+            "nvidia.com/gpu=0",
+            (Some("7.5"), Some("float16")),
+            "/dev/nvidia0",
+        ),
+        (
+            "nvidia.com/gpu=all",
+            (Some("7.5;8.6"), Some("float16")),
+            "/dev/nvidia1",
+        ),
+    ] {
+        let o = e.docker(&[
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--device",
+            device,
+            IMAGE,
+            "sh",
+            "-c",
+            &format!("ls {node} >&2 && env"),
+        ]);
+        assert!(o.status.success(), "--device {device}: {o:?}");
+        assert_eq!(
+            text(&o.stderr),
+            format!("{node}\n"),
+            "--device {device}: the node"
+        );
+        assert_eq!(
+            hints(&env_of(&o)),
+            want,
+            "--device {device}: {}",
+            text(&o.stdout)
+        );
+    }
+    let log = e.take_log();
+    assert!(log.contains("NVIDIA GeForce RTX 3090"), "{log}");
 }
 
 /// `docker exec` starts a process with the env Docker stored, not the
@@ -297,7 +362,8 @@ fn docker_exec_gets_the_plan_from_the_env_files() {
     let _ = e.docker(&["rm", "-f", &name]);
     assert!(
         plain.status.success() && files.status.success(),
-        "{plain:?} {files:?}"
+        "{plain:?} {files:?}\n{}",
+        e.take_log()
     );
     assert!(
         !text(&plain.stdout).contains("TORCH_CUDA_ARCH_LIST"),
@@ -549,12 +615,18 @@ fn ctr_run_with_gpuarch_as_the_runc_binary() {
         .gpuarch_runtime
         .display()
         .to_string();
+    // The stdio FIFOs where both ctr and containerd see them (a root's
+    // containerd has a /run of its own).
+    let fifos = e.scratch();
+    let fifo_dir = fifos.path().to_str().unwrap();
     let run = |id: &str, env: &[&str], cmd: &[&str]| {
         let mut args = vec![
             "run",
             "--rm",
             "--snapshotter",
             "native",
+            "--fifo-dir",
+            fifo_dir,
             "--runc-binary",
             &shim,
         ];
@@ -584,7 +656,13 @@ fn ctr_run_with_gpuarch_as_the_runc_binary() {
 /// (`None`: written by gpuarchctl) beside it, and containerd's own `config
 /// dump` of what it then reads. `imports`: the test adds the import line;
 /// otherwise it is left to `gpuarchctl engine containerd --write`.
-fn cri_status(dir: &Path, fixture: &str, dropin: Option<&str>, imports: bool) -> (String, String) {
+fn cri_status(
+    e: &Engines,
+    dir: &Path,
+    fixture: &str,
+    dropin: Option<&str>,
+    imports: bool,
+) -> (String, String) {
     use std::process::{Command, Stdio};
     let original = std::fs::read_to_string(
         gpuarch_tests::workspace_root()
@@ -606,6 +684,17 @@ fn cri_status(dir: &Path, fixture: &str, dropin: Option<&str>, imports: bool) ->
     }
     doc.insert("root".into(), format!("{d}/root").into());
     doc.insert("state".into(), format!("{d}/state").into());
+    if e.root.is_some() {
+        doc.insert(
+            "disabled_plugins".into(),
+            toml::Value::Array(
+                gpuarch_tests::stack::DISABLED
+                    .iter()
+                    .map(|p| (*p).into())
+                    .collect(),
+            ),
+        );
+    }
     let sock = dir.join("c.sock");
     let table = |v: &[(&str, String)]| {
         toml::Value::Table(
@@ -648,7 +737,8 @@ fn cri_status(dir: &Path, fixture: &str, dropin: Option<&str>, imports: bool) ->
         }
     }
     let log = std::fs::File::create(dir.join("containerd.log")).unwrap();
-    let mut child = Command::new("containerd")
+    let mut child = e
+        .program("containerd")
         .arg("--config")
         .arg(&main)
         .stdin(Stdio::null())
@@ -657,7 +747,7 @@ fn cri_status(dir: &Path, fixture: &str, dropin: Option<&str>, imports: bool) ->
         .spawn()
         .unwrap();
     let ctr = |args: &[&str]| {
-        Command::new("ctr")
+        Command::new(e.tool("ctr").unwrap())
             .arg("--address")
             .arg(&sock)
             .args(args)
@@ -673,12 +763,23 @@ fn cri_status(dir: &Path, fixture: &str, dropin: Option<&str>, imports: bool) ->
         std::thread::sleep(Duration::from_millis(100));
     }
     let plugins = text(&ctr(&["plugins", "ls"]).stdout);
-    let dump = Command::new("containerd")
+    let dump = e
+        .program("containerd")
         .arg("--config")
         .arg(&main)
         .args(["config", "dump"])
         .output()
         .unwrap();
+    // SIGTERM: in a root, the child is containerd itself (unshare, sh and
+    // chroot each exec the next), and its mounts go with its namespace.
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) && matches!(child.try_wait(), Ok(None)) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::process::Command::new("umount")
@@ -693,18 +794,30 @@ fn cri_status(dir: &Path, fixture: &str, dropin: Option<&str>, imports: bool) ->
     (line, text(&dump.stdout) + &text(&dump.stderr))
 }
 
+/// Debian's own containerd config and `containerd config default` of the
+/// release under test (1.6 on the host, 2.1 in the sid root).
+fn containerd_fixtures(e: &Engines) -> [&'static str; 2] {
+    if e.root.is_some() {
+        ["debian-2.1.toml", "default-2.1.toml"]
+    } else {
+        ["debian-1.6.toml", "default-1.6.toml"]
+    }
+}
+
 /// The drop-in keeps CRI loading on Debian's own containerd config and on
-/// `containerd config default`, with a real containerd 1.6; the snippet
-/// gpuarch used to ship (only `runtimes.gpuarch`) disables CRI on both.
+/// `containerd config default`, with a real containerd 1.6 and 2.1; the
+/// snippet gpuarch used to ship (only `runtimes.gpuarch`) disables CRI on
+/// both under 1.6 (2.1 migrates it and loads).
 #[test]
 fn the_drop_in_keeps_cri_loading_on_debians_config_and_the_default() {
     let Some(e) = get() else { return };
     let _turn = e.lock();
     let old = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpuarch]\n  runtime_type = \"io.containerd.runc.v2\"\n  [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpuarch.options]\n    BinaryName = \"/usr/bin/gpuarch-runtime\"\n";
-    for fixture in ["debian-1.6.toml", "default-1.6.toml"] {
-        for (dropin, want) in [(None, "ok"), (Some(old), "error")] {
-            let dir = tempfile::tempdir().unwrap();
-            let (line, _) = cri_status(dir.path(), fixture, dropin, true);
+    let old_gives = if e.root.is_some() { "ok" } else { "error" };
+    for fixture in containerd_fixtures(e) {
+        for (dropin, want) in [(None, "ok"), (Some(old), old_gives)] {
+            let dir = e.scratch();
+            let (line, _) = cri_status(e, dir.path(), fixture, dropin, true);
             assert!(
                 line.trim_end().ends_with(want),
                 "{fixture} with {}: {line}\n{}",
@@ -721,19 +834,26 @@ fn the_drop_in_keeps_cri_loading_on_debians_config_and_the_default() {
 
 /// On Debian's config and on `containerd config default`, neither of which
 /// imports anything, `--write` adds the import itself, and a real
-/// containerd 1.6 then serves CRI with gpuarch's handler running the shim.
+/// containerd (1.6; 2.1, which migrates the config to version 3) then
+/// serves CRI with gpuarch's handler running the shim.
 #[test]
 fn write_adds_the_import_and_cri_comes_up_with_the_handler() {
     let Some(e) = get() else { return };
     let _turn = e.lock();
-    for fixture in ["debian-1.6.toml", "default-1.6.toml"] {
-        let dir = tempfile::tempdir().unwrap();
-        let (line, dump) = cri_status(dir.path(), fixture, None, false);
+    // 1.6 dumps TOML with double quotes, 2.x with single ones.
+    let table = if e.root.is_some() {
+        "[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.gpuarch]"
+    } else {
+        "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpuarch]"
+    };
+    for fixture in containerd_fixtures(e) {
+        let dir = e.scratch();
+        let (line, dump) = cri_status(e, dir.path(), fixture, None, false);
+        let dump = dump.replace('\'', "\"");
         let log = std::fs::read_to_string(dir.path().join("containerd.log")).unwrap_or_default();
         assert!(line.trim_end().ends_with("ok"), "{fixture}: {line}\n{log}");
         assert!(
-            dump.contains("[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpuarch]")
-                && dump.contains("BinaryName = \"/usr/bin/gpuarch-runtime\""),
+            dump.contains(table) && dump.contains("BinaryName = \"/usr/bin/gpuarch-runtime\""),
             "{fixture}: containerd's merged config has no gpuarch handler:\n{dump}"
         );
         let main = std::fs::read_to_string(dir.path().join("config.toml")).unwrap();
