@@ -28,6 +28,7 @@ pub const SCRIPT: &str = "env; echo @@@; cat /run/gpuarch/env 2>/dev/null; echo 
      cut -d' ' -f5,6 /proc/self/mountinfo | grep '^/opt/gpuarch/kernels'; true";
 
 /// `None` when this machine can run the test; else the reason it cannot.
+/// With `GPUARCH_ENGINES=SUITE` the tools are those of that engine root.
 pub fn missing(tools: &[&str]) -> Option<String> {
     if let Some(why) = cannot_run("to run containers", &[]) {
         return Some(why);
@@ -35,7 +36,41 @@ pub fn missing(tools: &[&str]) -> Option<String> {
     if !Path::new(BUSYBOX).is_file() {
         return Some(format!("no {BUSYBOX} (apt install busybox-static)"));
     }
-    cannot_run("to run containers", tools)
+    match crate::engines::engine_root() {
+        Err(why) => Some(why),
+        Ok(None) => cannot_run("to run containers", tools),
+        Ok(Some(root)) => tools
+            .iter()
+            .find(|t| {
+                !["usr/bin", "usr/sbin"]
+                    .iter()
+                    .any(|d| root.join(d).join(t).is_file())
+            })
+            .map(|t| format!("the engine root {} has no {t}", root.display())),
+    }
+}
+
+/// `program`, from the engine root `GPUARCH_ENGINES` names (run inside it,
+/// with `shared` and the workspace at their own paths, in `cwd`) or the
+/// host's.
+pub fn engine_command(program: &Path, cwd: &Path, shared: &Path) -> Command {
+    match crate::engines::engine_root().ok().flatten() {
+        Some(root) => {
+            // chroot starts in its new /: go where the caller asked.
+            let mut c = crate::stack::command_in(
+                &root,
+                &[shared, &workspace_root()],
+                &["sh", "-c", "cd \"$0\" && exec \"$@\""],
+            );
+            c.arg(cwd).arg(program);
+            c
+        }
+        None => {
+            let mut c = Command::new(program);
+            c.current_dir(cwd);
+            c
+        }
+    }
 }
 
 /// Skip the test, saying why, unless it may run containers with `tools`.
@@ -222,6 +257,9 @@ pub struct Scene {
     /// containers share one rootfs). Docker and Kubernetes mount nothing
     /// there, which lets the shim write the env files itself.
     pub run_tmpfs: bool,
+    /// podman's `--cdi-spec-dir` (podman 5; 4.3 reads only /etc/cdi and
+    /// /var/run/cdi).
+    pub cdi_dir: Option<PathBuf>,
 }
 
 impl Default for Scene {
@@ -242,6 +280,7 @@ impl Scene {
             probe: SCRIPT,
             bundles: None,
             run_tmpfs: true,
+            cdi_dir: None,
         }
     }
 
@@ -314,9 +353,8 @@ impl Scene {
             .unwrap_or(self.path())
             .join(unique("bundle"));
         std::fs::create_dir_all(&b).unwrap();
-        let o = Command::new(runtime)
+        let o = engine_command(Path::new(runtime), &b, self.path())
             .arg("spec")
-            .current_dir(&b)
             .output()
             .unwrap();
         assert!(o.status.success(), "{runtime} spec: {o:?}");
@@ -383,15 +421,22 @@ impl Scene {
         let id = unique(runtime);
         let mut cmd = if runtime == "crun" {
             // crun wants cgroup v2 alone: hide the hybrid v1 "unified" mount
-            // in a private mount namespace (a no-op where there is none).
-            let mut c = Command::new("unshare");
-            c.args(["--mount", "--propagation", "private", "sh", "-c"])
+            // in a private mount namespace (an engine root's is one; a no-op
+            // where there is no such mount).
+            let mut c = if crate::engines::engine_root().ok().flatten().is_some() {
+                engine_command(Path::new("sh"), self.path(), self.path())
+            } else {
+                let mut c = Command::new("unshare");
+                c.args(["--mount", "--propagation", "private", "sh"]);
+                c
+            };
+            c.arg("-c")
                 .arg("umount /sys/fs/cgroup/unified 2>/dev/null; exec \"$@\"")
                 .arg("sh")
                 .arg(shim);
             c
         } else {
-            Command::new(&shim)
+            engine_command(&shim, self.path(), self.path())
         };
         cmd.args(["run", "--bundle"])
             .arg(bundle)
@@ -442,23 +487,8 @@ impl Scene {
     /// `podman run` of the probe on `rootfs` with the hooks in `hooks`
     /// (runc, vfs storage and cgroupfs, with this scene's store).
     pub fn podman_cmd(&self, hooks: &Path, rootfs: &Path, args: &[&str]) -> Command {
-        let store = self.path().join("podman");
-        let mut c = Command::new("podman");
-        c.arg("--root")
-            .arg(store.join("root"))
-            .arg("--runroot")
-            .arg(store.join("runroot"))
-            .args([
-                "--runtime",
-                "runc",
-                "--storage-driver",
-                "vfs",
-                "--cgroup-manager",
-                "cgroupfs",
-                "--events-backend",
-                "file",
-                "--hooks-dir",
-            ])
+        let mut c = self.podman_global();
+        c.arg("--hooks-dir")
             .arg(hooks)
             .args([
                 "run",
@@ -478,6 +508,31 @@ impl Scene {
             .arg("--rootfs")
             .arg(rootfs)
             .args(["/bin/sh", "-c", self.probe]);
+        c
+    }
+
+    /// `podman` with this scene's store and engine flags, before the
+    /// subcommand.
+    pub fn podman_global(&self) -> Command {
+        let store = self.path().join("podman");
+        let mut c = engine_command(Path::new("podman"), self.path(), self.path());
+        if let Some(dir) = &self.cdi_dir {
+            c.arg("--cdi-spec-dir").arg(dir);
+        }
+        c.arg("--root")
+            .arg(store.join("root"))
+            .arg("--runroot")
+            .arg(store.join("runroot"))
+            .args([
+                "--runtime",
+                "runc",
+                "--storage-driver",
+                "vfs",
+                "--cgroup-manager",
+                "cgroupfs",
+                "--events-backend",
+                "file",
+            ]);
         c
     }
 }

@@ -137,7 +137,8 @@ fn podman_device_nodes_assign_gpus() {
 /// finds the GPU by the node's minor number, which here differs from the
 /// index the CDI name uses. podman 4.3 reads specs only from /etc/cdi and
 /// /var/run/cdi: the spec goes to the latter under a name of this test's,
-/// and is removed after.
+/// and is removed after; podman 5 (`GPUARCH_ENGINES=sid`) reads the
+/// scene's own directory (`--cdi-spec-dir`).
 #[test]
 fn podman_cdi_devices_get_the_plan_of_the_gpu_the_spec_names() {
     require!("podman", "runc");
@@ -169,7 +170,15 @@ fn podman_cdi_devices_get_the_plan_of_the_gpu_the_spec_names() {
             let _ = std::fs::remove_file(&self.0);
         }
     }
-    let cdi_dir = Path::new("/var/run/cdi");
+    // podman 5 (an engine root's) is told where the specs are.
+    let cdi_dir = if gpuarch_tests::engines::engine_root().unwrap().is_some() {
+        let d = s.path().join("cdi");
+        s.cdi_dir = Some(d.clone());
+        d
+    } else {
+        PathBuf::from("/var/run/cdi")
+    };
+    let cdi_dir = cdi_dir.as_path();
     std::fs::create_dir_all(cdi_dir).unwrap();
     let spec_file = Spec(cdi_dir.join(format!("gpuarch-test-{}.json", std::process::id())));
     std::fs::write(&spec_file.0, spec.to_string()).unwrap();
@@ -1872,13 +1881,15 @@ fn jit_caches_are_shared_per_arch_uid_and_image_and_nothing_leaks() {
 /// podman through the precreate hook: every line the hook logs for a GPU
 /// container carries its id (read from podman's userdata mounts, since
 /// precreate gets no OCI state), and `gpuarchctl why` shows what it got,
-/// by the short id `podman ps` shows, after `--rm` removed it.
+/// by the short id `podman ps` shows, after `podman rm` removed it. (Not
+/// `--rm`: podman 5 then removes the `--cidfile` too.)
 #[test]
 fn podman_logs_name_the_container_and_why_shows_what_it_got() {
     require!("podman");
     let s = Scene::new();
     let cidfile = s.path().join("cid");
     let seen = s.podman(&[
+        "--rm=false",
         "--cidfile",
         cidfile.to_str().unwrap(),
         "-e",
@@ -1887,6 +1898,8 @@ fn podman_logs_name_the_container_and_why_shows_what_it_got() {
     assert_eq!(seen.ok().hints().0, Some("8.6"));
     let id = std::fs::read_to_string(&cidfile).unwrap().trim().to_owned();
     assert_eq!(id.len(), 64, "{id}");
+    let rm = s.podman_global().args(["rm", &id]).output().unwrap();
+    assert!(rm.status.success(), "podman rm: {rm:?}");
     let log = s.take_log();
     let lines: Vec<&str> = log.lines().collect();
     assert!(lines.iter().any(|l| l.contains("assigned from")), "{log}");
@@ -1924,7 +1937,8 @@ fn podman_logs_name_the_container_and_why_shows_what_it_got() {
     assert_eq!(r["plan"]["env"]["TORCH_CUDA_ARCH_LIST"], "8.6");
     // A container that asked for no GPU has no record; an unknown id neither.
     let cid2 = s.path().join("cid2");
-    s.podman(&["--cidfile", cid2.to_str().unwrap()]).ok();
+    s.podman(&["--rm=false", "--cidfile", cid2.to_str().unwrap()])
+        .ok();
     let other = std::fs::read_to_string(&cid2).unwrap();
     for q in [other.trim(), "0123456789ab"] {
         let o = why(q, false);
