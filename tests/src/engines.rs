@@ -133,10 +133,28 @@ extern "C" fn stop_at_exit() {
 
 /// The engines, started on first use; `None` where they cannot run
 /// ([`missing`] says why).
+/// When they fail to start, the first failure is kept and every test
+/// fails with it at once, after what was started is stopped and removed.
 pub fn engines() -> Option<&'static Engines> {
-    static E: OnceLock<Option<Engines>> = OnceLock::new();
-    E.get_or_init(|| missing().is_none().then(Engines::start))
-        .as_ref()
+    static E: OnceLock<Result<Option<Engines>, String>> = OnceLock::new();
+    let started = E.get_or_init(|| {
+        if missing().is_some() {
+            return Ok(None);
+        }
+        std::panic::catch_unwind(Engines::start)
+            .map(Some)
+            .map_err(|p| {
+                stop_at_exit();
+                p.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_default()
+            })
+    });
+    match started {
+        Ok(e) => e.as_ref(),
+        Err(why) => panic!("the engines did not start (not retried): {why}"),
+    }
 }
 
 fn docker_cli(root: Option<&Path>) -> PathBuf {
