@@ -21,20 +21,54 @@ use crate::daemon::{Node, Policy};
 use crate::{cannot_run, workspace_root};
 
 /// What a Slurm test needs.
+/// With an engine root (`GPUARCH_ENGINES`), Slurm's daemons and clients
+/// are the root's, run inside it; munged stays the host's (the protocol
+/// on its socket is the same).
 pub fn missing() -> Option<String> {
-    cannot_run(
-        "to start munged, slurmctld and slurmd",
-        &[
-            "munged",
-            "slurmctld",
-            "slurmd",
-            "srun",
-            "sbatch",
-            "sinfo",
-            "unshare",
-            "dbus-daemon",
-        ],
-    )
+    match crate::engines::engine_root() {
+        Err(why) => Some(why),
+        Ok(None) => cannot_run(
+            "to start munged, slurmctld and slurmd",
+            &[
+                "munged",
+                "slurmctld",
+                "slurmd",
+                "srun",
+                "sbatch",
+                "sinfo",
+                "unshare",
+                "dbus-daemon",
+            ],
+        ),
+        Ok(Some(root)) => cannot_run(
+            "to start munged beside the root's Slurm",
+            &["munged", "unshare", "dbus-daemon"],
+        )
+        .or_else(|| {
+            ["usr/sbin/slurmctld", "usr/sbin/slurmd", "usr/bin/srun"]
+                .iter()
+                .find(|p| !root.join(p).exists())
+                .map(|p| format!("the engine root {} has no /{p}", root.display()))
+        }),
+    }
+}
+
+/// `argv`, from the engine root when one is set (with `shared` at their
+/// own paths), else from the host.
+fn slurm_command(shared: &[&Path], argv: &[&str]) -> Command {
+    match crate::engines::engine_root().ok().flatten() {
+        Some(root) => {
+            let mut all = shared.to_vec();
+            let ws = workspace_root();
+            all.push(&ws);
+            crate::stack::command_in(&root, &all, argv)
+        }
+        None => {
+            let mut c = Command::new(argv[0]);
+            c.args(&argv[1..]);
+            c
+        }
+    }
 }
 
 /// munged, slurmctld, slurmd and gpuarchd, stopped when dropped.
@@ -43,6 +77,7 @@ pub struct Cluster {
     pub node: Node,
     pub dir: tempfile::TempDir,
     pub name: String,
+    node_dir: PathBuf,
     munged: Option<Child>,
     ctld: Option<Child>,
     slurmd: Option<Child>,
@@ -163,8 +198,10 @@ impl Cluster {
             .unwrap();
 
         let port = 20000 + (std::process::id() % 5000) * 2;
+        // Addresses, not the host's name: an engine root's /etc/hosts has
+        // only localhost.
         let conf = format!(
-            "ClusterName=gpuarch\nSlurmctldHost={name}\nSlurmctldPort={port}\nSlurmdPort={}\n\
+            "ClusterName=gpuarch\nSlurmctldHost={name}(127.0.0.1)\nSlurmctldPort={port}\nSlurmdPort={}\n\
              AuthType=auth/munge\nAuthInfo=socket={sock}\nCredType=cred/munge\n\
              SlurmUser=root\nSlurmdUser=root\nStateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool\n\
              SlurmctldPidFile={d}/ctld.pid\nSlurmdPidFile={d}/slurmd.pid\n\
@@ -173,7 +210,7 @@ impl Cluster {
              GresTypes=gpu\nMpiDefault=none\nReturnToService=2\nSchedulerType=sched/builtin\n\
              JobCompType=jobcomp/none\nAccountingStorageType=accounting_storage/none\n\
              TaskProlog={prolog}\n\
-             {slurm_line} CPUs=2 State=UNKNOWN\n\
+             {slurm_line} NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN\n\
              PartitionName=debug Nodes={name} Default=YES MaxTime=INFINITE State=UP\n",
             port + 1,
             sock = sock.display(),
@@ -182,11 +219,11 @@ impl Cluster {
         );
         std::fs::write(d.join("slurm.conf"), conf).unwrap();
         let slurm_conf = d.join("slurm.conf");
+        let node_dir = node.path("");
+        let shared = [d, node_dir.as_path()];
+        let conf_arg = slurm_conf.to_str().unwrap();
         let ctld = spawn(
-            Command::new("slurmctld")
-                .arg("-D")
-                .arg("-f")
-                .arg(&slurm_conf)
+            slurm_command(&shared, &["slurmctld", "-D", "-f", conf_arg])
                 .env("SLURM_CONF", &slurm_conf),
             &d.join("log/slurmctld.out"),
         );
@@ -206,16 +243,22 @@ impl Cluster {
             "exec slurmd -D -f {conf} -N {name}",
             conf = slurm_conf.display()
         ));
+        let unshare = ["unshare", "--mount", "--propagation", "private"];
+        let argv = ["sh", "-c", &script];
         let slurmd = spawn(
-            Command::new("unshare")
-                .args(["--mount", "--propagation", "private", "sh", "-c", &script])
-                .env("SLURM_CONF", &slurm_conf),
+            match crate::engines::engine_root().ok().flatten() {
+                // The root is entered in a mount namespace of its own.
+                Some(_) => slurm_command(&shared, &argv),
+                None => slurm_command(&[], &[&unshare[..], &argv[..]].concat()),
+            }
+            .env("SLURM_CONF", &slurm_conf),
             &d.join("log/slurmd.out"),
         );
         let c = Cluster {
             node,
             dir,
             name,
+            node_dir,
             munged: Some(munged),
             ctld: Some(ctld),
             slurmd: Some(slurmd),
@@ -234,6 +277,8 @@ impl Cluster {
             );
             std::thread::sleep(Duration::from_millis(200));
         }
+        let v = c.cmd("sinfo").arg("-V").output().unwrap();
+        eprintln!("slurm: {}", String::from_utf8_lossy(&v.stdout).trim());
         Some(c)
     }
 
@@ -245,7 +290,11 @@ impl Cluster {
     /// its own (no gpuarch variables, no bus address: what a job gets
     /// comes from the TaskProlog alone).
     pub fn cmd(&self, program: &str) -> Command {
-        let mut c = Command::new(program);
+        let dir = self.dir.path().to_str().unwrap();
+        // In the root too, the command starts in the cluster's directory
+        // (sbatch gives the job its working directory).
+        let argv = ["sh", "-c", "cd \"$0\" && exec \"$@\"", dir, program];
+        let mut c = slurm_command(&[self.dir.path(), &self.node_dir], &argv);
         c.env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
             .env("SLURM_CONF", self.path("slurm.conf"))
