@@ -36,7 +36,7 @@ pub fn missing(tools: &[&str]) -> Option<String> {
     if !Path::new(BUSYBOX).is_file() {
         return Some(format!("no {BUSYBOX} (apt install busybox-static)"));
     }
-    match crate::engines::engine_root() {
+    match crate::roots::engine_root() {
         Err(why) => Some(why),
         Ok(None) => cannot_run("to run containers", tools),
         Ok(Some(root)) => tools
@@ -54,10 +54,10 @@ pub fn missing(tools: &[&str]) -> Option<String> {
 /// with `shared` and the workspace at their own paths, in `cwd`) or the
 /// host's.
 pub fn engine_command(program: &Path, cwd: &Path, shared: &Path) -> Command {
-    match crate::engines::engine_root().ok().flatten() {
+    match crate::roots::engine_root().ok().flatten() {
         Some(root) => {
             // chroot starts in its new /: go where the caller asked.
-            let mut c = crate::stack::command_in(
+            let mut c = crate::roots::command_in(
                 &root,
                 &[shared, &workspace_root()],
                 &["sh", "-c", "cd \"$0\" && exec \"$@\""],
@@ -423,7 +423,7 @@ impl Scene {
             // crun wants cgroup v2 alone: hide the hybrid v1 "unified" mount
             // in a private mount namespace (an engine root's is one; a no-op
             // where there is no such mount).
-            let mut c = if crate::engines::engine_root().ok().flatten().is_some() {
+            let mut c = if crate::roots::engine_root().ok().flatten().is_some() {
                 engine_command(Path::new("sh"), self.path(), self.path())
             } else {
                 let mut c = Command::new("unshare");

@@ -37,22 +37,13 @@ pub const TOOLS: [&str; 5] = [
     "runc",
 ];
 
-/// The Debian root whose engines run (`GPUARCH_ENGINES=SUITE`), or `None`
-/// for the host's own; `Err`: why the root asked for is not there.
-pub fn engine_root() -> Result<Option<PathBuf>, String> {
-    match std::env::var("GPUARCH_ENGINES").as_deref() {
-        Err(_) | Ok("" | "host") => Ok(None),
-        Ok(suite) => crate::stack::root(suite).map(Some),
-    }
-}
-
 /// Why the engines cannot run here, if they cannot.
 pub fn missing() -> Option<String> {
     let busybox = || {
         (!Path::new("/bin/busybox").is_file())
             .then(|| "no /bin/busybox (apt install busybox-static)".to_owned())
     };
-    match engine_root() {
+    match crate::roots::engine_root() {
         Err(why) => Some(why),
         Ok(None) => cannot_run("to run containerd and dockerd", &TOOLS).or_else(busybox),
         Ok(Some(root)) => cannot_run("to run an engine root", &["unshare", "chroot", "tar"])
@@ -226,7 +217,7 @@ impl Engines {
         std::fs::create_dir_all(run.join("gpuarch")).unwrap();
         std::fs::copy(fixture("2080ti-3090"), run.join("gpuarch/inventory.json")).unwrap();
         let e = Self {
-            root: engine_root().unwrap(),
+            root: crate::roots::engine_root().unwrap(),
             containerd_sock: dir.join("containerd.sock"),
             docker_host: format!("unix://{}", dir.join("docker.sock").display()),
             containerd_config: dir.join("containerd/config.toml"),
@@ -249,7 +240,7 @@ impl Engines {
         match &self.root {
             Some(root) => {
                 ["containerd", "docker.io", "runc"]
-                    .map(|p| format!("{p} {}", crate::stack::version(root, p)))
+                    .map(|p| format!("{p} {}", crate::roots::version(root, p)))
                     .join(", ")
                     + &format!(" (the root {})", root.display())
             }
@@ -283,7 +274,7 @@ impl Engines {
     pub fn program(&self, program: &str) -> Command {
         match &self.root {
             Some(root) => {
-                crate::stack::command_in(root, &[&self.dir, &workspace_root()], &[program])
+                crate::roots::command_in(root, &[&self.dir, &workspace_root()], &[program])
             }
             None => Command::new(program),
         }

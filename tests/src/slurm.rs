@@ -25,7 +25,7 @@ use crate::{cannot_run, workspace_root};
 /// are the root's, run inside it; munged stays the host's (the protocol
 /// on its socket is the same).
 pub fn missing() -> Option<String> {
-    match crate::engines::engine_root() {
+    match crate::roots::engine_root() {
         Err(why) => Some(why),
         Ok(None) => cannot_run(
             "to start munged, slurmctld and slurmd",
@@ -56,12 +56,12 @@ pub fn missing() -> Option<String> {
 /// `argv`, from the engine root when one is set (with `shared` at their
 /// own paths), else from the host.
 fn slurm_command(shared: &[&Path], argv: &[&str]) -> Command {
-    match crate::engines::engine_root().ok().flatten() {
+    match crate::roots::engine_root().ok().flatten() {
         Some(root) => {
             let mut all = shared.to_vec();
             let ws = workspace_root();
             all.push(&ws);
-            crate::stack::command_in(&root, &all, argv)
+            crate::roots::command_in(&root, &all, argv)
         }
         None => {
             let mut c = Command::new(argv[0]);
@@ -246,7 +246,7 @@ impl Cluster {
         let unshare = ["unshare", "--mount", "--propagation", "private"];
         let argv = ["sh", "-c", &script];
         let slurmd = spawn(
-            match crate::engines::engine_root().ok().flatten() {
+            match crate::roots::engine_root().ok().flatten() {
                 // The root is entered in a mount namespace of its own.
                 Some(_) => slurm_command(&shared, &argv),
                 None => slurm_command(&[], &[&unshare[..], &argv[..]].concat()),

@@ -1,11 +1,10 @@
 //! The engines of today's nodes, from the Debian roots that
 //! `scripts/lib/setup.sh` (`ensure_engine_roots`) builds under
 //! `.local/engines`: sid's containerd 2.1 and runc 1.3, trixie's containerd
-//! 1.7. Each runs inside that root, in a mount namespace of its own (the
-//! root bind-mounted on itself, `/proc`, `/sys` and `/dev` from the host, a
-//! tmpfs on `/run`), with the test's directory and gpuarch's binaries
-//! mounted at the paths they have outside, so the test, gpuarchd and the
-//! engine name every file alike. Nothing of the host's engines is used.
+//! 1.7, each run inside its root ([`crate::roots`]), with the test's
+//! directory and gpuarch's binaries at the paths they have outside, so the
+//! test, gpuarchd and the engine name every file alike. Nothing of the
+//! host's engines is used.
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
 
@@ -17,79 +16,9 @@ use std::time::{Duration, Instant};
 
 use sha2::Digest;
 
-use crate::{artifacts, workspace_root};
+use crate::artifacts;
 
-/// The root of Debian `suite`'s engines, or why it is not there.
-pub fn root(suite: &str) -> Result<PathBuf, String> {
-    let root = workspace_root().join(".local/engines").join(suite);
-    if root.join("usr/bin/containerd").is_file() {
-        Ok(root)
-    } else {
-        Err(format!(
-            "no {suite} engine root at {} (scripts/test builds it: ensure_engine_roots in scripts/lib/setup.sh)",
-            root.display()
-        ))
-    }
-}
-
-/// What the root's package manager says it holds of `package`.
-pub fn version(root: &Path, package: &str) -> String {
-    let o = Command::new("chroot")
-        .arg(root)
-        .args(["dpkg-query", "-W", "-f", "${Version}", package])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&o.stdout).trim().to_owned()
-}
-
-/// Where gpuarch's binaries are, mounted into every engine root.
-fn binaries() -> PathBuf {
-    artifacts().gpuarch_runtime.parent().unwrap().to_owned()
-}
-
-/// The script that enters `root`: the mounts, then `pivot_root` and exec.
-const ENTER: &str = r#"set -e
-R=$1; shift
-mount --rbind "$R" "$R"
-mount -t proc proc "$R/proc"
-mount --rbind /sys "$R/sys"
-mount --rbind /dev "$R/dev"
-mount -t tmpfs -o mode=0755 tmpfs "$R/run"
-while [ "$1" != -- ]; do
-    mkdir -p "$R$1"
-    mount --rbind "$1" "$R$1"
-    shift
-done
-shift
-# pivot_root, as a node's engines have it, not chroot: in a chroot,
-# runc 1.3's `exec` put the process in the host's root, not the container's.
-cd "$R"
-mkdir -p .gpuarch-old-root
-pivot_root . .gpuarch-old-root
-umount -l /.gpuarch-old-root
-exec "$@"
-"#;
-
-/// `argv` run inside `root` (in a new mount namespace, so nothing it
-/// mounts is seen outside), with `shared` directories at their own paths.
-pub fn command_in(root: &Path, shared: &[&Path], argv: &[&str]) -> Command {
-    let mut c = Command::new("unshare");
-    c.args([
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        ENTER,
-        "enter",
-    ])
-    .arg(root);
-    for d in shared {
-        c.arg(d);
-    }
-    c.arg(binaries()).arg("--").args(argv);
-    c
-}
+pub use crate::roots::{command_in, root, version};
 
 /// The snapshotters a containerd in an engine root must leave off: they
 /// look for mounts of their own, which a chroot lacks.

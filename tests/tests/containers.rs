@@ -171,7 +171,7 @@ fn podman_cdi_devices_get_the_plan_of_the_gpu_the_spec_names() {
         }
     }
     // podman 5 (an engine root's) is told where the specs are.
-    let cdi_dir = if gpuarch_tests::engines::engine_root().unwrap().is_some() {
+    let cdi_dir = if gpuarch_tests::roots::engine_root().unwrap().is_some() {
         let d = s.path().join("cdi");
         s.cdi_dir = Some(d.clone());
         d
