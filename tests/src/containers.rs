@@ -56,7 +56,7 @@ pub fn missing(tools: &[&str]) -> Option<String> {
 pub fn engine_command(program: &Path, cwd: &Path, shared: &Path) -> Command {
     match crate::roots::engine_root().ok().flatten() {
         Some(root) => {
-            // chroot starts in its new /: go where the caller asked.
+            // The root is entered at its /: go where the caller asked.
             let mut c = crate::roots::command_in(
                 &root,
                 &[shared, &workspace_root()],
