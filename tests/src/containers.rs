@@ -55,16 +55,12 @@ pub fn missing(tools: &[&str]) -> Option<String> {
 /// host's.
 pub fn engine_command(program: &Path, cwd: &Path, shared: &Path) -> Command {
     match crate::roots::engine_root().ok().flatten() {
-        Some(root) => {
-            // The root is entered at its /: go where the caller asked.
-            let mut c = crate::roots::command_in(
-                &root,
-                &[shared, &workspace_root()],
-                &["sh", "-c", "cd \"$0\" && exec \"$@\""],
-            );
-            c.arg(cwd).arg(program);
-            c
-        }
+        Some(root) => crate::roots::command_in_dir(
+            &root,
+            &[shared, &workspace_root()],
+            cwd,
+            program.as_os_str(),
+        ),
         None => {
             let mut c = Command::new(program);
             c.current_dir(cwd);

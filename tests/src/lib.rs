@@ -1,7 +1,8 @@
 //! Support for gpuarch's end-to-end tests: where the fixtures are, and the
 //! artifacts Cargo does not hand to another package's tests (the fake NVML
 //! cdylib and the workspace's binaries), built on first use into the same
-//! target directory and profile as the running test.
+//! target directory and (unless `GPUARCH_TEST_PROFILE` says otherwise)
+//! profile as the running test.
 
 pub mod containers;
 pub mod daemon;
@@ -191,42 +192,78 @@ pub struct Artifacts {
     pub gpu_check: PathBuf,
 }
 
-/// Build (once per test process) and locate the fake NVML and the binaries.
+/// The cargo profile the binaries under test are built with: that of the
+/// running test, unless `GPUARCH_TEST_PROFILE` names another. CI runs the
+/// load test's debug harness on the release binaries the package step has
+/// just built, rather than building the harness and its dependencies a
+/// second time with release's thin LTO.
+pub fn artifacts_profile() -> String {
+    if let Ok(p) = std::env::var("GPUARCH_TEST_PROFILE")
+        && !p.is_empty()
+    {
+        return if p == "debug" { "dev".to_owned() } else { p };
+    }
+    // target/<profile>/deps/<test binary>
+    let exe = std::env::current_exe().expect("current_exe");
+    match exe
+        .parent()
+        .and_then(Path::parent)
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+    {
+        Some("debug") | None => "dev".to_owned(),
+        Some(p) => p.to_owned(),
+    }
+}
+
+/// Build (once per test process) and locate the fake NVML and the binaries,
+/// in [`artifacts_profile`].
 pub fn artifacts() -> &'static Artifacts {
     static A: OnceLock<Artifacts> = OnceLock::new();
     A.get_or_init(|| {
         // target/<profile>/deps/<test binary>
         let exe = std::env::current_exe().expect("current_exe");
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
+        let target_dir = exe
+            .ancestors()
+            .nth(3)
             .expect("test binary under target/<profile>/deps")
             .to_path_buf();
-        let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => "dev".to_owned(),
-            Some(p) => p.to_owned(),
+        let profile = artifacts_profile();
+        let profile_dir = target_dir.join(if profile == "dev" { "debug" } else { &profile });
+        let shipped = [
+            "-p",
+            "gpuarch-daemon",
+            "-p",
+            "gpuarch-ctl",
+            "-p",
+            "gpuarch-hook",
+        ];
+        let helpers = ["-p", "gpuarch-fake-nvml", "-p", "gpuarch-gpucheck"];
+        let build = |packages: &[&str]| {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+            let status = Command::new(cargo)
+                .current_dir(workspace_root())
+                .args(["build", "--quiet", "--locked", "--profile", &profile])
+                .arg("--target-dir")
+                .arg(&target_dir)
+                .args(packages)
+                .status()
+                .expect("run cargo build for test artifacts");
+            assert!(
+                status.success(),
+                "building test artifacts {packages:?} failed"
+            );
         };
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = Command::new(cargo)
-            .current_dir(workspace_root())
-            .args(["build", "--quiet", "--profile", &profile, "--target-dir"])
-            .arg(&target_dir)
-            .args([
-                "-p",
-                "gpuarch-fake-nvml",
-                "-p",
-                "gpuarch-daemon",
-                "-p",
-                "gpuarch-ctl",
-                "-p",
-                "gpuarch-hook",
-                "-p",
-                "gpuarch-gpucheck",
-            ])
-            .status()
-            .expect("run cargo build for test artifacts");
-        assert!(status.success(), "building test artifacts failed");
+        if profile == "dev" {
+            // One build: the quickest for a debug run.
+            build(&[&shipped[..], &helpers[..]].concat());
+        } else {
+            // The shipped binaries exactly as scripts/package builds them
+            // (the same packages, so the same features): the very files
+            // the .deb holds, and no second build of them in CI.
+            build(&[&shipped[..], &["--bins"]].concat());
+            build(&helpers);
+        }
         Artifacts {
             fake_nvml: profile_dir.join("libfake_nvml.so"),
             gpuarchctl: profile_dir.join("gpuarchctl"),

@@ -8,6 +8,7 @@
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -91,5 +92,14 @@ pub fn command_in(root: &Path, shared: &[&Path], argv: &[&str]) -> Command {
         c.arg(d);
     }
     c.arg(binaries()).arg("--").args(argv);
+    c
+}
+
+/// `program` run inside `root` as [`command_in`] runs it, but started in
+/// `cwd` (a path inside the root, or a shared one): the root is entered
+/// at its `/`. Arguments added to the command go to `program`.
+pub fn command_in_dir(root: &Path, shared: &[&Path], cwd: &Path, program: &OsStr) -> Command {
+    let mut c = command_in(root, shared, &["sh", "-c", "cd \"$0\" && exec \"$@\""]);
+    c.arg(cwd).arg(program);
     c
 }

@@ -290,11 +290,17 @@ impl Cluster {
     /// its own (no gpuarch variables, no bus address: what a job gets
     /// comes from the TaskProlog alone).
     pub fn cmd(&self, program: &str) -> Command {
-        let dir = self.dir.path().to_str().unwrap();
         // In the root too, the command starts in the cluster's directory
         // (sbatch gives the job its working directory).
-        let argv = ["sh", "-c", "cd \"$0\" && exec \"$@\"", dir, program];
-        let mut c = slurm_command(&[self.dir.path(), &self.node_dir], &argv);
+        let mut c = match crate::roots::engine_root().ok().flatten() {
+            Some(root) => crate::roots::command_in_dir(
+                &root,
+                &[self.dir.path(), &self.node_dir, &workspace_root()],
+                self.dir.path(),
+                program.as_ref(),
+            ),
+            None => Command::new(program),
+        };
         c.env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
             .env("SLURM_CONF", self.path("slurm.conf"))
