@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::containerd;
+use crate::engine::containerd;
 
 /// Exit status when a question is answered "no" (`arch check`).
 pub const EXIT_NO: u8 = 1;

@@ -8,9 +8,10 @@
 //! (xtask) and the tests. Errors are `anyhow` here, as in any binary: the
 //! libraries under it keep their own typed errors, carried as the source.
 
+pub mod check;
 pub mod cli;
 pub mod cmd;
-pub mod containerd;
+pub mod engine;
 pub mod render;
 pub mod source;
 

@@ -74,7 +74,7 @@ fn the_engine_snippets_name_the_installed_programs() {
     assert_eq!(rc["handler"].as_str(), Some("gpuarch"));
     assert_eq!(
         rc["handler"].as_str(),
-        Some(gpuarch_ctl::containerd::HANDLER),
+        Some(gpuarch_ctl::engine::containerd::HANDLER),
         "the RuntimeClass handler is the runtime's name in the containerd drop-in"
     );
 }

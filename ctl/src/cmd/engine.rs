@@ -1,5 +1,5 @@
 //! `gpuarchctl engine containerd`: the drop-in that wires gpuarch into
-//! containerd, printed or written (see [`crate::containerd`]).
+//! containerd, printed or written (see [`crate::engine::containerd`]).
 //!
 //! `--write` leaves containerd reading the handler or fails: when the
 //! config does not import the drop-in, the `imports` entry is added to it
@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 
 use crate::cli::ContainerdArgs;
-use crate::containerd;
+use crate::engine::containerd;
 
 pub fn containerd(args: &ContainerdArgs, out: &mut String) -> Result<u8> {
     let target = args
