@@ -124,7 +124,8 @@ fn read_trusted(path: &Path, what: &str, secret: bool) -> Result<Vec<u8>, Remote
 
 impl OciRemote {
     pub fn new(cfg: &RemoteConfig) -> Result<Self, RemoteError> {
-        cfg.check().map_err(RemoteError::Config)?;
+        cfg.check()
+            .map_err(|e| RemoteError::Config(e.to_string()))?;
         let basic = match &cfg.credentials {
             None => None,
             Some(p) => {

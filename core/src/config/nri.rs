@@ -1,0 +1,60 @@
+//! `nri`: gpuarchd as an NRI plugin of containerd or CRI-O.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// gpuarchd as an NRI plugin of containerd or CRI-O: every container a
+/// Kubernetes pod creates gets its Plan without a runtime handler.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NriConfig {
+    /// Register with the runtime's NRI socket. Default false.
+    pub enable: bool,
+    /// The runtime's NRI socket. Default [`DEFAULT_NRI_SOCKET`].
+    pub socket: PathBuf,
+    /// Where gpuarch stands among the runtime's plugins, which it calls in
+    /// ascending order: two digits, `00` to `99`. Default `"50"`.
+    #[serde(deserialize_with = "nri_index")]
+    pub index: String,
+    /// Pods of these runtime handlers are left to `gpuarch-runtime`, which
+    /// also reads the image: a pod gets one Plan, not two. Default
+    /// `["gpuarch"]`, the handler `gpuarchctl engine containerd` adds.
+    pub skip_handlers: Vec<String>,
+}
+
+/// Default of `nri.socket`: where containerd and CRI-O listen.
+pub const DEFAULT_NRI_SOCKET: &str = "/var/run/nri/nri.sock";
+
+impl Default for NriConfig {
+    fn default() -> Self {
+        Self {
+            enable: false,
+            socket: PathBuf::from(DEFAULT_NRI_SOCKET),
+            index: "50".to_owned(),
+            skip_handlers: vec!["gpuarch".to_owned()],
+        }
+    }
+}
+
+fn nri_index<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    // A YAML `index: 50` is a number; `"05"` keeps its zero.
+    let v = serde_yaml::Value::deserialize(d)?;
+    let s = match v {
+        serde_yaml::Value::String(s) => s,
+        serde_yaml::Value::Number(n) => n.to_string(),
+        _ => {
+            return Err(serde::de::Error::custom(
+                "nri.index must be two digits, 00 to 99",
+            ));
+        }
+    };
+    let s = if s.len() == 1 { format!("0{s}") } else { s };
+    if s.len() == 2 && s.bytes().all(|b| b.is_ascii_digit()) {
+        Ok(s)
+    } else {
+        Err(serde::de::Error::custom(format!(
+            "nri.index {s:?} must be two digits, 00 to 99"
+        )))
+    }
+}
