@@ -127,7 +127,10 @@ fn the_nfd_export_is_off_until_enabled_and_names_a_file() {
     assert_eq!(c.nfd_file, PathBuf::from("/srv/features.d/gpus"));
     for f in ["gpuarch", "/srv/features.d/.gpuarch", "/"] {
         let e = Config::from_yaml(&format!("export: {{nfd_file: \"{f}\"}}\n")).unwrap_err();
-        assert!(e.to_string().contains("export.nfd_file must be"), "{f}: {e}");
+        assert!(
+            e.to_string().contains("export.nfd_file must be"),
+            "{f}: {e}"
+        );
     }
     let e = Config::from_yaml("export:\n  nfd: yes please\n").unwrap_err();
     assert_eq!(e.location().map(|l| l.0), Some(2), "{e}");
