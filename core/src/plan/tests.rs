@@ -1,0 +1,668 @@
+//! Unit tests of `core/src/plan`: Plans for every way a container names
+//! its GPUs, and the hints for each consumer.
+
+use super::*;
+use crate::select::tests::host;
+use crate::software::Dist;
+
+fn nvd(value: &str) -> ContainerView {
+    ContainerView::with_env([("NVIDIA_VISIBLE_DEVICES", value)])
+}
+
+fn cfg() -> EnvConfig {
+    EnvConfig::default()
+}
+
+/// A GB10 (12.1) beside a B300 (10.3) and a Thor (11.0), in images of
+/// several toolkits: the arch lists are what each toolkit can build.
+fn blackwell_host() -> Snapshot {
+    use crate::select::tests::dev;
+    let mut h = host();
+    h.devices = vec![
+        dev(0, 0, "GPU-gb10", "NVIDIA GB10", "12.1", 0x01),
+        dev(1, 1, "GPU-b300", "NVIDIA B300 SXM6 AC", "10.3", 0x21),
+        dev(2, 2, "GPU-thor", "NVIDIA Thor", "11.0", 0x41),
+        dev(3, 3, "GPU-v100", "Tesla V100-SXM2-16GB", "7.0", 0x61),
+    ];
+    h
+}
+
+/// The arch lists, FLASH_ATTN_CUDA_ARCHS and the notes for a container
+/// of `blackwell_host` with env `env` (CUDA_VERSION, PYTORCH_VERSION).
+fn lists(env: &[(&str, &str)], cfg: &EnvConfig) -> [Option<String>; 3] {
+    let p = plan(
+        &ContainerView::with_env(env.to_vec()),
+        &blackwell_host(),
+        cfg,
+    );
+    let get = |k: &str| p.env_get(k).map(str::to_owned);
+    [
+        get("TORCH_CUDA_ARCH_LIST"),
+        get("FLASHINFER_CUDA_ARCH_LIST"),
+        Some(p.notes.join("\n")),
+    ]
+}
+
+/// `NVIDIA_REQUIRE_*` per assigned GPU: a term one GPU fails is a
+/// note naming the term and the GPU, and blocking; an image whose
+/// requirements hold gets one note and nothing blocking.
+#[test]
+fn image_requirements_are_checked_on_each_assigned_gpu() {
+    let mut h = host();
+    h.devices[0].brand = Some("geforce".into());
+    h.devices[1].brand = Some("geforce".into());
+    h.devices[2].brand = Some("nvidia".into());
+    let on = |h: &Snapshot, env: &[(&str, &str)]| {
+        plan(&ContainerView::with_env(env.to_vec()), h, &cfg())
+    };
+    let p = |env: &[(&str, &str)]| on(&h, env);
+    // arch>=8.0 holds on the 3090 and the A100 MIG device, not the 2080 Ti.
+    let r = p(&[
+        ("NVIDIA_VISIBLE_DEVICES", "0,1,MIG-aaaa"),
+        ("NVIDIA_REQUIRE_ARCH", "arch>=8.0"),
+    ]);
+    assert_eq!(
+        r.blocking,
+        [
+            "NVIDIA_REQUIRE_ARCH=\"arch>=8.0\" is not met on GPU 0 (NVIDIA GeForce RTX 2080 Ti, 7.5): \"arch>=8.0\" fails"
+        ]
+    );
+    assert!(
+        r.notes
+            .iter()
+            .any(|n| n.starts_with(&r.blocking[0]) && n.contains("legacy runtime refuses"))
+    );
+    assert!(!r.is_noop(), "without strict the Plan still applies");
+    // NGC's form: the first alternative fails on a 13.0 driver, the
+    // brand alternative holds only for a Tesla.
+    let ngc = "cuda>=13.1 brand=tesla,driver>=580,driver<581";
+    let r = p(&[
+        ("NVIDIA_VISIBLE_DEVICES", "1"),
+        ("NVIDIA_REQUIRE_CUDA", ngc),
+    ]);
+    assert_eq!(r.blocking.len(), 1);
+    assert!(
+        r.blocking[0].ends_with("every alternative fails (\"cuda>=13.1\", \"brand=tesla\")"),
+        "{:?}",
+        r.blocking
+    );
+    let mut tesla = h.clone();
+    tesla.devices[1].brand = Some("tesla".into());
+    let r = on(
+        &tesla,
+        &[
+            ("NVIDIA_VISIBLE_DEVICES", "1"),
+            ("NVIDIA_REQUIRE_CUDA", ngc),
+        ],
+    );
+    assert!(r.blocking.is_empty(), "{:?}", r.blocking);
+    assert!(r.notes.iter().any(
+        |n| n == "the image's requirements (NVIDIA_REQUIRE_CUDA) are met on every assigned GPU"
+    ));
+    // Legacy CUDA_VERSION; and NVIDIA_DISABLE_REQUIRE turns all off.
+    let r = p(&[("NVIDIA_VISIBLE_DEVICES", "0"), ("CUDA_VERSION", "13.2.0")]);
+    assert!(
+        r.blocking[0].starts_with("CUDA_VERSION=\"cuda>=13.2\" is not met on GPU 0"),
+        "{:?}",
+        r.blocking
+    );
+    let r = p(&[
+        ("NVIDIA_VISIBLE_DEVICES", "0"),
+        ("CUDA_VERSION", "13.2.0"),
+        ("NVIDIA_DISABLE_REQUIRE", "1"),
+    ]);
+    assert!(r.blocking.is_empty());
+    // A term NVIDIA cannot read.
+    let r = p(&[
+        ("NVIDIA_VISIBLE_DEVICES", "1"),
+        ("NVIDIA_REQUIRE_CUDA", "cuda==13.0"),
+    ]);
+    assert!(r.blocking[0].ends_with("\"cuda==13.0\" is not a term NVIDIA's runtime can read"));
+}
+
+/// A hostile image: 16 MiB of requirement variables (the most an OCI
+/// config holds), each failing on each of 4 GPUs, costs a bounded walk
+/// and a bounded Plan.
+#[test]
+fn a_flood_of_requirements_is_a_bounded_plan() {
+    let h = host();
+    // Every term is read before the last one fails.
+    let long = format!("{},cuda>=99", "arch>=1,".repeat(500));
+    let mut env: Vec<(String, String)> = vec![("NVIDIA_VISIBLE_DEVICES".into(), "all".into())];
+    let n = (crate::oci::MAX_CONFIG_BYTES as usize) / (long.len() + 24);
+    env.extend((0..n).map(|i| (format!("NVIDIA_REQUIRE_X{i}"), long.clone())));
+    env.push(("NVIDIA_REQUIRE_BIG".into(), "cuda>=1 ".repeat(10_000)));
+    let t = std::time::Instant::now();
+    let p = plan(&ContainerView::with_env(env), &h, &cfg());
+    let took = t.elapsed();
+    assert_eq!(p.blocking.len(), crate::select::MAX_NOTES);
+    assert!(
+        p.blocking
+            .last()
+            .unwrap()
+            .contains("more requirements not met")
+    );
+    assert!(p.notes.len() < 64, "{}", p.notes.len());
+    assert!(p.blocking.iter().all(|b| b.len() < 400));
+    // Over 4 KiB: not walked, reported unreadable.
+    let r = plan(
+        &ContainerView::with_env([
+            ("NVIDIA_VISIBLE_DEVICES", "1"),
+            ("NVIDIA_REQUIRE_BIG", &"cuda>=1 ".repeat(10_000)),
+        ]),
+        &h,
+        &cfg(),
+    );
+    assert!(
+        r.blocking[0].contains("not a term NVIDIA's runtime can read"),
+        "{:?}",
+        r.blocking
+    );
+    // Measured: 0.2 s in release, 4 s in a debug build, for the 16 MiB
+    // walked on each of 3 GPUs; the bound leaves a loaded CI room.
+    let bound = if cfg!(debug_assertions) { 60 } else { 3 };
+    assert!(took < std::time::Duration::from_secs(bound), "{took:?}");
+}
+
+/// A device name that names no GPU of this host blocks (strict refuses
+/// it); the GPUs that were found are still planned.
+#[test]
+fn device_names_of_no_gpu_here_block() {
+    let h = host();
+    let r = plan(&nvd("7"), &h, &cfg());
+    assert_eq!(r.blocking.len(), 1, "{:?}", r.notes);
+    assert!(
+        r.blocking[0].starts_with("NVIDIA_VISIBLE_DEVICES entry \"7\""),
+        "{:?}",
+        r.blocking
+    );
+    assert!(r.is_noop());
+    let r = plan(&nvd("1,GPU-nope"), &h, &cfg());
+    assert_eq!(r.gpus.len(), 1);
+    assert!(r.blocking[0].contains("\"GPU-nope\""));
+    assert!(!r.is_noop());
+    assert!(plan(&nvd("all"), &h, &cfg()).blocking.is_empty());
+    // Thousands of bad names: a bounded reason.
+    let many: Vec<String> = (100..5100).map(|i| i.to_string()).collect();
+    let r = plan(&nvd(&many.join(",")), &h, &cfg());
+    assert_eq!(r.blocking.len(), crate::select::MAX_NOTES);
+    assert!(r.blocking.last().unwrap().contains("more device names"));
+}
+
+#[test]
+fn arch_lists_are_built_for_the_containers_own_toolkit_and_torch() {
+    let nvd = |d: &'static str| ("NVIDIA_VISIBLE_DEVICES", d);
+    let torch = |v: &'static str| ("PYTORCH_VERSION", v);
+    let cuda = |v: &'static str| ("CUDA_VERSION", v);
+    // (env, torch list, FlashInfer list, notes each case must have)
+    type Case<'a> = (
+        &'a [(&'a str, &'a str)],
+        Option<&'a str>,
+        Option<&'a str>,
+        &'a [&'a str],
+    );
+    let cases: &[Case] = &[
+        // The GB10 case: 12.8 builds sm_120, whose SASS runs on 12.1,
+        // and torch 2.7 names it; FlashInfer's 12.1a is not built.
+        (
+            &[nvd("0"), cuda("12.8.1"), torch("2.7.1")],
+            Some("12.0"),
+            None,
+            &[
+                "the container's toolkit: CUDA 12.8 (from CUDA_VERSION in the container)",
+                "cannot build sm_121: TORCH_CUDA_ARCH_LIST has 12.0 for 12.1",
+                "FLASHINFER_CUDA_ARCH_LIST not set",
+                "the image's consumers: torch 2.7.1 (torch from PYTORCH_VERSION)",
+            ],
+        ),
+        // No torch known: a name torch 2.4 takes too, as PTX.
+        (
+            &[nvd("0"), cuda("12.8.1")],
+            Some("9.0+PTX"),
+            None,
+            &[
+                "TORCH_CUDA_ARCH_LIST has 9.0+PTX for 12.1",
+                "the image's consumers are not known",
+            ],
+        ),
+        (
+            &[nvd("0,1,2"), torch("2.15.0")],
+            Some("10.3;11.0;12.1"),
+            Some("10.3a 11.0a 12.1a"),
+            &[],
+        ),
+        (
+            &[nvd("0,1,2")],
+            Some("9.0+PTX"),
+            Some("10.3a 11.0a 12.1a"),
+            &["every torch from 2.4.0 (the image's is not known) does not take 10.3"],
+        ),
+        // 12.9 names Thor sm_101: torch 2.8 takes that name...
+        (
+            &[nvd("0,1,2"), cuda("12.9.0"), torch("2.8.0")],
+            Some("10.1;10.3;12.1"),
+            Some("10.1a 10.3a 12.1a"),
+            &["CUDA 12.9 (CUDA_VERSION in the container) names the architecture of 11.0 sm_101"],
+        ),
+        // ...torch 2.9 does not: sm_100 with its PTX, which runs on Thor
+        // whichever name its driver gives it.
+        (
+            &[nvd("2"), cuda("12.9.0"), torch("2.9.1")],
+            Some("10.0+PTX"),
+            Some("10.1a"),
+            &[
+                "torch 2.9.1 in the image does not take 10.1: TORCH_CUDA_ARCH_LIST has 10.0+PTX for 11.0",
+            ],
+        ),
+        (
+            &[nvd("0,1,2"), cuda("12.8"), torch("2.7.1")],
+            Some("10.0;10.1;12.0"),
+            Some("10.1a"),
+            &["cannot build sm_103: TORCH_CUDA_ARCH_LIST has 10.0 for 10.3 (its SASS runs there)"],
+        ),
+        (
+            &[
+                nvd("0,1,2"),
+                ("NVIDIA_REQUIRE_CUDA", "cuda>=12.6 brand=tesla,driver>=470"),
+                torch("2.6.0"),
+            ],
+            Some("9.0+PTX"),
+            None,
+            &["9.0+PTX for 12.1, which the driver JIT-compiles there"],
+        ),
+        // The container's own list still wins.
+        (
+            &[
+                nvd("0"),
+                cuda("12.8.1"),
+                ("TORCH_CUDA_ARCH_LIST", "12.0+PTX"),
+            ],
+            None,
+            None,
+            &["TORCH_CUDA_ARCH_LIST left as the container sets it"],
+        ),
+    ];
+    for (env, want_torch, want_fi, want_notes) in cases {
+        let [torch, fi, notes] = lists(env, &cfg());
+        let notes = notes.unwrap();
+        assert_eq!(torch.as_deref(), *want_torch, "{env:?}\n{notes}");
+        assert_eq!(fi.as_deref(), *want_fi, "{env:?}\n{notes}");
+        for n in *want_notes {
+            assert!(notes.contains(n), "{env:?}: no {n:?} in\n{notes}");
+        }
+    }
+    // CUDA 13 dropped Volta: left out, the rest kept; from the config.
+    let with_default = EnvConfig {
+        cuda_version: Some(crate::arch::CudaVersion::new(13, 0)),
+        ..EnvConfig::default()
+    };
+    let [torch, fi, notes] = lists(&[nvd("2,3"), torch("2.9.1")], &with_default);
+    let notes = notes.unwrap();
+    assert_eq!(
+        (torch.as_deref(), fi.as_deref()),
+        (Some("11.0"), Some("11.0a"))
+    );
+    assert!(
+        notes.contains("nothing that runs on 7.0 is both built and taken"),
+        "{notes}"
+    );
+    assert!(
+        notes.contains("from env.cuda_version in the config"),
+        "{notes}"
+    );
+    let [torch, fi, notes] = lists(&[nvd("3")], &with_default);
+    assert_eq!((torch, fi), (None, None));
+    assert!(notes.unwrap().contains("TORCH_CUDA_ARCH_LIST not set"));
+}
+
+#[test]
+fn flash_attention_hints_agree_with_what_flash_attn_builds() {
+    let h = blackwell_host();
+    let on = |h: &Snapshot, env: &[(&str, &str)]| {
+        plan(&ContainerView::with_env(env.to_vec()), h, &cfg())
+    };
+    let p = |env: &[(&str, &str)]| on(&h, env);
+    let fa = |env: &[(&str, &str)]| p(env).env_get("FLASH_ATTN_CUDA_ARCHS").map(str::to_owned);
+    assert_eq!(
+        fa(&[("NVIDIA_VISIBLE_DEVICES", "0,1")]).as_deref(),
+        Some("100;120")
+    );
+    // Thor: sm_100's SASS runs on it as 10.1 (CUDA 12) and not as 11.0
+    // (CUDA 13), so under neither name; nor FlashAttention-2 hinted.
+    for cuda in ["12.9", "13.0"] {
+        let plan = p(&[("NVIDIA_VISIBLE_DEVICES", "2"), ("CUDA_VERSION", cuda)]);
+        assert_eq!(plan.env_get("FLASH_ATTN_CUDA_ARCHS"), None, "{cuda}");
+        assert_eq!(
+            plan.env_get("GPUARCH_ATTN_IMPLEMENTATION"),
+            Some("sdpa"),
+            "{cuda}"
+        );
+        let notes = plan.notes.join("\n");
+        assert!(
+            notes.contains("none runs on 11.0 under every name CUDA gives it")
+                && notes.contains("GPUARCH_ATTN_IMPLEMENTATION=sdpa: flash-attn builds nothing that runs on GPU 2 (NVIDIA Thor, 11.0)"),
+            "{notes}"
+        );
+    }
+    assert_eq!(
+        fa(&[("NVIDIA_VISIBLE_DEVICES", "0,3")]),
+        None,
+        "Volta: no FA2"
+    );
+    assert_eq!(
+        fa(&[("NVIDIA_VISIBLE_DEVICES", "0"), ("CUDA_VERSION", "12.6.3")]),
+        None,
+        "sm_120 needs CUDA 12.8 in flash-attn's build"
+    );
+    let p = plan(&nvd("1,2"), &super::tests::host(), &cfg());
+    assert_eq!(
+        p.env_get("FLASH_ATTN_CUDA_ARCHS"),
+        Some("80"),
+        "8.6 and 8.0: 80 once"
+    );
+}
+
+/// A node of one GPU of capability `cc`, in an image holding `dists`.
+fn one_gpu(cc: &str, dists: &[(Dist, &str)], read: bool) -> Plan {
+    use crate::select::tests::dev;
+    let mut h = host();
+    h.devices = vec![dev(0, 0, "GPU-x", "NVIDIA GPU", cc, 0x01)];
+    let mut v = nvd("0");
+    for (d, r) in dists {
+        v.software
+            .dists
+            .insert(*d, crate::software::Release::parse(r).unwrap());
+    }
+    if read {
+        v.software
+            .read
+            .push("/usr/lib/python3/dist-packages".into());
+    }
+    plan(&v, &h, &cfg())
+}
+
+#[test]
+fn xformers_gets_9_0a_on_hopper_unless_deepspeed_would_reject_it() {
+    let p = one_gpu(
+        "9.0",
+        &[(Dist::Xformers, "0.0.33"), (Dist::Torch, "2.9.1")],
+        true,
+    );
+    assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("9.0a"));
+    assert!(
+        p.notes
+            .iter()
+            .any(|n| n.contains("xformers 0.0.33 in the image builds FlashAttention 3")),
+        "{:?}",
+        p.notes
+    );
+    let p = one_gpu(
+        "9.0",
+        &[
+            (Dist::Xformers, "0.0.33"),
+            (Dist::DeepSpeed, "0.19.8"),
+            (Dist::Torch, "2.9.1"),
+        ],
+        true,
+    );
+    assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("9.0"));
+    assert!(
+        p.notes
+            .iter()
+            .any(|n| n.contains("DeepSpeed 0.19.8 in the image rejects 9.0a")),
+        "{:?}",
+        p.notes
+    );
+    // Without xformers, or not on a Hopper: as ever.
+    assert_eq!(
+        one_gpu("9.0", &[], true).env_get("TORCH_CUDA_ARCH_LIST"),
+        Some("9.0")
+    );
+    let p = one_gpu("8.6", &[(Dist::Xformers, "0.0.33")], true);
+    assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("8.6"));
+}
+
+#[test]
+fn deepspeed_ops_that_cannot_run_are_switched_off() {
+    let ds = |p: &Plan| -> Vec<String> {
+        p.env
+            .iter()
+            .filter(|(k, _)| k.starts_with("DS_BUILD_"))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect()
+    };
+    // A Turing: the three ops that keep 8.0 and newer only, where
+    // DeepSpeed is present or the image was not read.
+    let want = [
+        "DS_BUILD_FP_QUANTIZER=0",
+        "DS_BUILD_CUTLASS_OPS=0",
+        "DS_BUILD_RAGGED_DEVICE_OPS=0",
+    ];
+    assert_eq!(
+        ds(&one_gpu("7.5", &[(Dist::DeepSpeed, "0.19.8")], true)),
+        want
+    );
+    assert_eq!(ds(&one_gpu("7.5", &[], false)), want);
+    assert_eq!(
+        ds(&one_gpu("7.5", &[], true)),
+        Vec::<String>::new(),
+        "read, no DeepSpeed"
+    );
+    // A Pascal: the one for 7.0 too.
+    assert_eq!(ds(&one_gpu("6.1", &[], false)).len(), 4);
+    assert!(ds(&one_gpu("8.6", &[], false)).is_empty());
+    // Under the container's own list, nothing of DeepSpeed's.
+    let mut h = host();
+    h.devices.truncate(1);
+    let v = ContainerView::with_env([
+        ("NVIDIA_VISIBLE_DEVICES", "0"),
+        ("TORCH_CUDA_ARCH_LIST", "7.5"),
+    ]);
+    assert!(ds(&plan(&v, &h, &cfg())).is_empty());
+}
+
+#[test]
+fn turing_beside_ampere_gets_the_lowest_common_hints() {
+    let p = plan(&nvd("0,1"), &host(), &cfg());
+    let want = [
+        ("TORCH_CUDA_ARCH_LIST", "7.5;8.6"),
+        ("FLASHINFER_CUDA_ARCH_LIST", "7.5 8.6"),
+        ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
+        ("GPUARCH_COMPUTE_CAPABILITIES", "7.5,8.6"),
+        ("GPUARCH_MIN_COMPUTE_CAPABILITY", "7.5"),
+        ("GPUARCH_DTYPE", "float16"),
+        ("GPUARCH_ATTN_IMPLEMENTATION", "sdpa"),
+        ("GPUARCH_TF32", "0"),
+        ("GPUARCH_FP8", "0"),
+    ];
+    let got: Vec<(&str, &str)> = p
+        .env
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(got, want);
+    assert!(
+        p.notes.iter().any(|n| n.contains("GPUARCH_DTYPE=float16")
+            && n.contains("GPU 0 (NVIDIA GeForce RTX 2080 Ti, 7.5) lacks it")),
+        "{:?}",
+        p.notes
+    );
+}
+
+#[test]
+fn the_3090_alone_gets_bf16_and_flash_attention_2() {
+    let p = plan(&nvd("1"), &host(), &cfg());
+    assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("8.6"));
+    assert_eq!(p.env_get("GPUARCH_DTYPE"), Some("bfloat16"));
+    assert_eq!(
+        p.env_get("GPUARCH_ATTN_IMPLEMENTATION"),
+        Some("flash_attention_2")
+    );
+    assert_eq!(p.env_get("GPUARCH_TF32"), Some("1"));
+    assert_eq!(p.env_get("GPUARCH_FP8"), Some("0"));
+    assert!(
+        p.notes
+            .iter()
+            .any(|n| n.contains("every assigned GPU has bf16"))
+    );
+}
+
+#[test]
+fn capabilities_follow_cuda_order_and_the_arch_list_is_sorted() {
+    let v = ContainerView::with_env([
+        ("NVIDIA_VISIBLE_DEVICES", "all"),
+        ("CUDA_VISIBLE_DEVICES", "2,0,1"),
+    ]);
+    let p = plan(&v, &host(), &cfg());
+    assert_eq!(
+        p.env_get("GPUARCH_COMPUTE_CAPABILITIES"),
+        Some("8.0,7.5,8.6")
+    );
+    assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("7.5;8.0;8.6"));
+}
+
+#[test]
+fn mig_devices_take_their_parents_capability() {
+    let p = plan(&nvd("MIG-bbbb"), &host(), &cfg());
+    assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("8.0"));
+    assert_eq!(p.gpus[0].mig, Some(1));
+}
+
+#[test]
+fn container_values_win_unless_override() {
+    let v = ContainerView::with_env([
+        ("NVIDIA_VISIBLE_DEVICES", "0,1"),
+        ("TORCH_CUDA_ARCH_LIST", "8.0"),
+        ("CUDA_DEVICE_ORDER", "FASTEST_FIRST"),
+    ]);
+    let p = plan(&v, &host(), &cfg());
+    assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), None);
+    assert_eq!(p.env_get("CUDA_DEVICE_ORDER"), None);
+    assert_eq!(p.env_get("GPUARCH_DTYPE"), Some("float16"));
+    assert!(
+        p.notes
+            .iter()
+            .any(|n| n.contains("TORCH_CUDA_ARCH_LIST left as the container sets it (\"8.0\""))
+    );
+    assert!(
+        p.notes
+            .iter()
+            .any(|n| n.contains("may number the GPUs differently"))
+    );
+
+    let over = EnvConfig {
+        override_existing: true,
+        ..cfg()
+    };
+    let p = plan(&v, &host(), &over);
+    assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("7.5;8.6"));
+    assert!(
+        p.notes
+            .iter()
+            .any(|n| n.contains("overrides the container's \"8.0\""))
+    );
+}
+
+#[test]
+fn accelerates_mixed_precision_only_when_the_config_enables_it() {
+    assert_eq!(
+        plan(&nvd("0,1"), &host(), &cfg()).env_get("ACCELERATE_MIXED_PRECISION"),
+        None
+    );
+    let on = EnvConfig {
+        enable: [EnvVar::AccelerateMixedPrecision].into(),
+        ..cfg()
+    };
+    let p = plan(&nvd("0,1"), &host(), &on);
+    assert_eq!(p.env_get("ACCELERATE_MIXED_PRECISION"), Some("fp16"));
+    assert!(
+        p.notes
+            .iter()
+            .any(|n| n.starts_with("ACCELERATE_MIXED_PRECISION=fp16: bf16 needs")),
+        "{:?}",
+        p.notes
+    );
+    let p = plan(&nvd("1"), &host(), &on);
+    assert_eq!(p.env_get("ACCELERATE_MIXED_PRECISION"), Some("bf16"));
+    // The container's own choice stays.
+    let mine = ContainerView::with_env([
+        ("NVIDIA_VISIBLE_DEVICES", "1"),
+        ("ACCELERATE_MIXED_PRECISION", "no"),
+    ]);
+    assert_eq!(
+        plan(&mine, &host(), &on).env_get("ACCELERATE_MIXED_PRECISION"),
+        None
+    );
+}
+
+#[test]
+fn the_config_switches_variables_off() {
+    let c = EnvConfig {
+        disable: [EnvVar::Fp8, EnvVar::CudaDeviceOrder].into(),
+        ..cfg()
+    };
+    let p = plan(&nvd("1"), &host(), &c);
+    assert_eq!(p.env_get("GPUARCH_FP8"), None);
+    assert_eq!(p.env_get("CUDA_DEVICE_ORDER"), None);
+    // The 3090: FLASH_ATTN_CUDA_ARCHS too, sm_80's SASS running on 8.6.
+    assert_eq!(p.env_get("FLASH_ATTN_CUDA_ARCHS"), Some("80"));
+    assert_eq!(p.env.len(), 8);
+    assert!(
+        p.notes
+            .iter()
+            .any(|n| n == "GPUARCH_FP8 not set: disabled in the config (env.disable)")
+    );
+}
+
+#[test]
+fn opt_outs_change_nothing() {
+    let v = ContainerView::with_env([("NVIDIA_VISIBLE_DEVICES", "all"), ("GPUARCH_DISABLE", "1")]);
+    let p = plan(&v, &host(), &cfg());
+    assert!(p.is_noop() && p.gpus.is_empty());
+    assert!(p.notes[0].contains("GPUARCH_DISABLE=1"));
+
+    let mut v = nvd("all");
+    v.annotations
+        .insert("io.gpuarch.disable".into(), "true".into());
+    let p = plan(&v, &host(), &cfg());
+    assert!(p.is_noop());
+    assert!(p.notes[0].contains("io.gpuarch.disable"));
+
+    // "0" is not an opt-out.
+    let v = ContainerView::with_env([("NVIDIA_VISIBLE_DEVICES", "all"), ("GPUARCH_DISABLE", "0")]);
+    assert!(!plan(&v, &host(), &cfg()).is_noop());
+}
+
+#[test]
+fn no_gpu_means_no_change() {
+    for v in [ContainerView::default(), nvd("none"), nvd("void"), nvd("7")] {
+        let p = plan(&v, &host(), &cfg());
+        assert!(p.is_noop(), "{v:?}");
+        assert!(
+            p.notes.last().unwrap().contains("nothing changes"),
+            "{:?}",
+            p.notes
+        );
+    }
+}
+
+#[test]
+fn fp8_needs_every_gpu_at_8_9() {
+    assert_eq!(
+        hints(&[ComputeCapability::new(8, 9), ComputeCapability::new(9, 0)])
+            .iter()
+            .find(|(v, _)| *v == EnvVar::Fp8)
+            .map(|(_, x)| x.as_str()),
+        Some("1")
+    );
+}
+
+#[test]
+fn plan_serialises_env_as_an_ordered_object() {
+    let p = plan(&nvd("1"), &host(), &cfg());
+    let j = serde_json::to_string(&p).unwrap();
+    let t = j.find("TORCH_CUDA_ARCH_LIST").unwrap();
+    let f = j.find("GPUARCH_FP8").unwrap();
+    assert!(t < f, "{j}");
+    assert!(j.contains("\"source\":\"nvidia_visible_devices\""), "{j}");
+}
