@@ -191,40 +191,45 @@ pub fn claimed_namespace_note(view: &ContainerView) -> Option<String> {
     })
 }
 
+/// Why a container gets no JIT cache.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoCache {
+    #[error("the container's user has no host uid (no process.user, or not in linux.uidMappings)")]
+    NoHostUid,
+    #[error("its toolkit builds nothing for its GPUs")]
+    NoTargets,
+    #[error(
+        "jit_cache.scope is image, and the runtime names no image (annotation {}; Docker and podman set none): set jit_cache.scope to uid where a uid is a tenant",
+        IMAGE_KEYS.join(", ")
+    )]
+    NoImage,
+    #[error(
+        "jit_cache.scope is namespace, and the engine names no Kubernetes namespace (annotation {}, which containerd's CRI sets; {} is not taken: a pod's own annotations can carry it)",
+        NAMESPACE_KEYS.join(", "),
+        CLAIMED_NAMESPACE_KEYS.join(", ")
+    )]
+    NoNamespace,
+}
+
 /// The cache for the container of `view` given `plan`, or why it gets none.
 pub fn cache_for(
     plan: &Plan,
     view: &ContainerView,
     cfg: &JitCacheConfig,
     env: &crate::config::EnvConfig,
-) -> Result<Cache, String> {
-    let (uid, gid) = view.host_user().ok_or_else(|| {
-        "the container's user has no host uid (no process.user, or not in linux.uidMappings)"
-            .to_owned()
-    })?;
-    let targets_dir = targets_dir(plan, view, env)
-        .ok_or_else(|| "its toolkit builds nothing for its GPUs".to_owned())?;
+) -> Result<Cache, NoCache> {
+    let (uid, gid) = view.host_user().ok_or(NoCache::NoHostUid)?;
+    let targets_dir = targets_dir(plan, view, env).ok_or(NoCache::NoTargets)?;
     let (image, namespace) = match cfg.scope {
         JitScope::Image => {
-            let image = annotation(view, &IMAGE_KEYS).ok_or_else(|| {
-                format!(
-                    "jit_cache.scope is image, and the runtime names no image (annotation {}; Docker and podman set none): set jit_cache.scope to uid where a uid is a tenant",
-                    IMAGE_KEYS.join(", ")
-                )
-            })?;
+            let image = annotation(view, &IMAGE_KEYS).ok_or(NoCache::NoImage)?;
             // The engine's own namespace, where it names one: pods of two
             // namespaces running one image as one uid are two tenants.
             let ns = annotation(view, &NAMESPACE_KEYS).map(str::to_owned);
             (Some(image.to_owned()), ns)
         }
         JitScope::Namespace => {
-            let ns = annotation(view, &NAMESPACE_KEYS).ok_or_else(|| {
-                format!(
-                    "jit_cache.scope is namespace, and the engine names no Kubernetes namespace (annotation {}, which containerd's CRI sets; {} is not taken: a pod's own annotations can carry it)",
-                    NAMESPACE_KEYS.join(", "),
-                    CLAIMED_NAMESPACE_KEYS.join(", ")
-                )
-            })?;
+            let ns = annotation(view, &NAMESPACE_KEYS).ok_or(NoCache::NoNamespace)?;
             (None, Some(ns.to_owned()))
         }
         JitScope::Uid | JitScope::Shared => (None, None),
@@ -261,7 +266,7 @@ mod tests {
         }
     }
 
-    fn cache(v: &ContainerView, scope: JitScope) -> Result<Cache, String> {
+    fn cache(v: &ContainerView, scope: JitScope) -> Result<Cache, NoCache> {
         let p = plan::plan(v, &host(), &EnvConfig::default());
         cache_for(&p, v, &cfg(scope), &EnvConfig::default())
     }
@@ -333,19 +338,19 @@ mod tests {
             "process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"], "user": {"uid": 70000}},
             "linux": {"uidMappings": [{"containerID": 0, "hostID": 100000, "size": 65536}]}
         }));
-        let e = cache(&v, JitScope::Uid).unwrap_err();
+        let e = cache(&v, JitScope::Uid).unwrap_err().to_string();
         assert!(e.contains("no host uid"), "{e}");
     }
 
     #[test]
     fn a_scope_the_runtime_does_not_name_gives_no_cache() {
         let v = view(serde_json::json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"]}}));
-        let e = cache(&v, JitScope::Image).unwrap_err();
+        let e = cache(&v, JitScope::Image).unwrap_err().to_string();
         assert!(
             e.contains("names no image") && e.contains("scope to uid"),
             "{e}"
         );
-        let e = cache(&v, JitScope::Namespace).unwrap_err();
+        let e = cache(&v, JitScope::Namespace).unwrap_err().to_string();
         assert!(e.contains("no Kubernetes namespace"), "{e}");
         assert_eq!(
             cache(&v, JitScope::Shared).unwrap().scope_dir,
@@ -405,7 +410,9 @@ mod tests {
         );
         assert_eq!(claimed_namespace_note(&pod(Some("x"), Some("x"))), None);
         // A claim alone names no namespace.
-        let e = cache(&pod(None, Some("team-a")), JitScope::Namespace).unwrap_err();
+        let e = cache(&pod(None, Some("team-a")), JitScope::Namespace)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not taken"), "{e}");
     }
 

@@ -68,11 +68,22 @@ pub fn render(labels: &[(String, String)]) -> String {
     s
 }
 
+/// A label Kubernetes would refuse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LabelError {
+    #[error("label prefix {0:?} is not a DNS subdomain")]
+    Prefix(String),
+    #[error("label name {0:?} is not valid")]
+    Name(String),
+    #[error("label value {value:?} of {name} is not valid")]
+    Value { name: String, value: String },
+}
+
 /// Why `name=value` is not a valid Kubernetes label, if it is not: a
 /// prefix that is a DNS subdomain (at most 253), a name of 1 to 63
 /// characters, alphanumeric at both ends with `-`, `_` and `.` between, and
 /// a value empty or of the name's form.
-pub fn check_label(name: &str, value: &str) -> Result<(), String> {
+pub fn check_label(name: &str, value: &str) -> Result<(), LabelError> {
     let (prefix, short) = match name.rsplit_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, name),
@@ -90,7 +101,7 @@ pub fn check_label(name: &str, value: &str) -> Result<(), String> {
                     && !part.ends_with('-')
             });
         if !ok {
-            return Err(format!("label prefix {p:?} is not a DNS subdomain"));
+            return Err(LabelError::Prefix(p.to_owned()));
         }
     }
     let segment = |s: &str| {
@@ -101,10 +112,13 @@ pub fn check_label(name: &str, value: &str) -> Result<(), String> {
             && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
     };
     if short.is_empty() || !segment(short) {
-        return Err(format!("label name {short:?} is not valid"));
+        return Err(LabelError::Name(short.to_owned()));
     }
     if !value.is_empty() && !segment(value) {
-        return Err(format!("label value {value:?} of {name} is not valid"));
+        return Err(LabelError::Value {
+            name: name.to_owned(),
+            value: value.to_owned(),
+        });
     }
     Ok(())
 }

@@ -30,6 +30,8 @@ pub enum SlurmError {
     BadList(String),
     #[error("a Slurm GPU list of {len} bytes: at most {max} are taken")]
     TooLong { len: usize, max: usize },
+    #[error(transparent)]
+    Devices(#[from] crate::plan::DeviceListError),
 }
 
 /// The node's GPUs in Slurm's order: by minor number.
@@ -163,11 +165,11 @@ pub fn uuids(inv: &Snapshot, indices: &[u32]) -> Result<Vec<String>, SlurmError>
 
 /// The Plan of a job step given Slurm's GPU list (`SLURM_STEP_GPUS`):
 /// each index through [`uuids`] to its GPU.
-pub fn plan(list: &str, inv: &Snapshot, cfg: &EnvConfig) -> Result<Plan, String> {
-    let indices = parse_list(list).map_err(|e| e.to_string())?;
-    let ids = uuids(inv, &indices).map_err(|e| e.to_string())?;
+pub fn plan(list: &str, inv: &Snapshot, cfg: &EnvConfig) -> Result<Plan, SlurmError> {
+    let indices = parse_list(list)?;
+    let ids = uuids(inv, &indices)?;
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-    crate::plan::plan_devices(&ids, inv, cfg).map_err(|e| e.to_string())
+    Ok(crate::plan::plan_devices(&ids, inv, cfg)?)
 }
 
 /// Whether `NAME=value` can be a TaskProlog `export` line as it is: Slurm
@@ -266,7 +268,12 @@ mod tests {
         let p = plan("0,1", &inv, &cfg).unwrap();
         assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("7.5;8.6"));
         assert!(plan("", &inv, &cfg).unwrap().is_noop());
-        assert!(plan("7", &inv, &cfg).unwrap_err().contains("index 7"));
+        assert!(
+            plan("7", &inv, &cfg)
+                .unwrap_err()
+                .to_string()
+                .contains("index 7")
+        );
     }
 
     #[test]

@@ -38,13 +38,19 @@ pub const HOOK_ENV_VARS: [&str; 3] = ["GPUARCH_CONFIG", "GPUARCH_INVENTORY", "GP
 /// PATH of everything the hook runs, whatever PATH it was started with.
 pub const SAFE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
+/// What `strict: true` refuses a start over: the Plan's blocking
+/// reasons, in one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refusal(pub String);
+
 impl Context {
     /// With `strict: true`, the Plan's blocking reasons as the error that
     /// refuses the start; without it they are notes and the container
     /// starts.
-    pub fn refuse_if_strict(&self, plan: &gpuarch_core::plan::Plan) -> Result<(), String> {
+    pub fn refuse_if_strict(&self, plan: &gpuarch_core::plan::Plan) -> Result<(), Refusal> {
         if self.config.strict && !plan.blocking.is_empty() {
-            return Err(plan.blocking.join("; "));
+            return Err(Refusal(plan.blocking.join("; ")));
         }
         Ok(())
     }
@@ -75,7 +81,7 @@ impl Context {
 /// config that cannot be read is an error for the caller to report; the
 /// defaults (fail open) then apply.
 pub fn load_config() -> (Config, Option<String>) {
-    match gpuarch_inventory::read_config() {
+    match gpuarch_fs::config::read_config() {
         Ok(c) => (c, None),
         Err(e) => (Config::default(), Some(e.to_string())),
     }

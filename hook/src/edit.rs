@@ -144,7 +144,8 @@ pub fn edit_in(
 ) -> Result<Plan, HookError> {
     let mut view = ContainerView::from_value(config)?;
     let mut plan = plan::plan(&view, &ctx.inventory, &ctx.config.env);
-    ctx.refuse_if_strict(&plan).map_err(HookError::Refused)?;
+    ctx.refuse_if_strict(&plan)
+        .map_err(|r| HookError::Refused(r.0))?;
     if plan.is_noop() {
         return Ok(plan);
     }

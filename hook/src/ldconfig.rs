@@ -62,20 +62,31 @@ struct Prepared {
 /// Rebuild the loader cache of the container whose root is `rootfs` (a
 /// path in the caller's mount namespace, the engine's) with the host's
 /// ldconfig at `bin`, adding `dirs` (paths inside the container).
-pub fn run(bin: &Path, rootfs: &Path, dirs: &[String], path_env: &str) -> Result<(), String> {
-    let rootfs = std::fs::canonicalize(rootfs).map_err(|e| format!("{}: {e}", rootfs.display()))?;
-    let file = std::fs::File::open(bin).map_err(|e| format!("{}: {e}", bin.display()))?;
-    if let Some(interp) = interpreter(&file).map_err(|e| format!("{}: {e}", bin.display()))? {
-        return Err(format!(
-            "{} is dynamically linked (through {interp}): inside the container it would be \
-             loaded by the image's own loader, as root; install a statically linked ldconfig \
-             (Debian's and Ubuntu's ldconfig.real are)",
-            bin.display()
-        ));
+pub fn run(
+    bin: &Path,
+    rootfs: &Path,
+    dirs: &[String],
+    path_env: &str,
+) -> Result<(), LdconfigError> {
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |error| LdconfigError::Io { path, error }
+    };
+    let rootfs = std::fs::canonicalize(rootfs).map_err(io(rootfs))?;
+    let file = std::fs::File::open(bin).map_err(io(bin))?;
+    let interp = interpreter(&file).map_err(|error| LdconfigError::NotElf {
+        bin: bin.to_owned(),
+        error,
+    })?;
+    if let Some(interp) = interp {
+        return Err(LdconfigError::Dynamic {
+            bin: bin.to_owned(),
+            interp,
+        });
     }
-    let mountinfo = std::fs::read("/proc/self/mountinfo")
-        .map_err(|e| format!("reading /proc/self/mountinfo: {e}"))?;
-    let cstr = |b: &[u8]| CString::new(b).map_err(|_| "a path holds a NUL byte".to_owned());
+    let mountinfo =
+        std::fs::read("/proc/self/mountinfo").map_err(io(Path::new("/proc/self/mountinfo")))?;
+    let cstr = |b: &[u8]| CString::new(b).map_err(|_| LdconfigError::Nul);
     let mut procs = proc_mounts_under(&mountinfo, &rootfs);
     procs.sort_by(|a, b| (a.as_os_str().len(), a).cmp(&(b.as_os_str().len(), b)));
     procs.dedup();
@@ -94,17 +105,26 @@ pub fn run(bin: &Path, rootfs: &Path, dirs: &[String], path_env: &str) -> Result
     spawn_and_wait(&prepared, bin)
 }
 
-fn spawn_and_wait(p: &Prepared, bin: &Path) -> Result<(), String> {
+fn spawn_and_wait(p: &Prepared, bin: &Path) -> Result<(), LdconfigError> {
     let (argv, envp) = (crate::exec::ptrs(&p.argv), crate::exec::ptrs(&p.env));
     let procs: Vec<*const libc::c_char> = p.procs.iter().map(|a| a.as_ptr()).collect();
-    let devnull = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+    let devnull = std::fs::File::open("/dev/null").map_err(|error| LdconfigError::Io {
+        path: "/dev/null".into(),
+        error,
+    })?;
     let (rd, wr) =
-        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| LdconfigError::Sys {
+            call: "pipe",
+            error: e.into(),
+        })?;
     // SAFETY: the child only makes system calls on memory prepared above
     // (no allocation, no locks) and ends in execveat or _exit.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
-        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+        return Err(LdconfigError::Sys {
+            call: "fork",
+            error: std::io::Error::last_os_error(),
+        });
     }
     if pid == 0 {
         // SAFETY: in the child of fork; see `child`.
@@ -134,7 +154,10 @@ fn spawn_and_wait(p: &Prepared, bin: &Path) -> Result<(), String> {
         }
         let e = std::io::Error::last_os_error();
         if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(format!("waitpid: {e}"));
+            return Err(LdconfigError::Sys {
+                call: "waitpid",
+                error: e,
+            });
         }
     };
     if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
@@ -151,7 +174,64 @@ fn spawn_and_wait(p: &Prepared, bin: &Path) -> Result<(), String> {
     } else {
         format!("signal {}", libc::WTERMSIG(status))
     };
-    Err(format!("{} exited with {how}: {last}", bin.display()))
+    Err(LdconfigError::Failed {
+        bin: bin.to_owned(),
+        how,
+        last: last.to_owned(),
+    })
+}
+
+/// Why the container's loader cache was not rebuilt.
+#[derive(Debug, thiserror::Error)]
+pub enum LdconfigError {
+    #[error("{}: {error}", path.display())]
+    Io {
+        path: std::path::PathBuf,
+        error: std::io::Error,
+    },
+    #[error("{}: {error}", bin.display())]
+    NotElf {
+        bin: std::path::PathBuf,
+        error: ElfError,
+    },
+    #[error(
+        "{} is dynamically linked (through {interp}): inside the container it would be \
+         loaded by the image's own loader, as root; install a statically linked ldconfig \
+         (Debian's and Ubuntu's ldconfig.real are)",
+        bin.display()
+    )]
+    Dynamic {
+        bin: std::path::PathBuf,
+        interp: String,
+    },
+    #[error("a path holds a NUL byte")]
+    Nul,
+    #[error("{call}: {error}")]
+    Sys {
+        call: &'static str,
+        error: std::io::Error,
+    },
+    #[error("{} exited with {how}: {last}", bin.display())]
+    Failed {
+        bin: std::path::PathBuf,
+        how: String,
+        last: String,
+    },
+}
+
+/// Why a file is not an ELF file whose interpreter can be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ElfError {
+    #[error("not an ELF file: {0}")]
+    Read(std::io::Error),
+    #[error("not a 64-bit little-endian ELF file")]
+    NotElf64,
+    #[error("bad program headers")]
+    ProgramHeaders,
+    #[error("program header {index}: {error}")]
+    ProgramHeader { index: u64, error: std::io::Error },
+    #[error("PT_INTERP: {0}")]
+    Interp(std::io::Error),
 }
 
 /// Write `msg` and the current errno's number to `fd`, then `_exit(127)`.
@@ -329,29 +409,28 @@ fn unescape(s: &[u8]) -> Vec<u8> {
 
 /// The ELF interpreter (`PT_INTERP`) of a 64-bit little-endian ELF file, if
 /// it has one; an error if it is not such a file.
-fn interpreter(file: &std::fs::File) -> Result<Option<String>, String> {
+fn interpreter(file: &std::fs::File) -> Result<Option<String>, ElfError> {
     use std::os::unix::fs::FileExt;
     let mut h = [0u8; 64];
-    file.read_exact_at(&mut h, 0)
-        .map_err(|e| format!("not an ELF file: {e}"))?;
+    file.read_exact_at(&mut h, 0).map_err(ElfError::Read)?;
     if &h[..4] != b"\x7fELF" || h[4] != 2 || h[5] != 1 {
-        return Err("not a 64-bit little-endian ELF file".into());
+        return Err(ElfError::NotElf64);
     }
     let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or([0; 8]));
     let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
     let (phoff, phentsize, phnum) = (u64_at(&h, 32), u16_at(&h, 54), u16_at(&h, 56));
     if phentsize < 56 || phnum > 512 {
-        return Err("bad program headers".into());
+        return Err(ElfError::ProgramHeaders);
     }
     for i in 0..u64::from(phnum) {
         let mut ph = [0u8; 56];
         file.read_exact_at(&mut ph, phoff + i * u64::from(phentsize))
-            .map_err(|e| format!("program header {i}: {e}"))?;
+            .map_err(|error| ElfError::ProgramHeader { index: i, error })?;
         if u32::from_le_bytes([ph[0], ph[1], ph[2], ph[3]]) == 3 {
             let (off, size) = (u64_at(&ph, 8), u64_at(&ph, 32).min(4096));
             let mut name = vec![0u8; size as usize];
             file.read_exact_at(&mut name, off)
-                .map_err(|e| format!("PT_INTERP: {e}"))?;
+                .map_err(ElfError::Interp)?;
             let name = String::from_utf8_lossy(&name);
             return Ok(Some(name.trim_end_matches('\0').to_owned()));
         }
@@ -391,11 +470,11 @@ mod tests {
         );
         let tmp = tempfile::tempdir().unwrap();
         let e = run(&std::env::current_exe().unwrap(), tmp.path(), &[], "/bin").unwrap_err();
-        assert!(e.contains("dynamically linked"), "{e}");
+        assert!(e.to_string().contains("dynamically linked"), "{e}");
         let text = tmp.path().join("script");
         std::fs::write(&text, "#!/bin/sh\n").unwrap();
         let e = run(&text, tmp.path(), &[], "/bin").unwrap_err();
-        assert!(e.contains("not an ELF file"), "{e}");
+        assert!(e.to_string().contains("not an ELF file"), "{e}");
         // The host's own (Debian's, Ubuntu's ldconfig.real) is static.
         let ld = crate::stage::LDCONFIG
             .iter()

@@ -83,8 +83,10 @@ pub enum StageError {
     NoRoot { path: PathBuf },
     #[error("{0}")]
     Rootfs(#[from] RootfsError),
+    #[error("ldconfig: not found (looked for {})", LDCONFIG.join(", "))]
+    NoLdconfig,
     #[error("ldconfig: {0}")]
-    Ldconfig(String),
+    Ldconfig(crate::ldconfig::LdconfigError),
     /// What `strict: true` refuses a start over (the Plan's `blocking`).
     #[error("{0}")]
     Refused(String),
@@ -172,7 +174,8 @@ pub fn run(stage: Stage, state: &State, ctx: &Context) -> Result<Outcome, StageE
         ..ctx.config.env.clone()
     };
     let mut full = plan::plan(&view, &ctx.inventory, &full_cfg);
-    ctx.refuse_if_strict(&full).map_err(StageError::Refused)?;
+    ctx.refuse_if_strict(&full)
+        .map_err(|r| StageError::Refused(r.0))?;
     if full.is_noop() {
         return Ok(Outcome {
             plan: full,
@@ -415,9 +418,7 @@ fn ldconfig(rootfs: &Path, dirs: &[String]) -> Result<(), StageError> {
         .iter()
         .map(Path::new)
         .find(|p| p.is_file())
-        .ok_or_else(|| {
-            StageError::Ldconfig(format!("not found (looked for {})", LDCONFIG.join(", ")))
-        })?;
+        .ok_or(StageError::NoLdconfig)?;
     crate::ldconfig::run(bin, rootfs, dirs, context::SAFE_PATH).map_err(StageError::Ldconfig)
 }
 

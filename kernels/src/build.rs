@@ -334,7 +334,7 @@ impl Builder {
                     Err(BuildError::Tool(String::new()))
                 }
                 Err(e) => {
-                    why = Some(e);
+                    why = Some(e.to_string());
                     Err(BuildError::Tool(String::new()))
                 }
             });
@@ -362,12 +362,12 @@ impl Builder {
     /// `Ok(None)` when there is no registry or no such artifact, `Err`
     /// (why) when it could not be had or was refused (recorded, and not
     /// asked for again).
-    fn pull(&self, key: &str, meta: &Meta, out: &Path) -> Result<Option<BuildInfo>, String> {
+    fn pull(&self, key: &str, meta: &Meta, out: &Path) -> Result<Option<BuildInfo>, PullError> {
         let Some(r) = self.remote.as_ref() else {
             return Ok(None);
         };
         if let Some(why) = self.store.remote_refusal(key) {
-            return Err(format!("refused before: {why}"));
+            return Err(PullError::RefusedBefore(why));
         }
         match r.pull_into(key, meta, out, self.store.max_bytes()) {
             Ok(Some(p)) => {
@@ -385,9 +385,9 @@ impl Builder {
                 if let Err(io) = self.store.record_remote_refusal(key, &e.to_string()) {
                     tracing::warn!(key, "cannot record the refusal: {io}");
                 }
-                Err(e.to_string())
+                Err(e.into())
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -510,4 +510,14 @@ pub fn run_tasks(
         .into_iter()
         .flatten()
         .collect()
+}
+/// Why a build was not pulled from the registry.
+#[derive(Debug, thiserror::Error)]
+pub enum PullError {
+    /// The registry's artifact for this key was refused before (recorded
+    /// in the store), so it is not asked for again.
+    #[error("refused before: {0}")]
+    RefusedBefore(String),
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
 }

@@ -82,6 +82,21 @@ pub fn realm_allowed(realm: &Url, base: &Url) -> bool {
     realm.scheme() == "https" && base.scheme() == "https" && realm.host_str() == base.host_str()
 }
 
+/// Why the registry client could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("registry {registry:?}: {error}")]
+    Registry {
+        registry: String,
+        /// The URL parser's words.
+        error: String,
+    },
+    #[error("ca_file: {0}")]
+    CaFile(reqwest::Error),
+    #[error("registry client: {0}")]
+    Build(reqwest::Error),
+}
+
 impl Http {
     pub fn new(
         registry: &str,
@@ -89,10 +104,13 @@ impl Http {
         plain_http: bool,
         basic: Option<(String, String)>,
         extra_ca: Option<&[u8]>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ClientError> {
         let scheme = if plain_http { "http" } else { "https" };
-        let base = Url::parse(&format!("{scheme}://{registry}/"))
-            .map_err(|e| format!("registry {registry:?}: {e}"))?;
+        let base =
+            Url::parse(&format!("{scheme}://{registry}/")).map_err(|e| ClientError::Registry {
+                registry: registry.to_owned(),
+                error: e.to_string(),
+            })?;
         let origin = base.clone();
         let mut b = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::custom(move |a| {
@@ -106,10 +124,10 @@ impl Http {
             .connect_timeout(Duration::from_secs(5))
             .read_timeout(Duration::from_secs(30));
         if let Some(pem) = extra_ca {
-            let cert = reqwest::Certificate::from_pem(pem).map_err(|e| format!("ca_file: {e}"))?;
+            let cert = reqwest::Certificate::from_pem(pem).map_err(ClientError::CaFile)?;
             b = b.add_root_certificate(cert);
         }
-        let client = b.build().map_err(|e| format!("registry client: {e}"))?;
+        let client = b.build().map_err(ClientError::Build)?;
         Ok(Self {
             client,
             base,

@@ -11,6 +11,7 @@
 //! binary's architecture is read again by the inspector
 //! ([`gpuarch_kernels::store::check_outputs`]). An artifact that fails is refused and
 //! recorded, and the build runs here.
+#![forbid(unsafe_code)]
 
 pub mod http;
 
@@ -153,7 +154,7 @@ impl OciRemote {
             basic,
             ca.as_deref(),
         )
-        .map_err(RemoteError::Config)?;
+        .map_err(|e| RemoteError::Config(e.to_string()))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("gpuarch-registry")

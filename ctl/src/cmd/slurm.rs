@@ -84,7 +84,8 @@ pub fn task_prolog(out: &mut String) -> u8 {
     };
     // The step's own values are kept, as a container's are, unless the
     // config overrides: Slurm applies these lines over the task's env.
-    let override_existing = gpuarch_inventory::read_config().is_ok_and(|c| c.env.override_existing);
+    let override_existing =
+        gpuarch_fs::config::read_config().is_ok_and(|c| c.env.override_existing);
     for (k, v) in env {
         if !override_existing && std::env::var_os(&k).is_some() {
             continue;
@@ -119,7 +120,7 @@ fn from_daemon(gpus: &str) -> Result<Vec<(String, String)>> {
 /// The Plan from the snapshot gpuarchd last wrote, never NVML: a prolog
 /// must not wait on a driver.
 fn offline(gpus: &str) -> Result<Vec<(String, String)>> {
-    let config = gpuarch_inventory::read_config().context("the config")?;
+    let config = gpuarch_fs::config::read_config().context("the config")?;
     let snapshot = std::env::var_os("GPUARCH_INVENTORY")
         .map(PathBuf::from)
         .unwrap_or_else(|| config.daemon.snapshot.clone());
@@ -128,7 +129,7 @@ fn offline(gpus: &str) -> Result<Vec<(String, String)>> {
         inventory: Some(snapshot),
     };
     let (inv, _) = offline.inventory()?;
-    let plan = slurm::plan(gpus, &inv, &config.env).map_err(anyhow::Error::msg)?;
+    let plan = slurm::plan(gpus, &inv, &config.env)?;
     Ok(plan.env)
 }
 

@@ -54,7 +54,7 @@ impl Cache {
         let n = name.clone();
         let result = tokio::task::spawn_blocking(move || me.import_files(&n, files, ldconfig, &st))
             .await
-            .unwrap_or_else(|e| Err(e.to_string()));
+            .unwrap_or_else(|e| Err(ImportError::Task(e.to_string())));
         match result {
             Ok(()) => {
                 self.republish(vec![name]).await;
@@ -76,11 +76,9 @@ impl Cache {
         files: Vec<(String, std::fs::File)>,
         ldconfig: bool,
         state: &Mutex<JobStatus>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ImportError> {
         if self.packages().contains_key(name) {
-            return Err(format!(
-                "{name} is a kernel package's name; import under another"
-            ));
+            return Err(ImportError::PackageName(name.to_owned()));
         }
         let store = &self.builder.store;
         let snap = self.shared.snapshot();
@@ -92,15 +90,17 @@ impl Cache {
         // together, and never the store's last free bytes.
         let mut left = store.max_bytes();
         for (file, f) in files {
-            let meta = f.metadata().map_err(|e| format!("{file}: {e}"))?;
+            let io = |error| ImportError::Io {
+                file: file.clone(),
+                error,
+            };
+            let meta = f.metadata().map_err(io)?;
             if !meta.is_file() {
-                return Err(format!("{file}: not a regular file"));
+                return Err(ImportError::NotAFile(file));
             }
-            let too_large = || {
-                format!(
-                    "{file}: the import is larger than kernels.max_bytes ({})",
-                    store.max_bytes()
-                )
+            let too_large = || ImportError::TooLarge {
+                file: file.clone(),
+                max: store.max_bytes(),
             };
             if meta.len() > left {
                 return Err(too_large());
@@ -109,12 +109,11 @@ impl Cache {
             // A file that grows as it is read stops at the bound too.
             let staged = import::stage(store, &f, left).map_err(|e| match e.kind() {
                 std::io::ErrorKind::FileTooLarge => too_large(),
-                _ => format!("{file}: {e}"),
+                _ => io(e),
             })?;
             left -= staged.bytes();
             drop(f);
-            let (entry, objs) =
-                import::store_file(store, name, &file, staged).map_err(|e| e.to_string())?;
+            let (entry, objs) = import::store_file(store, name, &file, staged)?;
             let info = &entry.manifest.files[&file];
             let mut line = format!("{file}: carries {}", info.targets.join(", "));
             let mut runs = 0;
@@ -144,8 +143,7 @@ impl Cache {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
         };
-        let old =
-            import::commit(store, &record).map_err(|e| format!("recording the import: {e}"))?;
+        let old = import::commit(store, &record).map_err(ImportError::Record)?;
         info!(
             "imported {name}: {} file(s){}",
             record.keys.len(),
@@ -245,16 +243,45 @@ const IMPORT_RESERVE: u64 = 256 << 20;
 /// Whether `len` more bytes fit on the filesystem of `root` and leave
 /// [`IMPORT_RESERVE`]: a clear refusal before the copy, not a full disk
 /// for every other writer there.
-fn room(root: &std::path::Path, file: &str, len: u64) -> Result<(), String> {
+fn room(root: &std::path::Path, file: &str, len: u64) -> Result<(), ImportError> {
     let Ok(fs) = nix::sys::statvfs::statvfs(root) else {
         return Ok(()); // the copy's own errors say it
     };
     let free = fs.blocks_available().saturating_mul(fs.fragment_size());
     if len.saturating_add(IMPORT_RESERVE) > free {
-        return Err(format!(
-            "{file}: {len} bytes, and {} has {free} bytes free; an import leaves {IMPORT_RESERVE}",
-            root.display()
-        ));
+        return Err(ImportError::NoRoom {
+            file: file.to_owned(),
+            len,
+            root: root.to_owned(),
+            free,
+        });
     }
     Ok(())
+}
+
+/// Why an import changed nothing. Each prints its cause: the job's message
+/// is this one line.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    #[error("{0} is a kernel package's name; import under another")]
+    PackageName(String),
+    #[error("{file}: {error}")]
+    Io { file: String, error: std::io::Error },
+    #[error("{0}: not a regular file")]
+    NotAFile(String),
+    #[error("{file}: the import is larger than kernels.max_bytes ({max})")]
+    TooLarge { file: String, max: u64 },
+    #[error("{file}: {len} bytes, and {} has {free} bytes free; an import leaves {IMPORT_RESERVE}", root.display())]
+    NoRoom {
+        file: String,
+        len: u64,
+        root: std::path::PathBuf,
+        free: u64,
+    },
+    #[error("{0}")]
+    File(#[from] import::ImportError),
+    #[error("recording the import: {0}")]
+    Record(std::io::Error),
+    #[error("the import stopped: {0}")]
+    Task(String),
 }

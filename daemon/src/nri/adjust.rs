@@ -30,9 +30,21 @@ pub enum Outcome {
 /// that the selection reads them as it reads a pod's CDI annotations.
 pub const CDI_ANNOTATION: &str = "cdi.k8s.io/gpuarch-nri";
 
+/// Why a container is refused its start.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// What `strict: true` refuses a start over.
+    #[error("{0}")]
+    Strict(String),
+    /// The container's config could not be planned (only refused under
+    /// `strict`; else it starts unchanged).
+    #[error("cannot plan: {0}")]
+    Plan(HookError),
+}
+
 /// Plan `container` of `pod` and give the adjustment. A refusal under
 /// `strict` is the error.
-pub fn adjust(pod: &PodSandbox, container: &Container, ctx: &Context) -> Result<Outcome, String> {
+pub fn adjust(pod: &PodSandbox, container: &Container, ctx: &Context) -> Result<Outcome, Refusal> {
     if !pod.runtime_handler.is_empty()
         && ctx.config.nri.skip_handlers.contains(&pod.runtime_handler)
     {
@@ -43,8 +55,8 @@ pub fn adjust(pod: &PodSandbox, container: &Container, ctx: &Context) -> Result<
     let hooks_before = hook_count(&config);
     let plan = match gpuarch_hook::edit(&mut config, ctx) {
         Ok(plan) => plan,
-        Err(HookError::Refused(why)) => return Err(why),
-        Err(e) => return Err(format!("cannot plan: {e}")),
+        Err(HookError::Refused(why)) => return Err(Refusal::Strict(why)),
+        Err(e) => return Err(Refusal::Plan(e)),
     };
     if plan.is_noop() {
         return Ok(Outcome::Nothing(plan));

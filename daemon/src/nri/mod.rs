@@ -90,6 +90,7 @@ pub async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
                     last_failure = None;
                 }
                 Err(e) => {
+                    let e = e.to_string();
                     // Said once, not every second while the runtime is down.
                     if last_failure.as_deref() != Some(&e) {
                         warn!("NRI: {e}; trying again every {} s", RETRY.as_secs());
@@ -108,6 +109,27 @@ pub async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     }
 }
 
+/// Why no NRI session came up.
+#[derive(Debug, thiserror::Error)]
+enum SessionError {
+    #[error("cannot connect to {}: {error}", socket.display())]
+    Connect {
+        socket: std::path::PathBuf,
+        error: std::io::Error,
+    },
+    #[error("cannot serve the plugin API: {0}")]
+    Serve(ttrpc::Error),
+    #[error("{} refused the registration: {error}", socket.display())]
+    Refused {
+        socket: std::path::PathBuf,
+        error: ttrpc::Error,
+    },
+    #[error("{} did not answer the registration", .0.display())]
+    NoAnswer(std::path::PathBuf),
+    #[error("{} registered gpuarchd but never configured it", .0.display())]
+    NotConfigured(std::path::PathBuf),
+}
+
 /// One connection: register, then serve until the runtime goes, the
 /// config changes what it connects to, or gpuarchd stops. `Ok` is why a
 /// session that was up ended; `Err`, why none came up.
@@ -115,10 +137,14 @@ async fn session(
     shared: &Arc<Shared>,
     cfg: &NriConfig,
     stop: &mut watch::Receiver<bool>,
-) -> Result<String, String> {
+) -> Result<String, SessionError> {
+    let socket = cfg.socket.clone();
     let stream = tokio::net::UnixStream::connect(&cfg.socket)
         .await
-        .map_err(|e| format!("cannot connect to {}: {e}", cfg.socket.display()))?;
+        .map_err(|error| SessionError::Connect {
+            socket: socket.clone(),
+            error,
+        })?;
     let mut m = mux::split(stream);
     let (configured_tx, configured) = tokio::sync::oneshot::channel();
     let plugin = Plugin {
@@ -130,10 +156,7 @@ async fn session(
     let mut server = ttrpc::r#async::Server::new()
         .register_service(service)
         .add_listener(one_connection(m.plugin));
-    server
-        .start()
-        .await
-        .map_err(|e| format!("cannot serve the plugin API: {e}"))?;
+    server.start().await.map_err(SessionError::Serve)?;
     let client = proto::nri_ttrpc::RuntimeClient::new(ttrpc::r#async::Client::new(
         ttrpc::r#async::transport::Socket::new(m.runtime),
     ));
@@ -147,29 +170,20 @@ async fn session(
     .await;
     match registered {
         Ok(Ok(_)) => {}
-        Ok(Err(e)) => {
+        Ok(Err(error)) => {
             let _ = server.shutdown().await;
-            return Err(format!(
-                "{} refused the registration: {e}",
-                cfg.socket.display()
-            ));
+            return Err(SessionError::Refused { socket, error });
         }
         Err(_) => {
             let _ = server.shutdown().await;
-            return Err(format!(
-                "{} did not answer the registration",
-                cfg.socket.display()
-            ));
+            return Err(SessionError::NoAnswer(socket));
         }
     }
     let runtime = match tokio::time::timeout(CONFIGURE_WITHIN, configured).await {
         Ok(Ok(r)) => r,
         _ => {
             let _ = server.shutdown().await;
-            return Err(format!(
-                "{} registered gpuarchd but never configured it",
-                cfg.socket.display()
-            ));
+            return Err(SessionError::NotConfigured(socket));
         }
     };
     info!(

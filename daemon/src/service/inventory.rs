@@ -88,7 +88,7 @@ impl Inventory {
         // parse_list refuses a list over 4 KiB before reading it.
         let snap = current(&self.shared)?;
         let p = gpuarch_core::slurm::plan(gpus, &snap, &self.shared.config().env)
-            .map_err(fdo::Error::InvalidArgs)?;
+            .map_err(|e| fdo::Error::InvalidArgs(e.to_string()))?;
         Ok((p.env.into_iter().collect(), p.notes))
     }
 
