@@ -184,7 +184,7 @@ impl Offline {
     pub fn inventory(&self) -> Result<(Snapshot, String)> {
         // The config names the snapshot; a config that cannot be read leaves
         // the default (its own error is for the commands that use it).
-        let configured = gpuarch_inventory::read_config()
+        let configured = gpuarch_fs::config::read_config()
             .map(|c| c.daemon.snapshot)
             .unwrap_or_else(|_| PathBuf::from(gpuarch_inventory::DEFAULT_SNAPSHOT));
         Ok(gpuarch_inventory::read_inventory(

@@ -6,10 +6,12 @@
 //!
 //! - [`state`]: the inventory and config in force, and what each update changed;
 //! - [`refresh`]: NVML reads, backoff, snapshot writes, change signals;
-//! - [`service`]: the D-Bus interfaces and the caller checks;
+//! - [`service`]: the D-Bus interfaces, a file each, and the caller checks;
 //! - [`watch`]: config file watching;
-//! - [`cache`]: the kernel cache and its jobs;
-//! - [`jit`]: the per-architecture JIT caches the hook hands out;
+//! - [`cache`]: the kernel cache: its front, jobs, imports and mounts;
+//! - [`jit`]: the per-architecture JIT caches the hook hands out, sized and
+//!   removed through [`tree`] (by handle: a container wrote them);
+//! - [`nfd`]: Node Feature Discovery's labels file (`export.nfd`);
 //! - [`nri`]: the Plan for every pod's containers, as an NRI plugin;
 //! - [`sdnotify`], [`logging`]: systemd citizenship.
 //!
@@ -75,7 +77,7 @@ impl Args {
     fn config_file(&self) -> (PathBuf, bool) {
         match &self.config {
             Some(p) => (p.clone(), true),
-            None => gpuarch_inventory::config_path(),
+            None => gpuarch_fs::config::config_path(),
         }
     }
 }
@@ -86,7 +88,7 @@ pub fn check_config(args: &Args, path: Option<PathBuf>) -> u8 {
         Some(p) => (p, true),
         None => args.config_file(),
     };
-    match gpuarch_inventory::read_config_at(&path, must) {
+    match gpuarch_fs::config::read_config_at(&path, must) {
         Ok(_) if !path.exists() => {
             println!("{}: absent; the defaults apply", path.display());
             0
@@ -123,7 +125,7 @@ pub fn run(args: Args) -> Result<()> {
         warn!("{w}");
     }
     let (config_path, must_exist) = args.config_file();
-    let config = gpuarch_inventory::read_config_at(&config_path, must_exist)
+    let config = gpuarch_fs::config::read_config_at(&config_path, must_exist)
         .context("refusing to start with an invalid config")?;
     let nvml_lib = args
         .nvml_lib

@@ -14,7 +14,7 @@ use gpuarch_core::snapshot::Snapshot;
 /// Shared (`Arc`) because one failed reload answers every caller waiting.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}; the previous config stays in force")]
-pub struct ConfigRejected(#[source] pub Arc<gpuarch_inventory::ConfigFileError>);
+pub struct ConfigRejected(#[source] pub Arc<gpuarch_fs::config::ConfigFileError>);
 
 /// Why NVML gave no inventory this time. Clone, and the NVML error shared,
 /// because one read answers every Reload waiting on it.
@@ -157,7 +157,7 @@ impl Shared {
     /// config in force stays. (Here, not in the crate root, so that the
     /// refresher and the watcher need nothing of the root that runs them.)
     pub fn reload_config(&self) -> Result<bool, ConfigRejected> {
-        match gpuarch_inventory::read_config_at(&self.config_path, self.config_must_exist) {
+        match gpuarch_fs::config::read_config_at(&self.config_path, self.config_must_exist) {
             Ok(cfg) => {
                 let changed = self.set_config(cfg);
                 if changed {

@@ -1,12 +1,15 @@
 //! gpuarch-fs: the files gpuarch acts on as root, handled with care.
 //!
 //! - [`trust`]: whether another user could have put a file there or changed it;
+//! - [`config`]: the config file, read through [`trust`];
 //! - [`write_atomic`]: replace a file whole or not at all.
 //! - [`rewrite_atomic`]: the same for a file that exists, keeping its mode and owner.
 //!
 //! A crate of its own so that what needs only these (the kernel cache)
 //! does not depend on the inventory and, through it, on NVML.
+#![forbid(unsafe_code)]
 
+pub mod config;
 pub mod trust;
 
 use std::fs::{self, File, OpenOptions};

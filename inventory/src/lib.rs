@@ -3,6 +3,7 @@
 //!
 //! The hook and the CLI pick an implementation explicitly; tests use the real
 //! [`NvmlInventory`] against the fake `libnvidia-ml.so` of tests/fake-nvml.
+#![forbid(unsafe_code)]
 
 pub use gpuarch_fs::{trust, write_atomic};
 
@@ -312,70 +313,6 @@ pub fn write_snapshot(path: &Path, snap: &Snapshot) -> Result<(), InventoryError
     let mut text = snap.to_json_pretty();
     text.push('\n');
     write_atomic(path, text.as_bytes()).map_err(|source| InventoryError::SnapshotWrite {
-        path: path.to_owned(),
-        source,
-    })
-}
-
-/// Where the config is read from when `GPUARCH_CONFIG` does not say.
-pub const DEFAULT_CONFIG: &str = "/etc/gpuarch/config.yaml";
-
-/// Why the config could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigFileError {
-    #[error("cannot read config {}: {source}", path.display())]
-    Read { path: PathBuf, source: io::Error },
-    #[error("config {}: {source}", path.display())]
-    Parse {
-        path: PathBuf,
-        source: gpuarch_core::config::ConfigError,
-    },
-    /// The config decides what runs as root: another user's, or a writable
-    /// one, is refused.
-    #[error("config: {0}")]
-    Untrusted(#[from] trust::Untrusted),
-}
-
-/// The config file to read: `GPUARCH_CONFIG` if set (it must then exist),
-/// else [`DEFAULT_CONFIG`] (which may be absent: defaults apply).
-pub fn config_path() -> (PathBuf, bool) {
-    match std::env::var_os("GPUARCH_CONFIG") {
-        Some(p) => (PathBuf::from(p), true),
-        None => (PathBuf::from(DEFAULT_CONFIG), false),
-    }
-}
-
-/// Read the config named by `GPUARCH_CONFIG`, else [`DEFAULT_CONFIG`]. The
-/// default file may be absent (defaults apply); a named one must exist.
-pub fn read_config() -> Result<gpuarch_core::config::Config, ConfigFileError> {
-    let (path, named) = config_path();
-    read_config_at(&path, named)
-}
-
-/// Read and check the config at `path`. With `must_exist` false a missing
-/// file is the default config.
-pub fn read_config_at(
-    path: &Path,
-    must_exist: bool,
-) -> Result<gpuarch_core::config::Config, ConfigFileError> {
-    // Opened once and checked as opened: what is read is what was checked.
-    let text = match trust::open(path) {
-        Ok(f) => io::read_to_string(f).map_err(|source| ConfigFileError::Read {
-            path: path.to_owned(),
-            source,
-        })?,
-        Err(e) if e.is_not_found() && !must_exist => {
-            return Ok(gpuarch_core::config::Config::default());
-        }
-        Err(trust::OpenError::Untrusted(u)) => return Err(u.into()),
-        Err(trust::OpenError::Io { source, .. }) => {
-            return Err(ConfigFileError::Read {
-                path: path.to_owned(),
-                source,
-            });
-        }
-    };
-    gpuarch_core::config::Config::from_yaml(&text).map_err(|source| ConfigFileError::Parse {
         path: path.to_owned(),
         source,
     })

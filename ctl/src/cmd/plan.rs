@@ -97,7 +97,7 @@ pub fn local(cli: &Cli, args: &PlanArgs, out: &mut String) -> Result<u8> {
         env.push((k.to_owned(), v.to_owned()));
     }
     let software = software(&args.software)?;
-    let cfg = gpuarch_inventory::read_config()?;
+    let cfg = gpuarch_fs::config::read_config()?;
     let (snap, _) = Offline::of(cli).inventory()?;
     let plan = match view {
         Some(mut view) => {

@@ -15,7 +15,7 @@ use crate::render;
 pub fn run(json: bool, args: &WhyArgs, out: &mut String) -> Result<u8> {
     let dir = match &args.dir {
         Some(d) => d.clone(),
-        None => gpuarch_inventory::read_config()?.hook.record_dir,
+        None => gpuarch_fs::config::read_config()?.hook.record_dir,
     };
     if !dir.is_dir() {
         bail!(

@@ -68,7 +68,7 @@ pub fn checks(cli: &Cli, root: &Path) -> Vec<Check> {
         None => (under(root, Path::new("/etc/gpuarch/config.yaml")), false),
     };
     let mut checks = Vec::new();
-    let config = match gpuarch_inventory::read_config_at(&config_path, from_env) {
+    let config = match gpuarch_fs::config::read_config_at(&config_path, from_env) {
         Ok(c) => {
             let detail = if config_path.exists() {
                 format!("{} is valid", config_path.display())
@@ -78,7 +78,7 @@ pub fn checks(cli: &Cli, root: &Path) -> Vec<Check> {
             checks.push(ok("config", detail));
             c
         }
-        Err(gpuarch_inventory::ConfigFileError::Untrusted(u)) => {
+        Err(gpuarch_fs::config::ConfigFileError::Untrusted(u)) => {
             let fix = u.fix.clone();
             checks.push(fail("config", format!("config: {u}"), fix));
             gpuarch_core::config::Config::default()
