@@ -413,6 +413,22 @@ impl Target {
     }
 }
 
+/// The one of `targets` that serves a GPU of capability `cap` best: the
+/// highest SASS that runs there; else, when `ptx` may serve, the highest
+/// PTX the driver can JIT-compile. The rule of the hook's choice of build
+/// and of `gpuarchctl inspect`'s verdict alike.
+pub fn best_target(
+    targets: impl IntoIterator<Item = Target>,
+    cap: ComputeCapability,
+    driver_cuda: Option<CudaVersion>,
+    ptx: bool,
+) -> Option<Target> {
+    targets
+        .into_iter()
+        .filter(|t| (t.kind == CodeKind::Sass || ptx) && t.check(cap, driver_cuda, None).runs)
+        .max_by_key(|t| (t.kind == CodeKind::Sass, *t))
+}
+
 fn split_suffix(s: &str) -> (&str, Specificity) {
     if let Some(b) = s.strip_suffix('a') {
         (b, Specificity::ArchSpecific)

@@ -144,18 +144,10 @@ pub fn placement(
     cap: ComputeCapability,
     driver_cuda: Option<CudaVersion>,
 ) -> Placement {
-    let fits = |kind: CodeKind| {
-        objs.iter()
-            .filter(|o| o.target.kind == kind)
-            .filter(|o| o.target.check(cap, driver_cuda, None).runs)
-            .map(|o| o.target)
-            .max()
-    };
-    if let Some(t) = fits(CodeKind::Sass) {
-        return Placement::Sass(t);
-    }
-    if let Some(t) = fits(CodeKind::Ptx) {
-        return Placement::Jit(t);
+    match gpuarch_core::arch::best_target(objs.iter().map(|o| o.target), cap, driver_cuda, true) {
+        Some(t) if t.kind == CodeKind::Sass => return Placement::Sass(t),
+        Some(t) => return Placement::Jit(t),
+        None => {}
     }
     if objs.is_empty() {
         return Placement::No("the binary carries no GPU code".into());

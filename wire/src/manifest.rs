@@ -99,6 +99,21 @@ pub struct HandMade {
     pub libraries: Vec<String>,
 }
 
+/// A view's directory name under `kernels.view_dir`: the lowercase hex of
+/// the sha256 of what it holds. The hook names views so; gpuarchd sweeps
+/// only directories named so.
+pub fn view_name(digest: &[u8; 32]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `name` is a view's name ([`view_name`]'s form).
+pub fn is_view_name(name: &str) -> bool {
+    name.len() == 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// What a container sees at `/opt/gpuarch/kernels/<package>/manifest.json`
 /// of a published package: which build serves each of its GPUs. The hook
 /// writes it into the container's view; gpuarchd reads the `key`s of a

@@ -393,7 +393,7 @@ impl Cache {
         for e in entries.flatten().take(1024) {
             let name = e.file_name().to_string_lossy().into_owned();
             let _ = std::fs::remove_file(e.path());
-            let Some((p, a)) = name.split_once('@') else {
+            let Some((p, a)) = gpuarch_wire::spool::parse_request(&name) else {
                 continue;
             };
             match (pkgs.contains_key(p), parse_arch(a)) {

@@ -171,7 +171,7 @@ fn sweep(dir: &Path, mounted: &HashSet<String>) -> usize {
             .metadata()
             .and_then(|m| m.modified())
             .is_ok_and(|t| t.elapsed().is_ok_and(|age| age < VIEW_GRACE));
-        if !valid_view(&name) || fresh || mounted.contains(&name) {
+        if !gpuarch_wire::manifest::is_view_name(&name) || fresh || mounted.contains(&name) {
             continue;
         }
         // Out of the hook's sight first, then judged again: a hook that
@@ -195,11 +195,6 @@ fn sweep(dir: &Path, mounted: &HashSet<String>) -> usize {
     removed
 }
 
-/// A view's name: 64 hex digits (the hook's sha256).
-fn valid_view(name: &str) -> bool {
-    name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
 /// What is mounted of the store in any mount namespace, read from
 /// `/proc/<pid>/mountinfo`, one process per namespace. A mount counts only
 /// when it is of the store's own filesystem and its root is exactly an
@@ -219,7 +214,7 @@ pub fn mounted(store: &StoreFs, views: Option<&StoreFs>) -> Mounted {
             && dev == v.dev
             && let Some(rest) = root.strip_prefix(vp.as_str())
             && let name = rest.split('/').next().unwrap_or_default()
-            && valid_view(name)
+            && gpuarch_wire::manifest::is_view_name(name)
         {
             found.views.insert(name.to_owned());
             return;

@@ -2,7 +2,7 @@
 //! laid out for it; and, for a GPU with no build of its arch yet, a build
 //! request left in the spool for gpuarchd.
 
-use gpuarch_core::arch::{CudaVersion, Target};
+use gpuarch_core::arch::CudaVersion;
 use gpuarch_core::config::{KernelsConfig, valid_package_name as valid_name};
 use gpuarch_core::plan::Plan;
 
@@ -171,32 +171,4 @@ pub fn discover(cfg: &KernelsConfig, plan: &Plan, driver_cuda: &str) -> (Kernels
         },
         notes,
     )
-}
-
-/// Leave a request for a build of `package` for `arch`; an existing request
-/// is enough. Never fails the container: a failure is a note.
-pub(super) fn request(cfg: &KernelsConfig, package: &str, arch: Target, notes: &mut Vec<String>) {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    let _ = std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&cfg.spool_dir);
-    let path = cfg.spool_dir.join(format!("{package}@{arch}"));
-    match std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-    {
-        Ok(_) => notes.push(format!(
-            "kernel package {package}: no {arch} build yet; requested it from gpuarchd"
-        )),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => notes.push(format!(
-            "kernel package {package}: no {arch} build yet; already requested"
-        )),
-        Err(e) => notes.push(format!(
-            "kernel package {package}: no {arch} build yet, and the request could not be left in {}: {e}",
-            cfg.spool_dir.display()
-        )),
-    }
 }

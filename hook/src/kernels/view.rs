@@ -12,7 +12,6 @@ use gpuarch_core::plan::Plan;
 use gpuarch_wire::manifest::{Serves, View, ViewBuild, ViewGpu};
 use sha2::{Digest, Sha256};
 
-use super::discover::request;
 use super::manifest::MAX_MANIFEST_BYTES;
 use super::manifest::{PackageManifest, PublishedBuild};
 use super::{CONTAINER_DIR, KernelMount, MAX_PACKAGES};
@@ -236,13 +235,9 @@ fn best_for<'a>(
     cuda: Option<CudaVersion>,
     imported: bool,
 ) -> Option<&'a PublishedBuild> {
-    builds
-        .iter()
-        .copied()
-        .filter(|b| {
-            (b.arch.kind == CodeKind::Sass || imported) && b.arch.check(cap, cuda, None).runs
-        })
-        .max_by_key(|b| (b.arch.kind == CodeKind::Sass, b.arch))
+    // The last of equals, as the builds are listed.
+    let best = gpuarch_core::arch::best_target(builds.iter().map(|b| b.arch), cap, cuda, imported)?;
+    builds.iter().copied().rfind(|b| b.arch == best)
 }
 
 /// The loader-cache directories (as the container sees them) the view at
@@ -337,7 +332,7 @@ fn digest(published: &[Serving], handmade: &[KernelMount], linked: bool) -> Stri
     for m in handmade {
         part(m.package.as_bytes());
     }
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    gpuarch_wire::manifest::view_name(&h.finalize().into())
 }
 
 /// Device and inode of every file of `used`, in order; each must be a
@@ -415,6 +410,37 @@ fn make_view(
     })();
     let _ = std::fs::remove_dir_all(&tmp);
     res
+}
+
+/// Leave a request for a build of `package` for `arch`; an existing request
+/// is enough. Never fails the container: a failure is a note.
+fn request(cfg: &KernelsConfig, package: &str, arch: Target, notes: &mut Vec<String>) {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let _ = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&cfg.spool_dir);
+    let path = cfg.spool_dir.join(gpuarch_wire::spool::request_name(
+        package,
+        &arch.to_string(),
+    ));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+    {
+        Ok(_) => notes.push(format!(
+            "kernel package {package}: no {arch} build yet; requested it from gpuarchd"
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => notes.push(format!(
+            "kernel package {package}: no {arch} build yet; already requested"
+        )),
+        Err(e) => notes.push(format!(
+            "kernel package {package}: no {arch} build yet, and the request could not be left in {}: {e}",
+            cfg.spool_dir.display()
+        )),
+    }
 }
 
 #[cfg(test)]
