@@ -6,7 +6,7 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// The variables gpuarch injects. Names are a contract (DESIGN.md).
+/// The variables gpuarch injects. Names are a contract (docs/CONTRACT.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum EnvVar {
     TorchCudaArchList,

@@ -24,6 +24,7 @@
 //! - [`slurm`]: gres.conf lines by architecture, and Slurm's GPU numbering;
 //! - [`nfd`]: Kubernetes node labels for Node Feature Discovery;
 //! - [`text`]: one bounded line a record, whatever a message carries.
+#![forbid(unsafe_code)]
 
 pub mod arch;
 pub mod config;

@@ -286,7 +286,7 @@ mod tests {
     }
 
     #[test]
-    fn the_issues_cases() {
+    fn each_gpu_gets_the_best_target_its_toolkit_builds() {
         // GB10 under 12.8: sm_120 SASS runs on 12.1.
         assert_eq!(best(c("12.1"), v("12.8")), Build::Family(c("12.0")));
         assert_eq!(best(c("12.1"), v("12.9")), Build::Exact(c("12.1")));

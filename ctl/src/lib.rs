@@ -7,6 +7,7 @@
 //! This crate is the program; its library form exists for the man pages
 //! (xtask) and the tests. Errors are `anyhow` here, as in any binary: the
 //! libraries under it keep their own typed errors, carried as the source.
+#![forbid(unsafe_code)]
 
 pub mod check;
 pub mod cli;

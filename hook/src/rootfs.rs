@@ -166,7 +166,7 @@ impl Root {
     /// (`open_tree`) is made read-only (`mount_setattr`) before it is
     /// attached (`move_mount`), so it is never visible writable, and
     /// nothing is looked up a second time for a swapped path to redirect
-    /// (issue 17: a remount through a second lookup once failed on a decoy
+    /// (a remount through a second lookup once failed on a decoy
     /// and left the store mounted read-write). Returns the mount, for
     /// [`Mounted::undo`].
     pub fn bind_read_only(&self, source: &Path, rel: &Path) -> Result<Mounted, RootfsError> {

@@ -10,7 +10,10 @@
 //! - [`build`]: variant choice and fallback for one package and arch;
 //! - [`inspect`]: what a cubin, fatbin, PTX file or library really carries;
 //! - [`file`]: stored files digested and inspected without being held;
-//! - [`remote`]: builds shared through an OCI registry (`kernels.remote`);
+//! - [`publish`]: the manifests the hook reads, one per package, each arch
+//!   naming the verified entry that serves it;
+//! - [`remote`]: the contract of the registry tier (`kernels.remote`); its
+//!   client is the `gpuarch-registry` crate;
 //! - [`import`]: prebuilt libraries an admin imports, served by what they carry.
 
 pub mod build;

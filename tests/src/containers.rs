@@ -219,7 +219,8 @@ impl Seen {
         String::from_utf8_lossy(&self.out.stderr).into_owned()
     }
 
-    /// The three hints of the issue, as the container's env has them.
+    /// The three hints (arch list, dtype, attention), as the container's env
+    /// has them.
     pub fn hints(&self) -> (Option<&str>, Option<&str>, Option<&str>) {
         (
             self.get("TORCH_CUDA_ARCH_LIST"),

@@ -18,7 +18,8 @@ use gpuarch_tests::{
 };
 use serde_json::{Value, json};
 
-/// The issue's table, through one way of starting containers.
+/// What each way of naming GPUs gives, through one way of starting
+/// containers.
 /// `env_files`: whether the engine path writes `/run/gpuarch/env` for exec
 /// sessions (the shim's `runtime.env_files`, off by default).
 fn matrix(env_files: bool, start: impl Fn(&Scene, &[&str]) -> Seen) {
@@ -1062,7 +1063,7 @@ fn published_and_hand_made_packages_share_one_view() {
 
 /// Another container sharing the volume at /opt swaps /opt/gpuarch with a
 /// decoy in a `renameat2(RENAME_EXCHANGE)` loop while GPU containers start
-/// with the createContainer hook (issue 17, break 1). The hook once bound
+/// with the createContainer hook. The hook once bound
 /// the store, then looked the path up again to make the mount read-only;
 /// the second lookup could land on the decoy, fail, and leave the store
 /// mounted writable. Now each mount is read-only before it is attached to
@@ -1772,7 +1773,7 @@ fn tenants_running_one_image_never_share_a_jit_cache() {
     assert!(log.contains("namespace team-b, image vllm:0.9"), "{log}");
 }
 
-/// Per-arch JIT caches (issue 20): containers on the same GPU with the same
+/// Per-arch JIT caches: containers on the same GPU with the same
 /// uid and image share one, read-write, through runc, crun and the
 /// createContainer hook alone; another arch, uid or image gets its own;
 /// what a container leaves in its cache (symlinks out of it) neither

@@ -314,7 +314,7 @@ fn root_gc(node: &Node, calls: usize) -> (Vec<Duration>, Vec<Duration>) {
 
 /// nobody builds a mount table of over 20,000 entries in a user namespace
 /// of their own and floods the disk reads from eight connections with 128
-/// calls in flight each (issue 17, break 3). Root's GarbageCollect is not
+/// calls in flight each, as a hostile probe once did. Root's GarbageCollect is not
 /// queued behind them and does not read that table (a namespace whose
 /// table is bigger than any container's is skipped); gpuarchd's memory
 /// does not grow with the flood, which is refused past its bound. Before,

@@ -65,7 +65,7 @@ fn untouched(env: &BTreeMap<String, String>, case: &str) {
     assert!(!env.contains_key("TORCH_CUDA_ARCH_LIST"), "{case}: {env:?}");
 }
 
-/// The hook issue's cases through Docker: gpuarch as the default runtime
+/// The Plan's cases through Docker: gpuarch as the default runtime
 /// and by name, each way of asking for GPUs, the container's own value and
 /// opt-outs; `--runtime runc` is left alone.
 #[test]
@@ -947,7 +947,7 @@ const JIT_SCRIPT: &str = "echo $TORCH_EXTENSIONS_DIR > /out/tex; e=$TORCH_EXTENS
     elif [ -e $e ]; then echo reused > /out/ext; \
     else mkdir -p ${e%/*} && echo built > $e && echo built > /out/ext; fi";
 
-/// Per-arch JIT caches under the real engines (issue 20). containerd's CRI
+/// Per-arch JIT caches under the real engines. containerd's CRI
 /// names the image (`io.kubernetes.cri.image-name`): under the default
 /// scope two pods of the image on GPU 1 share a cache, a pod on GPU 0 does
 /// not. Docker names none: under the default scope it gets no cache (and

@@ -386,7 +386,7 @@ fn hostile_device_names_are_notes_in_a_bounded_log() {
 
 /// The snapshot comes from the config's `daemon.snapshot` when the
 /// environment names none: the shim runs in whatever environment the
-/// engine's containerd has, so the admin sets it there (issue 18). The
+/// engine's containerd has, so the admin sets it there. The
 /// environment still wins, for tests and demos.
 #[test]
 fn the_config_names_the_snapshot() {

@@ -536,7 +536,7 @@ fn measure(
     t
 }
 
-/// The hook issue's target: gpuarch-runtime in front of runc adds under
+/// The target: gpuarch-runtime in front of runc adds under
 /// 10% to a container's start.
 const TARGET: f64 = 0.10;
 
@@ -707,7 +707,7 @@ fn fifty_containers_at_once_each_get_their_own_plan() {
             100.0 * START_GUARD
         );
     }
-    // The hook issue's case: the shim in front of runc, no kernel packages.
+    // The case held to the target: the shim in front of runc, no kernel packages.
     // Kernel packages add runc's work for their mounts (about 0.2 ms of CPU
     // each, a container of two GPUs gets three per package); podman's CPU
     // time leaves out conmon's and the runtime's, which podman does not wait

@@ -1,4 +1,4 @@
-//! gpuarch under a real Slurm (issue 21): a single-node cluster from
+//! gpuarch under a real Slurm: a single-node cluster from
 //! Debian's packages whose gres.conf `gpuarchctl slurm gres` wrote for the
 //! 2080 Ti + 3090 fixture, with the shipped TaskProlog wrapper asking
 //! gpuarchd (fake NVML, private bus). The cluster starts once for this

@@ -1,4 +1,5 @@
-//! What gpuarch runs as root must be root's (issue 17, break 4): a kernel
+//! What gpuarch runs as root must be root's, or anyone who can write it
+//! runs code as root: a kernel
 //! package that another user owns is never built, so its `command` never
 //! runs; a runtime another user owns is never exec'd by the shim; and a
 //! config another user could write is not obeyed. Each case is shown to

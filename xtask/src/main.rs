@@ -8,6 +8,7 @@
 //!
 //! Pages are gzipped without a timestamp, so the same sources give the same
 //! bytes (lintian wants them compressed; reproducible builds want them equal).
+#![forbid(unsafe_code)]
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};

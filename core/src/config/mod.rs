@@ -1,7 +1,6 @@
-//! The parts of `/etc/gpuarch/config.yaml` that planning obeys. The file is
-//! shared by the daemon and the hook; sections for them are added by the
-//! issues that build them. Unknown keys are errors, so a typo never passes as
-//! a default.
+//! `/etc/gpuarch/config.yaml`, the one file every gpuarch program reads:
+//! gpuarchd, the hook, the shim and gpuarchctl. Unknown keys are errors, so
+//! a typo never passes as a default.
 //!
 //! ```yaml
 //! strict: false          # default: fail open (containers start unchanged on error)
