@@ -71,9 +71,9 @@ pub fn engine_command(program: &Path, cwd: &Path, shared: &Path) -> Command {
 
 /// Skip the test, saying why, unless it may run containers with `tools`.
 #[macro_export]
-macro_rules! require_containers {
+macro_rules! need_containers {
     ($($tool:expr),*) => {
-        $crate::require!($crate::containers::missing(&[$($tool),*]))
+        $crate::skip_unless!($crate::containers::missing(&[$($tool),*]))
     };
 }
 
@@ -419,7 +419,10 @@ impl Scene {
         let mut cmd = if runtime == "crun" {
             // crun wants cgroup v2 alone: hide the hybrid v1 "unified" mount
             // in a private mount namespace (an engine root's is one; a no-op
-            // where there is no such mount).
+            // where there is no such mount). A tmpfs of the namespace's own
+            // goes in its place: crun leaves a directory per container
+            // there, which on the host's /sys/fs/cgroup tmpfs (1024 inodes)
+            // added up over runs until crun could start no container.
             let mut c = if crate::roots::engine_root().ok().flatten().is_some() {
                 engine_command(Path::new("sh"), self.path(), self.path())
             } else {
@@ -428,7 +431,11 @@ impl Scene {
                 c
             };
             c.arg("-c")
-                .arg("umount /sys/fs/cgroup/unified 2>/dev/null; exec \"$@\"")
+                .arg(
+                    "umount /sys/fs/cgroup/unified 2>/dev/null && \
+                     mount -t tmpfs -o size=64k,mode=0755 gpuarch-unified /sys/fs/cgroup/unified; \
+                     exec \"$@\"",
+                )
                 .arg("sh")
                 .arg(shim);
             c
