@@ -36,3 +36,8 @@ pub fn clean(msg: &str) -> std::borrow::Cow<'_, str> {
     }
     std::borrow::Cow::Owned(out)
 }
+/// The first line of `s` that is not blank (a tool's error often starts
+/// with an empty one), or `s` when every line is.
+pub fn first_line(s: &str) -> &str {
+    s.lines().find(|l| !l.trim().is_empty()).unwrap_or(s)
+}

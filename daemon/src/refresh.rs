@@ -268,9 +268,9 @@ impl Refresher {
             (Some(s), Some(e)) => format!(
                 "serving {} GPU(s), STALE: {}",
                 s.devices.len(),
-                first_line(e)
+                gpuarch_core::text::first_line(e)
             ),
-            (None, Some(e)) => format!("no GPU inventory: {}", first_line(e)),
+            (None, Some(e)) => format!("no GPU inventory: {}", gpuarch_core::text::first_line(e)),
             (None, None) => "starting".to_owned(),
         };
         let _ = sdnotify::notify(&format!("STATUS={line}"));
@@ -332,8 +332,4 @@ impl Refresher {
             deadline = tokio::time::Instant::now() + self.next_delay();
         }
     }
-}
-
-fn first_line(s: &str) -> &str {
-    s.lines().next().unwrap_or_default()
 }

@@ -240,10 +240,7 @@ mod tests {
 
     #[test]
     fn a_symlink_another_user_owns_is_refused_even_in_a_sticky_directory() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIPPED: needs root to give a link away");
-            return;
-        }
+        gpuarch_testkit::skip_unless!(gpuarch_testkit::unless_root("to give a link away"));
         let tmp = tempfile::tempdir().unwrap();
         let sticky = tmp.path().join("tmp");
         std::fs::create_dir(&sticky).unwrap();
@@ -276,10 +273,7 @@ mod tests {
 
     #[test]
     fn another_users_file_is_refused() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIPPED: needs root to give a file away");
-            return;
-        }
+        gpuarch_testkit::skip_unless!(gpuarch_testkit::unless_root("to give a file away"));
         let tmp = tempfile::tempdir().unwrap();
         let f = tmp.path().join("kernel.yaml");
         std::fs::write(&f, "x").unwrap();

@@ -328,18 +328,6 @@ mod tests {
     use gpuarch_core::config::{Config, JitScope};
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-    fn root_or_ci() -> bool {
-        if nix::unistd::geteuid().is_root() {
-            return true;
-        }
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI: the JIT cache tests chown to other uids and need root"
-        );
-        eprintln!("SKIPPED: not root");
-        false
-    }
-
     fn container(dev: &str, uid: u32, image: &str, env: &[&str]) -> Value {
         let mut e = vec![format!("NVIDIA_VISIBLE_DEVICES={dev}")];
         e.extend(env.iter().map(|s| s.to_string()));
@@ -386,9 +374,9 @@ mod tests {
 
     #[test]
     fn same_gpu_and_tenant_share_a_cache_and_nothing_else_does() {
-        if !root_or_ci() {
-            return;
-        }
+        gpuarch_testkit::skip_unless!(gpuarch_testkit::unless_root(
+            "(the JIT cache tests chown to other uids)"
+        ));
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("jit");
         let cx = ctx(cfg(&dir));
@@ -499,9 +487,9 @@ mod tests {
 
     #[test]
     fn symlinks_and_foreign_owners_are_refused_not_followed() {
-        if !root_or_ci() {
-            return;
-        }
+        gpuarch_testkit::skip_unless!(gpuarch_testkit::unless_root(
+            "(the JIT cache tests chown to other uids)"
+        ));
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("jit");
         let outside = tmp.path().join("outside");

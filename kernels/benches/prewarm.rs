@@ -49,7 +49,7 @@ fn prewarm(cuda: &Path, root: &Path, workers: usize) -> (Duration, usize) {
 
 fn main() {
     let Some(cuda) = cuda() else {
-        eprintln!("SKIPPED: no NVRTC wheel (run scripts/test once to unpack it)");
+        gpuarch_testkit::skip("no NVRTC wheel (run scripts/test once to unpack it)");
         return;
     };
     let tmp = tempfile::tempdir().unwrap();

@@ -8,14 +8,7 @@ pub fn cuda_dir() -> Option<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let found = gpuarch_kernels::toolchain::local_wheels(&root);
     if found.is_none() {
-        let why = "no NVRTC wheel under .local/cuda (scripts/test installs it)";
-        // As gpuarch_tests::skip (this crate cannot depend on it).
-        if std::env::var("CI").is_ok_and(|v| v == "true")
-            || std::env::var("GPUARCH_TEST_REQUIRE_ALL").is_ok_and(|v| v == "1")
-        {
-            panic!("cannot run (CI=true or GPUARCH_TEST_REQUIRE_ALL=1): {why}");
-        }
-        eprintln!("SKIPPED: {why}");
+        gpuarch_testkit::skip("no NVRTC wheel under .local/cuda (scripts/test installs it)");
     }
     found
 }

@@ -119,7 +119,7 @@ fn nvrtc_builds_under_memory_deny_write_execute() {
     let o = match cmd.output() {
         Ok(o) => o,
         Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => {
-            eprintln!("SKIPPED: this kernel has no PR_SET_MDWE (Linux 6.3+)");
+            gpuarch_testkit::skip("this kernel has no PR_SET_MDWE (Linux 6.3+)");
             return;
         }
         Err(e) => panic!("{e}"),

@@ -94,10 +94,9 @@ fn median(mut v: Vec<Duration>) -> Duration {
 }
 
 fn main() {
-    if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("SKIPPED: run as root (only root may own io.gpuarch1 under the shipped policy)");
-        return;
-    }
+    gpuarch_tests::skip_unless!(gpuarch_testkit::unless_root(
+        "(only root may own io.gpuarch1 under the shipped policy)"
+    ));
     let mut node = Node::new("2080ti-3090", Policy::Shipped);
     node.start(&[]);
     let pid = node.daemon.as_ref().unwrap().id();

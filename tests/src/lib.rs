@@ -150,36 +150,9 @@ pub fn cannot_run(root_for: &str, tools: &[&str]) -> Option<String> {
         .map(|t| format!("{t} is not installed"))
 }
 
-/// Must every test run: under CI (`CI=true`) or with
-/// `GPUARCH_TEST_REQUIRE_ALL=1`.
-pub fn require_all() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true")
-        || std::env::var("GPUARCH_TEST_REQUIRE_ALL").is_ok_and(|v| v == "1")
-}
-
-/// A test that cannot run here: where every test must run
-/// ([`require_all`]) that is a failure naming what is missing, elsewhere a
-/// SKIPPED line.
-pub fn skip(why: &str) {
-    if require_all() {
-        panic!("cannot run (CI=true or GPUARCH_TEST_REQUIRE_ALL=1): {why}");
-    }
-    eprintln!("SKIPPED: {why}");
-}
-
-/// Return from the test when `why` (an `Option<String>`, such as
-/// [`cannot_run`]'s) says it cannot run: through [`skip`], a failure where
-/// every test must run, a SKIPPED line elsewhere. Each test file's own
-/// `require!` names its prerequisites and calls this one.
-#[macro_export]
-macro_rules! require {
-    ($why:expr) => {
-        if let Some(why) = $why {
-            $crate::skip(&why);
-            return;
-        }
-    };
-}
+// The skip policy is gpuarch-testkit's, shared with every crate's unit
+// tests: `skip`, `skip_unless!`, `require_all`.
+pub use gpuarch_testkit::{require_all, skip, skip_unless};
 
 /// Paths of built artifacts.
 #[derive(Debug)]

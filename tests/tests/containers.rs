@@ -13,9 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use gpuarch_tests::containers::{Scene, Seen, nvidia_nodes};
-use gpuarch_tests::{
-    artifacts, fixture, image_fixture, require_containers as require, workspace_root,
-};
+use gpuarch_tests::{artifacts, fixture, image_fixture, need_containers, workspace_root};
 use serde_json::{Value, json};
 
 /// What each way of naming GPUs gives, through one way of starting
@@ -77,19 +75,19 @@ fn matrix(env_files: bool, start: impl Fn(&Scene, &[&str]) -> Seen) {
 
 #[test]
 fn runc_behind_the_shim() {
-    require!("runc");
+    need_containers!("runc");
     matrix(false, |s, env| s.shim("runc", env));
 }
 
 #[test]
 fn crun_behind_the_shim() {
-    require!("crun", "runc", "unshare");
+    need_containers!("crun", "runc", "unshare");
     matrix(false, |s, env| s.shim("crun", env));
 }
 
 #[test]
 fn podman_with_the_precreate_hook() {
-    require!("podman", "runc");
+    need_containers!("podman", "runc");
     matrix(false, |s, env| {
         let args: Vec<String> = env
             .iter()
@@ -102,7 +100,7 @@ fn podman_with_the_precreate_hook() {
 
 #[test]
 fn podman_device_nodes_assign_gpus() {
-    require!("podman", "runc");
+    need_containers!("podman", "runc");
     let s = Scene::new();
     // Stand-in device nodes with the NVIDIA major and each GPU's minor.
     let dev = nvidia_nodes(&s.path().join("dev"), &[0, 1]);
@@ -142,7 +140,7 @@ fn podman_device_nodes_assign_gpus() {
 /// scene's own directory (`--cdi-spec-dir`).
 #[test]
 fn podman_cdi_devices_get_the_plan_of_the_gpu_the_spec_names() {
-    require!("podman", "runc");
+    need_containers!("podman", "runc");
     let mut s = Scene::new();
     // The 2080 Ti (index 0) at minor 3, the 3090 (index 1) at minor 2.
     let mut inv: Value =
@@ -243,7 +241,7 @@ fn podman_cdi_devices_get_the_plan_of_the_gpu_the_spec_names() {
 /// tmpfs on /run) would hide them. Either way the container sees them.
 #[test]
 fn env_files_are_written_by_the_shim_or_after_the_mounts() {
-    require!("runc");
+    need_containers!("runc");
     let mut s = Scene::new();
     s.config_yaml = "runtime:\n  env_files: true\n".into();
     for run_tmpfs in [false, true] {
@@ -267,7 +265,7 @@ fn env_files_are_written_by_the_shim_or_after_the_mounts() {
 /// Kernel packages are mounted read-only where they serve every GPU.
 #[test]
 fn kernel_packages_are_mounted_read_only() {
-    require!("runc");
+    need_containers!("runc");
     let mut s = Scene::new();
     let root = s.path().join("kernels");
     for (name, targets) in [
@@ -305,7 +303,7 @@ fn kernel_packages_are_mounted_read_only() {
 /// write and mount lands inside the rootfs, and the host stays as it was.
 #[test]
 fn a_hostile_rootfs_cannot_reach_the_host() {
-    require!("runc", "podman");
+    need_containers!("runc", "podman");
     let mut s = Scene::new();
     let host_run = s.path().join("host-run");
     let host_opt = s.path().join("host-opt");
@@ -345,7 +343,7 @@ fn a_hostile_rootfs_cannot_reach_the_host() {
 /// The container's loader variables never reach the hook or what it runs.
 #[test]
 fn the_containers_ld_preload_never_runs_on_the_host() {
-    require!("runc", "podman", "gcc");
+    need_containers!("runc", "podman", "gcc");
     let s = Scene::new();
     let marker = s.path().join("preload-ran");
     let src = s.path().join("evil.c");
@@ -395,7 +393,7 @@ fn the_containers_ld_preload_never_runs_on_the_host() {
 /// it does not start, and the reason is one line on stderr.
 #[test]
 fn failures_are_open_by_default_and_closed_with_strict() {
-    require!("runc", "crun", "podman", "unshare");
+    need_containers!("runc", "crun", "podman", "unshare");
     let mut s = Scene::new();
     let bad = s.path().join("bad-inventory.json");
     std::fs::write(&bad, "{\"schema\": 1, \"devices\": [").unwrap();
@@ -476,7 +474,7 @@ fn runc_starts() -> [(&'static str, Start); 2] {
 /// the runtime's error. A device name that names no GPU here: likewise.
 #[test]
 fn unmet_requirements_are_noted_and_strict_refuses_them() {
-    require!("runc");
+    need_containers!("runc");
     let mut s = Scene::new();
     let unmet = [
         "NVIDIA_VISIBLE_DEVICES=0,1",
@@ -542,7 +540,7 @@ fn unmet_requirements_are_noted_and_strict_refuses_them() {
 /// cannot run there switched off; an image without DeepSpeed, none of that.
 #[test]
 fn the_images_own_consumers_shape_the_plan() {
-    require!("runc");
+    need_containers!("runc");
     let mut s = Scene::new();
     let starts = runc_starts();
     // A variable as the container has it: in its env (the shim) or its
@@ -648,7 +646,7 @@ fn the_images_own_consumers_shape_the_plan() {
 /// A hung NVML costs at most the budget: the container starts unchanged.
 #[test]
 fn a_hung_nvml_costs_at_most_the_budget() {
-    require!("runc");
+    need_containers!("runc");
     let mut s = Scene::new();
     s.inventory = None;
     // A snapshot that is not there, whatever the host's /run/gpuarch holds:
@@ -717,7 +715,7 @@ fn shared_library(scratch: &Path, code: &str, soname: &str, out: &Path) {
 /// the env files while inside.
 #[test]
 fn mounted_libraries_reach_the_containers_loader_cache() {
-    require!("runc", "gcc");
+    need_containers!("runc", "gcc");
     let mut s = Scene::new();
     let root = s.path().join("kernels");
     library_package(&root, s.path());
@@ -753,7 +751,7 @@ fn mounted_libraries_reach_the_containers_loader_cache() {
 /// entry.
 #[test]
 fn an_imported_library_reaches_the_loader_cache_where_it_runs() {
-    require!("runc", "gcc", "objcopy");
+    need_containers!("runc", "gcc", "objcopy");
     let Some(cuda) = gpuarch_tests::cuda_dir() else {
         return;
     };
@@ -826,7 +824,7 @@ fn an_imported_library_reaches_the_loader_cache_where_it_runs() {
 /// "created" with pid 0) or at prestart (through /proc/PID/root).
 #[test]
 fn the_in_container_stages_write_the_plan_for_shells() {
-    require!("runc", "crun", "unshare");
+    need_containers!("runc", "crun", "unshare");
     // Before pivot_root, /proc/PID/root is the host's tree: these must not
     // appear on the host (they did once, and this test caught it).
     let host_files = ["/run/gpuarch/env", "/etc/profile.d/gpuarch.sh"];
@@ -875,7 +873,7 @@ fn the_in_container_stages_write_the_plan_for_shells() {
 /// every FIFO is left as it was.
 #[test]
 fn things_the_image_put_at_temporary_names_are_never_opened() {
-    require!("runc", "crun", "unshare");
+    need_containers!("runc", "crun", "unshare");
     use nix::sys::stat::{Mode, SFlag, mknod};
     let s = Scene::new();
     let dirs = [("run/gpuarch", "env"), ("etc/profile.d", "gpuarch.sh")];
@@ -984,7 +982,7 @@ fn with_published(s: &mut Scene, root: &Path) {
 /// rootfs is untouched.
 #[test]
 fn published_and_hand_made_packages_share_one_view() {
-    require!("runc", "crun", "gcc", "unshare");
+    need_containers!("runc", "crun", "gcc", "unshare");
     let (mut s, root) = kernel_scene();
     with_published(&mut s, &root);
     let check = |how: &str, seen: &Seen| {
@@ -1071,7 +1069,7 @@ fn published_and_hand_made_packages_share_one_view() {
 /// container sees of the store is writable and the source is unchanged.
 #[test]
 fn a_path_swapped_during_the_mounts_never_leaves_the_store_writable() {
-    require!("runc", "crun", "gcc", "unshare");
+    need_containers!("runc", "crun", "gcc", "unshare");
     let (mut s, root) = kernel_scene();
     // A published package too: its view holds hard links of the store's
     // files (the same inodes), so a writable mount of it would write the
@@ -1172,7 +1170,7 @@ fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 /// leads to a host directory gets nothing mounted there.
 #[test]
 fn the_create_container_hook_alone_mounts_kernels() {
-    require!("runc", "crun", "gcc", "unshare");
+    need_containers!("runc", "crun", "gcc", "unshare");
     let (s, root) = kernel_scene();
 
     for runtime in ["runc", "crun"] {
@@ -1243,7 +1241,7 @@ fn the_create_container_hook_alone_mounts_kernels() {
 /// fails it, with the reason in the runtime's error.
 #[test]
 fn a_stage_that_cannot_write_safely_fails_open_or_strict() {
-    require!("runc");
+    need_containers!("runc");
     let mut s = Scene::new();
     let host_etc = s.path().join("host-etc");
     std::fs::create_dir_all(&host_etc).unwrap();
@@ -1282,7 +1280,7 @@ fn a_stage_that_cannot_write_safely_fails_open_or_strict() {
 /// file and variant. A request the hook leaves in the spool gets built.
 #[test]
 fn the_daemon_prewarms_and_each_container_gets_the_builds_for_its_gpus() {
-    require!("runc", "podman", "dbus-daemon");
+    need_containers!("runc", "podman", "dbus-daemon");
     let Some(cuda) = gpuarch_tests::cuda_dir() else {
         return;
     };
@@ -1423,7 +1421,7 @@ fn check(d: &Path) {
 /// alone, and the host directory is as it was.
 #[test]
 fn each_path_the_hook_writes_may_lead_to_the_host() {
-    require!("runc", "gcc");
+    need_containers!("runc", "gcc");
     for p in WRITTEN {
         let (s, _) = kernel_scene();
         let host = host_dir(&s, p);
@@ -1452,7 +1450,7 @@ fn each_path_the_hook_writes_may_lead_to_the_host() {
 /// link, no aux-cache.
 #[test]
 fn the_images_loader_config_never_leads_ldconfig_to_the_host() {
-    require!("runc", "crun", "unshare", "gcc");
+    need_containers!("runc", "crun", "unshare", "gcc");
     let (s, _) = kernel_scene();
     let libs = host_dir(&s, "lib");
     // A real library whose soname differs from its file name: ldconfig
@@ -1558,7 +1556,7 @@ fn runc_creates_through_swaps() -> Option<String> {
 /// file of gpuarch's, reaches the host).
 #[test]
 fn paths_swapped_between_check_and_use_never_reach_the_host() {
-    require!("runc", "gcc");
+    need_containers!("runc", "gcc");
     use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
     let old_runc = runc_creates_through_swaps();
     for shim in [false, true] {
@@ -1685,7 +1683,7 @@ fn jit_bundle(
 /// the one the image forged.
 #[test]
 fn what_a_container_says_never_forges_nor_floods_a_log_line() {
-    require!("runc", "crun", "unshare");
+    need_containers!("runc", "crun", "unshare");
     let mut s = Scene::new();
     let jit = s.path().join("jit");
     s.config_yaml = format!("jit_cache:\n  enable: true\n  dir: {}\n", jit.display());
@@ -1730,7 +1728,7 @@ fn what_a_container_says_never_forges_nor_floods_a_log_line() {
 /// claiming team-a in its own annotation gets team-b's.
 #[test]
 fn tenants_running_one_image_never_share_a_jit_cache() {
-    require!("runc");
+    need_containers!("runc");
     let mut s = Scene::new();
     let jit = s.path().join("jit");
     s.config_yaml = format!("jit_cache:\n  enable: true\n  dir: {}\n", jit.display());
@@ -1780,7 +1778,7 @@ fn tenants_running_one_image_never_share_a_jit_cache() {
 /// reaches the host nor misleads the next hook.
 #[test]
 fn jit_caches_are_shared_per_arch_uid_and_image_and_nothing_leaks() {
-    require!("runc", "crun", "unshare");
+    need_containers!("runc", "crun", "unshare");
     let mut s = Scene::new();
     let jit = s.path().join("jit");
     s.config_yaml = format!("jit_cache:\n  enable: true\n  dir: {}\n", jit.display());
@@ -1886,7 +1884,7 @@ fn jit_caches_are_shared_per_arch_uid_and_image_and_nothing_leaks() {
 /// `--rm`: podman 5 then removes the `--cidfile` too.)
 #[test]
 fn podman_logs_name_the_container_and_why_shows_what_it_got() {
-    require!("podman");
+    need_containers!("podman");
     let s = Scene::new();
     let cidfile = s.path().join("cid");
     let seen = s.podman(&[
@@ -1957,7 +1955,7 @@ fn podman_logs_name_the_container_and_why_shows_what_it_got() {
 /// the entries as journald would receive them (its native protocol).
 #[test]
 fn journal_entries_carry_the_container_in_fields() {
-    require!("unshare", "mount");
+    need_containers!("unshare", "mount");
     use std::os::unix::net::UnixDatagram;
     let tmp = tempfile::tempdir().unwrap();
     let sock_dir = tmp.path().join("journal");

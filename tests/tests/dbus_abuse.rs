@@ -19,10 +19,10 @@ use gpuarch_tests::{cannot_run, proc_status_kib};
 /// The floods measure latency: one at a time.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-macro_rules! require {
+macro_rules! alone_on_the_bus {
     () => {
         let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-        gpuarch_tests::require!(cannot_run(
+        gpuarch_tests::skip_unless!(cannot_run(
             ": only root may own io.gpuarch1 under the shipped bus policy",
             &["dbus-daemon", "setpriv"],
         ))
@@ -172,7 +172,7 @@ fn report(what: &str, answered: u64, secs: f64, busy: &mut [Duration]) {
 /// to the daemon's peak memory.
 #[test]
 fn an_unprivileged_flood_is_answered_in_turn_and_refused_what_is_privileged() {
-    require!();
+    alone_on_the_bus!();
     let Some(cuda) = gpuarch_tests::cuda_dir() else {
         return;
     };
@@ -229,7 +229,7 @@ fn an_unprivileged_flood_is_answered_in_turn_and_refused_what_is_privileged() {
 /// by the policy, and with the policy opened, by gpuarchd itself.
 #[test]
 fn huge_arguments_are_refused_cheaply() {
-    require!();
+    alone_on_the_bus!();
     for policy in [Policy::Shipped, Policy::Open] {
         let mut node = Node::new("2080ti-3090", policy);
         node.start(&[]);
@@ -322,7 +322,7 @@ fn root_gc(node: &Node, calls: usize) -> (Vec<Duration>, Vec<Duration>) {
 /// behind nobody's calls in one shared pool.
 #[test]
 fn root_is_not_queued_behind_a_flood_nor_slowed_by_a_huge_mount_table() {
-    require!();
+    alone_on_the_bus!();
     let dir = tempfile::Builder::new()
         .prefix("gpuarch-mounts-")
         .tempdir()
@@ -428,7 +428,7 @@ fn root_is_not_queued_behind_a_flood_nor_slowed_by_a_huge_mount_table() {
 /// of the report (docs/SECURITY.md gives its figures).
 #[test]
 fn a_flood_from_many_connections_neither_delays_root_nor_keeps_memory() {
-    require!();
+    alone_on_the_bus!();
     let connections: usize = std::env::var("GPUARCH_FLOOD_CONNECTIONS")
         .ok()
         .and_then(|n| n.parse().ok())
@@ -557,7 +557,7 @@ fn tmp_entries(node: &Node) -> Vec<String> {
 /// piece of it at a time.
 #[test]
 fn two_big_imports_at_once_are_streamed_to_disk_not_held() {
-    require!();
+    alone_on_the_bus!();
     let mut node = Node::new("2080ti-3090", Policy::Shipped);
     node.start(&[]);
     let pid = node.daemon.as_ref().unwrap().id();
@@ -614,7 +614,7 @@ fn two_big_imports_at_once_are_streamed_to_disk_not_held() {
 /// nothing is left behind, and the next import that fits goes in.
 #[test]
 fn an_import_the_disk_or_the_limit_cannot_hold_is_refused_and_leaves_nothing() {
-    require!();
+    alone_on_the_bus!();
     let mut node = Node::new("2080ti-3090", Policy::Shipped);
     let cache = node.path("cache");
     let _unmount = gpuarch_tests::Tmpfs::mount(&cache, "size=512m");

@@ -24,7 +24,7 @@ fn has_gpu_driver() -> bool {
 fn without_a_driver_every_part_says_so_and_the_report_is_written() {
     if has_gpu_driver() {
         // On a GPU host the script is run by hand (docs/gpu/README.md).
-        eprintln!("SKIPPED: this host has an NVIDIA driver; run scripts/gpu-check run");
+        gpuarch_tests::skip("this host has an NVIDIA driver; run scripts/gpu-check run");
         return;
     }
     let out = tempfile::tempdir().unwrap();
@@ -102,7 +102,7 @@ fn torch_image() -> Result<(PathBuf, PathBuf), String> {
 /// get a cache of their own.
 #[test]
 fn part_7_rehearsed_without_a_gpu_shares_a_cache_per_uid_and_image() {
-    gpuarch_tests::require!(gpuarch_tests::cannot_run(
+    gpuarch_tests::skip_unless!(gpuarch_tests::cannot_run(
         "to run containers",
         &["runc", "unshare"]
     ));
@@ -221,7 +221,7 @@ fn part_7_rehearsed_without_a_gpu_shares_a_cache_per_uid_and_image() {
 #[test]
 fn the_driver_checks_say_no_cuda_driver_and_exit_2() {
     if has_gpu_driver() {
-        eprintln!("SKIPPED: this host has an NVIDIA driver");
+        gpuarch_tests::skip("this host has an NVIDIA driver");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

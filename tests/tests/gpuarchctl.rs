@@ -24,7 +24,7 @@ fn ctl(topology: &str, args: &[&str]) -> Output {
 }
 
 /// gpuarchctl --offline (no daemon asked) with only the arguments and env
-/// given. tests/tests/daemon_dbus.rs covers the daemon path.
+/// given. tests/tests/daemon_dbus/ covers the daemon path.
 fn ctl_plain(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(&artifacts().gpuarchctl);
     c.arg("--offline")

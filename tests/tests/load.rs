@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use gpuarch_tests::containers::{SCRIPT, Scene, Seen, make_rootfs};
 use gpuarch_tests::daemon::{Node, Policy, kernels_yaml};
-use gpuarch_tests::{require_containers as require, which, workspace_root};
+use gpuarch_tests::{need_containers, which, workspace_root};
 
 /// Containers per batch.
 const N: usize = 50;
@@ -602,7 +602,7 @@ fn rootfs_of(s: &Scene, kind: Kind, i: usize) -> PathBuf {
 
 #[test]
 fn fifty_containers_at_once_each_get_their_own_plan() {
-    require!("runc", "podman", "dbus-daemon");
+    need_containers!("runc", "podman", "dbus-daemon");
     let Some(cuda) = gpuarch_tests::cuda_dir() else {
         return;
     };

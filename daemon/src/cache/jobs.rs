@@ -204,15 +204,15 @@ fn describe(r: &ArchResult) -> String {
             "{head}: no variant builds ({})",
             r.unavailable
                 .iter()
-                .map(|u| format!("{}: {}", u.variant, first_line(&u.reason)))
+                .map(|u| format!(
+                    "{}: {}",
+                    u.variant,
+                    gpuarch_core::text::first_line(&u.reason)
+                ))
                 .collect::<Vec<_>>()
                 .join("; ")
         ),
     }
-}
-
-fn first_line(s: &str) -> &str {
-    s.lines().find(|l| !l.trim().is_empty()).unwrap_or(s)
 }
 
 /// The job's end: done, or failed with one line per distinct reason

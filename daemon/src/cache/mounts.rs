@@ -314,23 +314,6 @@ mod tests {
     use super::*;
     use gpuarch_core::config::KernelsConfig;
 
-    /// Root, to make mount namespaces; else false, after a SKIPPED line, or
-    /// a failure where every test must run (CI=true or
-    /// GPUARCH_TEST_REQUIRE_ALL=1).
-    fn may_make_namespaces() -> bool {
-        if nix::unistd::Uid::effective().is_root() {
-            return true;
-        }
-        let why = "needs root to make a mount namespace";
-        if std::env::var("CI").is_ok_and(|v| v == "true")
-            || std::env::var("GPUARCH_TEST_REQUIRE_ALL").is_ok_and(|v| v == "1")
-        {
-            panic!("cannot run (CI=true or GPUARCH_TEST_REQUIRE_ALL=1): {why}");
-        }
-        eprintln!("SKIPPED: {why}");
-        false
-    }
-
     /// Run `script` in a new mount namespace, wait until it touched
     /// `ready`, and return the process (kill it to end the namespace).
     fn in_namespace(script: &str, ready: &Path) -> std::process::Child {
@@ -363,9 +346,7 @@ mod tests {
     /// namespace with an enormous mount table is skipped, not read.
     #[test]
     fn an_entry_mounted_in_another_namespace_is_in_use() {
-        if !may_make_namespaces() {
-            return;
-        }
+        gpuarch_testkit::skip_unless!(gpuarch_testkit::unless_root("to make a mount namespace"));
         let tmp = tempfile::tempdir().unwrap();
         let key = "ab".repeat(32);
         let objects = tmp.path().join("store/objects");
@@ -434,9 +415,7 @@ mod tests {
     /// is swept once past its grace period, a fresh one is not.
     #[test]
     fn a_mounted_view_pins_its_builds_and_unmounted_old_views_are_swept() {
-        if !may_make_namespaces() {
-            return;
-        }
+        gpuarch_testkit::skip_unless!(gpuarch_testkit::unless_root("to make a mount namespace"));
         let tmp = tempfile::tempdir().unwrap();
         let [key, key2, key3] = ["cd", "ce", "cf"].map(|k| k.repeat(32));
         let objects = tmp.path().join("store/objects");
