@@ -141,13 +141,12 @@ impl Drop for Tmpfs {
 /// Why a test that needs root and `tools` cannot run here (`root_for` says
 /// what root is needed for), or `None` when it can.
 pub fn cannot_run(root_for: &str, tools: &[&str]) -> Option<String> {
-    if !nix::unistd::Uid::effective().is_root() {
-        return Some(format!("needs root {root_for}"));
-    }
-    tools
-        .iter()
-        .find(|t| which(t).is_none())
-        .map(|t| format!("{t} is not installed"))
+    gpuarch_testkit::unless_root(root_for).or_else(|| {
+        tools
+            .iter()
+            .find(|t| which(t).is_none())
+            .map(|t| format!("{t} is not installed"))
+    })
 }
 
 // The skip policy is gpuarch-testkit's, shared with every crate's unit
