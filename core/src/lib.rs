@@ -44,21 +44,4 @@ pub mod software;
 pub mod text;
 pub mod toolkit;
 
-/// An error and its causes in one line, as gpuarch's programs print them.
-/// gpuarch's errors mostly carry their cause in their message already, so
-/// a cause is added only where the line does not say it yet.
-pub fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut line = String::new();
-    let mut next = Some(e);
-    while let Some(cause) = next {
-        let text = cause.to_string();
-        if !line.contains(&text) {
-            if !line.is_empty() {
-                line.push_str(": ");
-            }
-            line.push_str(&text);
-        }
-        next = cause.source();
-    }
-    line
-}
+pub use text::one_line;

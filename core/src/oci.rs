@@ -38,7 +38,15 @@ pub enum OciError {
     #[error("OCI config is over {} MiB; refusing it", MAX_CONFIG_BYTES >> 20)]
     TooLarge,
     #[error("cannot read the OCI config: {0}")]
-    Read(#[from] std::io::Error),
+    Read(std::io::Error),
+}
+
+// By hand, not `#[from]`: the message already prints the cause, so it is
+// not returned again as the source.
+impl From<std::io::Error> for OciError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Read(e)
+    }
 }
 
 /// Read a whole config, refusing more than [`MAX_CONFIG_BYTES`] without

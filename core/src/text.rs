@@ -41,3 +41,29 @@ pub fn clean(msg: &str) -> std::borrow::Cow<'_, str> {
 pub fn first_line(s: &str) -> &str {
     s.lines().find(|l| !l.trim().is_empty()).unwrap_or(s)
 }
+
+/// An error and its causes in one line, each cause after `": "`, as
+/// gpuarch's programs print them.
+///
+/// gpuarch's own errors print their cause or return it as their source,
+/// never both, so their chain joins as it is. Some libraries' errors do
+/// both (zbus's `I/O error: {e}` returns `e` too): a cause whose text the
+/// error before it already ends with is not written again.
+pub fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = e.to_string();
+    let mut last = line.clone();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !last.ends_with(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        last = text;
+        next = cause.source();
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests;

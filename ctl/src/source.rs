@@ -21,7 +21,7 @@ const HINT: &str = "use --offline to read NVML or the snapshot directly";
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
     #[error("gpuarchd is not running here: cannot reach the system bus ({0}); {HINT}")]
-    NoBus(#[source] zbus::Error),
+    NoBus(zbus::Error),
     #[error("gpuarchd is not running (nothing owns {BUS_NAME} on the system bus); {HINT}")]
     NotRunning,
     #[error(
@@ -43,13 +43,12 @@ pub enum BusError {
     Timeout(u64),
     /// An answer that does not make a device.
     #[error("gpuarchd answered oddly: {0}")]
-    BadDevice(#[from] gpuarch_wire::dbus::BadDevice),
+    BadDevice(gpuarch_wire::dbus::BadDevice),
     /// Anything else: a broken connection, an answer of the wrong type.
-    #[error("{what}: {source}")]
+    #[error("{what}: {error}")]
     Other {
         what: &'static str,
-        #[source]
-        source: zbus::Error,
+        error: zbus::Error,
     },
 }
 
@@ -66,7 +65,7 @@ impl BusError {
                     .unwrap_or_default()
                     .to_owned(),
             ),
-            _ => return BusError::Other { what, source: e },
+            _ => return BusError::Other { what, error: e },
         };
         match name.as_str() {
             "org.freedesktop.DBus.Error.ServiceUnknown"
@@ -150,7 +149,8 @@ impl Daemon {
                 devices: list
                     .into_iter()
                     .map(TryInto::try_into)
-                    .collect::<Result<_, _>>()?,
+                    .collect::<Result<_, _>>()
+                    .map_err(BusError::BadDevice)?,
             })
         })
         .map_err(Into::into)

@@ -14,7 +14,7 @@ use gpuarch_core::snapshot::Snapshot;
 /// Shared (`Arc`) because one failed reload answers every caller waiting.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}; the previous config stays in force")]
-pub struct ConfigRejected(#[source] pub Arc<gpuarch_fs::config::ConfigFileError>);
+pub struct ConfigRejected(pub Arc<gpuarch_fs::config::ConfigFileError>);
 
 /// Why NVML gave no inventory this time. Clone, and the NVML error shared,
 /// because one read answers every Reload waiting on it.
@@ -22,8 +22,8 @@ pub struct ConfigRejected(#[source] pub Arc<gpuarch_fs::config::ConfigFileError>
 pub enum RefreshError {
     #[error("the previous NVML read has still not returned")]
     StillHung,
-    #[error("{0}")]
-    Nvml(#[source] Arc<gpuarch_inventory::InventoryError>),
+    #[error(transparent)]
+    Nvml(Arc<gpuarch_inventory::InventoryError>),
     /// The blocking read panicked or was cancelled.
     #[error("the NVML read failed: {0}")]
     Died(String),

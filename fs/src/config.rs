@@ -24,7 +24,7 @@ pub enum ConfigFileError {
     /// The config decides what runs as root: another user's, or a writable
     /// one, is refused.
     #[error("config: {0}")]
-    Untrusted(#[from] trust::Untrusted),
+    Untrusted(trust::Untrusted),
 }
 
 /// The config file to read: `GPUARCH_CONFIG` if set (it must then exist),
@@ -58,11 +58,11 @@ pub fn read_config_at(
         Err(e) if e.is_not_found() && !must_exist => {
             return Ok(gpuarch_core::config::Config::default());
         }
-        Err(trust::OpenError::Untrusted(u)) => return Err(u.into()),
-        Err(trust::OpenError::Io { source, .. }) => {
+        Err(trust::OpenError::Untrusted(u)) => return Err(ConfigFileError::Untrusted(u)),
+        Err(trust::OpenError::Io { error, .. }) => {
             return Err(ConfigFileError::Read {
                 path: path.to_owned(),
-                error: source,
+                error,
             });
         }
     };

@@ -62,17 +62,17 @@ pub fn check(path: &Path) -> Result<(), Untrusted> {
 /// to. What is returned is what was checked, whatever happens to the path
 /// afterwards.
 pub fn open(path: &Path) -> Result<std::fs::File, OpenError> {
-    let file = std::fs::File::open(path).map_err(|source| OpenError::Io {
+    let file = std::fs::File::open(path).map_err(|error| OpenError::Io {
         path: path.to_owned(),
-        source,
+        error,
     })?;
     if path == Path::new("/dev/null") {
         return Ok(file);
     }
     check(path)?;
-    let fd = file.metadata().map_err(|source| OpenError::Io {
+    let fd = file.metadata().map_err(|error| OpenError::Io {
         path: path.to_owned(),
-        source,
+        error,
     })?;
     // The file opened, judged itself: it is what will be read or run.
     judge(path, &fd, nix::unistd::geteuid().as_raw(), false)?;
@@ -89,12 +89,12 @@ pub fn open(path: &Path) -> Result<std::fs::File, OpenError> {
 /// Why [`open`] gave no file.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("{0}")]
+    #[error(transparent)]
     Untrusted(#[from] Untrusted),
 }
 
@@ -111,7 +111,7 @@ impl Untrusted {
 impl OpenError {
     /// The file is not there.
     pub fn is_not_found(&self) -> bool {
-        matches!(self, Self::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+        matches!(self, Self::Io { error, .. } if error.kind() == std::io::ErrorKind::NotFound)
     }
 }
 

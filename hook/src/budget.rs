@@ -11,7 +11,13 @@ pub enum BudgetError {
     #[error("gave up after {0:?} (hook.timeout_ms in the config)")]
     Elapsed(Duration),
     #[error("cannot start a thread: {0}")]
-    Spawn(#[from] std::io::Error),
+    Spawn(std::io::Error),
+}
+
+impl From<std::io::Error> for BudgetError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Spawn(e)
+    }
 }
 
 /// Run `work` with at most `budget` of wall-clock time.

@@ -90,10 +90,16 @@ pub fn load_config() -> (Config, Option<String>) {
 /// Why there is no context: no inventory could be had in time.
 #[derive(Debug, thiserror::Error)]
 pub enum ContextError {
-    #[error("{0}")]
+    #[error(transparent)]
     Inventory(#[from] gpuarch_inventory::InventoryError),
     #[error("NVML: {0}")]
-    Budget(#[from] budget::BudgetError),
+    Budget(budget::BudgetError),
+}
+
+impl From<budget::BudgetError> for ContextError {
+    fn from(e: budget::BudgetError) -> Self {
+        Self::Budget(e)
+    }
 }
 
 /// Build the context: the inventory from the daemon's snapshot (or
@@ -130,7 +136,7 @@ pub fn load_context_within(
 /// A bounded read that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     #[error("larger than {0} bytes")]
     TooLarge(u64),

@@ -17,15 +17,21 @@ use crate::stage;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HookError {
-    #[error("{0}")]
+    #[error(transparent)]
     Oci(#[from] oci::OciError),
     #[error("OCI config has {0}")]
     Shape(&'static str),
     #[error("cannot encode the OCI config: {0}")]
-    Encode(#[from] serde_json::Error),
+    Encode(serde_json::Error),
     /// What `strict: true` refuses a start over (the Plan's `blocking`).
     #[error("{0}")]
     Refused(String),
+}
+
+impl From<serde_json::Error> for HookError {
+    fn from(e: serde_json::Error) -> Self {
+        Self::Encode(e)
+    }
 }
 
 /// The `createContainer` entry that runs gpuarch-hook inside the

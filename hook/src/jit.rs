@@ -35,7 +35,7 @@ pub enum JitError {
         what: &'static str,
         errno: Errno,
     },
-    #[error("{0}")]
+    #[error(transparent)]
     Open(#[from] gpuarch_fs::trust::OpenError),
     #[error("{path} is owned by uid {found}, not {want}: not mounted")]
     Owner {

@@ -31,22 +31,19 @@ pub enum ShimError {
     IsSelf(PathBuf),
     /// The runtime runs as root: another user's, or a writable one, is
     /// never started.
-    #[error("OCI runtime {runtime}: {source}")]
+    #[error("OCI runtime {runtime}: {error}")]
     Untrusted {
         runtime: PathBuf,
-        source: gpuarch_inventory::trust::Untrusted,
+        error: gpuarch_inventory::trust::Untrusted,
     },
-    #[error("{path}: {source}")]
-    Config {
-        path: PathBuf,
-        source: oci::OciError,
-    },
-    #[error("{path}: {source}")]
-    Edit { path: PathBuf, source: HookError },
-    #[error("cannot replace {path}: {source}")]
+    #[error("{path}: {error}")]
+    Config { path: PathBuf, error: oci::OciError },
+    #[error("{path}: {error}")]
+    Edit { path: PathBuf, error: HookError },
+    #[error("cannot replace {path}: {error}")]
     Write {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -239,9 +236,9 @@ fn open_runtime(path: PathBuf) -> Result<Runtime, ShimError> {
     use gpuarch_inventory::trust::{self, OpenError};
     match trust::open(&path) {
         Ok(file) => Ok(Runtime { path, file }),
-        Err(OpenError::Untrusted(source)) => Err(ShimError::Untrusted {
+        Err(OpenError::Untrusted(error)) => Err(ShimError::Untrusted {
             runtime: path,
-            source,
+            error,
         }),
         Err(OpenError::Io { .. }) => Err(ShimError::BadRuntime(path)),
     }
@@ -298,21 +295,21 @@ pub fn exec_runtime(
 /// bundle renamed over it) with its mode and owner kept.
 pub fn rewrite_bundle(bundle: &Path, ctx: &Context) -> Result<Plan, ShimError> {
     let path = bundle.join("config.json");
-    let cfg_err = |source| ShimError::Config {
+    let cfg_err = |error| ShimError::Config {
         path: path.clone(),
-        source,
+        error,
     };
     let (bytes, mut config, meta) = context::read_config_file(&path).map_err(cfg_err)?;
     let plan = edit::edit_in(&mut config, ctx, Some(bundle)).map_err(|e| ShimError::Edit {
         path: path.clone(),
-        source: edit::locate(e, &bytes),
+        error: edit::locate(e, &bytes),
     })?;
     if plan.is_noop() {
         return Ok(plan);
     }
     let bytes = serde_json::to_vec(&config).map_err(|e| ShimError::Edit {
         path: path.clone(),
-        source: e.into(),
+        error: e.into(),
     })?;
     let tmp = bundle.join(format!(".config.json.gpuarch-{}", std::process::id()));
     let write = || -> std::io::Result<()> {
@@ -326,11 +323,11 @@ pub fn rewrite_bundle(bundle: &Path, ctx: &Context) -> Result<Plan, ShimError> {
         f.write_all(&bytes)?;
         std::fs::rename(&tmp, &path)
     };
-    write().map_err(|source| {
+    write().map_err(|error| {
         let _ = std::fs::remove_file(&tmp);
         ShimError::Write {
             path: path.clone(),
-            source,
+            error,
         }
     })?;
     let mut plan = plan;

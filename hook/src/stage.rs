@@ -74,14 +74,11 @@ pub enum Stage {
 pub enum StageError {
     #[error("OCI state on stdin: {0}")]
     State(String),
-    #[error("{path}: {source}")]
-    Bundle {
-        path: PathBuf,
-        source: oci::OciError,
-    },
+    #[error("{path}: {error}")]
+    Bundle { path: PathBuf, error: oci::OciError },
     #[error("{path}: no \"root.path\"")]
     NoRoot { path: PathBuf },
-    #[error("{0}")]
+    #[error(transparent)]
     Rootfs(#[from] RootfsError),
     #[error("ldconfig: not found (looked for {})", LDCONFIG.join(", "))]
     NoLdconfig,
@@ -161,9 +158,9 @@ fn shell_quote(v: &str) -> String {
 /// Run the stage for the container described by `state`.
 pub fn run(stage: Stage, state: &State, ctx: &Context) -> Result<Outcome, StageError> {
     let config_path = state.bundle.join("config.json");
-    let bundle_err = |source| StageError::Bundle {
+    let bundle_err = |error| StageError::Bundle {
         path: config_path.clone(),
-        source,
+        error,
     };
     let (bytes, config, _) = context::read_config_file(&config_path).map_err(bundle_err)?;
     let mut view = ContainerView::from_value(&config)

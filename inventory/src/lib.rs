@@ -29,12 +29,12 @@ pub enum InventoryError {
         "cannot load the NVML library '{lib}': {reason} (is the NVIDIA driver installed? name the library with --nvml-lib or GPUARCH_NVML_LIB)"
     )]
     NvmlLoad { lib: String, reason: String },
-    #[error("NVML ('{lib}') failed in {call}{}: {source}", device.map(|d| format!(" for device {d}")).unwrap_or_default())]
+    #[error("NVML ('{lib}') failed in {call}{}: {error}", device.map(|d| format!(" for device {d}")).unwrap_or_default())]
     Nvml {
         lib: String,
         call: &'static str,
         device: Option<u32>,
-        source: NvmlError,
+        error: NvmlError,
     },
     #[error("NVML ('{lib}') reported {what} for device {device}: {value}")]
     Implausible {
@@ -44,23 +44,20 @@ pub enum InventoryError {
         value: String,
     },
     #[error(
-        "no snapshot at {} (is gpuarchd running?) and NVML is unavailable: {source}",
+        "no snapshot at {} (is gpuarchd running?) and NVML is unavailable: {error}",
         snapshot.display()
     )]
     NoSource {
         /// The snapshot looked for (the config's `daemon.snapshot`).
         snapshot: PathBuf,
-        source: Box<InventoryError>,
+        error: Box<InventoryError>,
     },
-    #[error("cannot read snapshot {}: {source}", path.display())]
-    SnapshotRead { path: PathBuf, source: io::Error },
-    #[error("snapshot {}: {source}", path.display())]
-    SnapshotParse {
-        path: PathBuf,
-        source: SnapshotError,
-    },
-    #[error("cannot write snapshot {}: {source}", path.display())]
-    SnapshotWrite { path: PathBuf, source: io::Error },
+    #[error("cannot read snapshot {}: {error}", path.display())]
+    SnapshotRead { path: PathBuf, error: io::Error },
+    #[error("snapshot {}: {error}", path.display())]
+    SnapshotParse { path: PathBuf, error: SnapshotError },
+    #[error("cannot write snapshot {}: {error}", path.display())]
+    SnapshotWrite { path: PathBuf, error: io::Error },
 }
 
 /// A source of the host's GPU inventory.
@@ -95,11 +92,11 @@ impl NvmlInventory {
                     lib: lib_name.clone(),
                     reason: format!("not an NVML library ({s})"),
                 },
-                source => InventoryError::Nvml {
+                error => InventoryError::Nvml {
                     lib: lib_name.clone(),
                     call: "nvmlInit_v2",
                     device: None,
-                    source,
+                    error,
                 },
             })?;
         Ok(Self {
@@ -114,11 +111,11 @@ impl NvmlInventory {
         device: Option<u32>,
         r: Result<T, NvmlError>,
     ) -> Result<T, InventoryError> {
-        r.map_err(|source| InventoryError::Nvml {
+        r.map_err(|error| InventoryError::Nvml {
             lib: self.lib.clone(),
             call,
             device,
-            source,
+            error,
         })
     }
 
@@ -291,18 +288,18 @@ fn brand_name(b: nvml_wrapper::enum_wrappers::device::Brand) -> String {
 /// Read and check a snapshot file, refusing files over the size limit
 /// without reading them whole.
 pub fn read_snapshot(path: &Path) -> Result<Snapshot, InventoryError> {
-    let read_err = |source| InventoryError::SnapshotRead {
+    let read_err = |error| InventoryError::SnapshotRead {
         path: path.to_owned(),
-        source,
+        error,
     };
     let f = File::open(path).map_err(read_err)?;
     let mut bytes = Vec::new();
     f.take(snapshot::MAX_BYTES as u64 + 1)
         .read_to_end(&mut bytes)
         .map_err(read_err)?;
-    Snapshot::from_json(&bytes).map_err(|source| InventoryError::SnapshotParse {
+    Snapshot::from_json(&bytes).map_err(|error| InventoryError::SnapshotParse {
         path: path.to_owned(),
-        source,
+        error,
     })
 }
 
@@ -312,9 +309,9 @@ pub fn read_snapshot(path: &Path) -> Result<Snapshot, InventoryError> {
 pub fn write_snapshot(path: &Path, snap: &Snapshot) -> Result<(), InventoryError> {
     let mut text = snap.to_json_pretty();
     text.push('\n');
-    write_atomic(path, text.as_bytes()).map_err(|source| InventoryError::SnapshotWrite {
+    write_atomic(path, text.as_bytes()).map_err(|error| InventoryError::SnapshotWrite {
         path: path.to_owned(),
-        source,
+        error,
     })
 }
 
@@ -357,7 +354,7 @@ pub fn read_nvml(snapshot: &Path) -> Result<(Snapshot, String), InventoryError> 
     let lib = std::env::var_os("GPUARCH_NVML_LIB").map(PathBuf::from);
     let nvml = NvmlInventory::open(lib.as_deref()).map_err(|e| InventoryError::NoSource {
         snapshot: snapshot.to_owned(),
-        source: Box::new(e),
+        error: Box::new(e),
     })?;
     from(&nvml)
 }

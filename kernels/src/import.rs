@@ -57,7 +57,7 @@ pub enum ImportError {
     Name(String),
     #[error("{file}: {why}")]
     File { file: String, why: String },
-    #[error("{0}")]
+    #[error(transparent)]
     Store(#[from] io::Error),
 }
 

@@ -152,7 +152,7 @@ pub fn hex(bytes: &[u8]) -> String {
 fn read_trusted(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     let f = gpuarch_fs::trust::open(path).map_err(|e| match e {
-        gpuarch_fs::trust::OpenError::Io { source, .. } => source,
+        gpuarch_fs::trust::OpenError::Io { error, .. } => error,
         e => std::io::Error::other(e),
     })?;
     if !f.metadata()?.is_file() {

@@ -89,14 +89,10 @@ pub struct Entry {
 /// Why a stored entry cannot be served: it is quarantined with this reason.
 #[derive(Debug, thiserror::Error)]
 pub enum EntryError {
-    #[error("{file}: {source}")]
-    Read {
-        file: String,
-        #[source]
-        source: io::Error,
-    },
+    #[error("{file}: {error}")]
+    Read { file: String, error: io::Error },
     #[error("{MANIFEST}: {0}")]
-    Manifest(#[from] serde_json::Error),
+    Manifest(serde_json::Error),
     #[error("manifest names key {0} for another directory")]
     OtherKey(String),
     #[error("{file}: sha256 {got} differs from the manifest's {want}")]
@@ -254,9 +250,9 @@ impl Store {
     fn read_manifest(dir: &Path) -> Result<EntryManifest, EntryError> {
         let text = fs::read(dir.join(MANIFEST)).map_err(|e| EntryError::Read {
             file: MANIFEST.to_owned(),
-            source: e,
+            error: e,
         })?;
-        Ok(serde_json::from_slice(&text)?)
+        serde_json::from_slice(&text).map_err(EntryError::Manifest)
     }
 
     fn entry_at(dir: &Path) -> Result<Entry, EntryError> {
@@ -283,7 +279,7 @@ impl Store {
                 .and_then(crate::file::sha256_of)
                 .map_err(|e| EntryError::Read {
                     file: name.clone(),
-                    source: e,
+                    error: e,
                 })?;
             if got != info.sha256 {
                 return Err(EntryError::Digest {

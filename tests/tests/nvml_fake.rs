@@ -160,7 +160,7 @@ fn failures_are_clear_errors(lib: &Path) {
             e,
             InventoryError::Nvml {
                 call: "nvmlInit_v2",
-                source: NvmlError::Unknown,
+                error: NvmlError::Unknown,
                 ..
             }
         ),
@@ -175,7 +175,7 @@ fn failures_are_clear_errors(lib: &Path) {
         matches!(
             e,
             InventoryError::Nvml {
-                source: NvmlError::DriverNotLoaded,
+                error: NvmlError::DriverNotLoaded,
                 ..
             }
         ),

@@ -88,11 +88,11 @@ impl From<&Device> for DeviceRecord {
 
 /// A record whose values do not make a device.
 #[derive(Debug, thiserror::Error)]
-#[error("ListDevices entry {index}: compute_capability {value:?}: {source}")]
+#[error("ListDevices entry {index}: compute_capability {value:?}: {error}")]
 pub struct BadDevice {
     pub index: u32,
     pub value: String,
-    pub source: gpuarch_core::arch::ArchError,
+    pub error: gpuarch_core::arch::ArchError,
 }
 
 impl TryFrom<DeviceRecord> for Device {
@@ -100,11 +100,11 @@ impl TryFrom<DeviceRecord> for Device {
 
     fn try_from(r: DeviceRecord) -> Result<Self, BadDevice> {
         let compute_capability =
-            ComputeCapability::parse_reported(&r.compute_capability).map_err(|source| {
+            ComputeCapability::parse_reported(&r.compute_capability).map_err(|error| {
                 BadDevice {
                     index: r.index,
                     value: r.compute_capability.clone(),
-                    source,
+                    error,
                 }
             })?;
         Ok(Device {

@@ -191,7 +191,7 @@ pub enum Manifest {
 pub enum ManifestError {
     /// Not JSON, or a field missing, unknown or of the wrong type (serde's
     /// message names it).
-    #[error("{0}")]
+    #[error(transparent)]
     Json(#[from] serde_json::Error),
     #[error(
         "schema {found}: this gpuarch reads schema {SCHEMA} (is gpuarchd newer than the hook?)"

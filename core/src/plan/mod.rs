@@ -194,11 +194,10 @@ pub enum DeviceListError {
     TooMany(usize),
     #[error("a device name of {0} bytes; at most {MAX_DEVICE_NAME}")]
     TooLong(usize),
-    #[error("device {name:?}: {source}")]
+    #[error("device {name:?}: {error}")]
     Unknown {
         name: String,
-        #[source]
-        source: select::DeviceNameError,
+        error: select::DeviceNameError,
     },
 }
 
@@ -218,9 +217,9 @@ pub fn plan_devices(
         return Err(DeviceListError::TooLong(d.len()));
     }
     for d in devices {
-        select::check_request_entry(d, inv).map_err(|source| DeviceListError::Unknown {
+        select::check_request_entry(d, inv).map_err(|error| DeviceListError::Unknown {
             name: (*d).to_owned(),
-            source,
+            error,
         })?;
     }
     Ok(plan_request(

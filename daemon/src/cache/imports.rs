@@ -278,7 +278,7 @@ pub enum ImportError {
         root: std::path::PathBuf,
         free: u64,
     },
-    #[error("{0}")]
+    #[error(transparent)]
     File(#[from] import::ImportError),
     #[error("recording the import: {0}")]
     Record(std::io::Error),

@@ -417,7 +417,7 @@ pub enum RequestError {
     NoArchs,
     #[error("{0} is PTX; give a machine-code arch such as sm_86")]
     Ptx(Target),
-    #[error("{0}")]
+    #[error(transparent)]
     Arch(#[from] gpuarch_core::arch::ArchError),
     #[error("reading the kernel cache: {0}")]
     Store(String),

@@ -126,10 +126,10 @@ pub fn discover(cfg: &KernelsConfig, plan: &Plan, driver_cuda: &str) -> (Kernels
     } else {
         match lay_out(&view_dir, &published, &handmade, linked) {
             Ok(v) => Some(v),
-            Err(source) => {
+            Err(error) => {
                 let e = ViewError::Layout {
                     dir: view_dir,
-                    source,
+                    error,
                 };
                 let names: Vec<&str> = published.iter().map(|p| p.name.as_str()).collect();
                 notes.push(format!(

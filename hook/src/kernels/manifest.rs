@@ -43,15 +43,14 @@ pub struct PublishedBuild {
 /// Why a package's manifest could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum PackageManifestError {
-    #[error("{0}")]
+    #[error(transparent)]
     Read(#[from] crate::context::ReadError),
-    #[error("{0}")]
+    #[error(transparent)]
     Format(#[from] wire::ManifestError),
-    #[error("target {target:?}: {source}")]
+    #[error("target {target:?}: {error}")]
     Target {
         target: String,
-        #[source]
-        source: gpuarch_core::arch::ArchError,
+        error: gpuarch_core::arch::ArchError,
     },
     #[error("build dir {0} is not absolute")]
     RelativeDir(PathBuf),
@@ -60,9 +59,9 @@ pub enum PackageManifestError {
 }
 
 fn target(t: &str) -> Result<Target, PackageManifestError> {
-    Target::parse(t).map_err(|source| PackageManifestError::Target {
+    Target::parse(t).map_err(|error| PackageManifestError::Target {
         target: t.to_owned(),
-        source,
+        error,
     })
 }
 

@@ -57,14 +57,10 @@ fn in_store(objects: &Objects, dir: &Path) -> bool {
 /// Why the packages of the store could not be laid out for a container.
 #[derive(Debug, thiserror::Error)]
 pub enum ViewError {
-    #[error("{0}")]
+    #[error(transparent)]
     Json(#[from] serde_json::Error),
-    #[error("cannot lay out its view in {}: {source}", dir.display())]
-    Layout {
-        dir: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot lay out its view in {}: {error}", dir.display())]
+    Layout { dir: PathBuf, error: std::io::Error },
 }
 
 /// A published package that serves the container: its view manifest and
