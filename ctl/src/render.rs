@@ -131,9 +131,65 @@ pub fn env_notes<'a>(
     }
 }
 
+/// A bus record (an `a{sv}` dictionary of `gpuarch_wire::dbus`) as plain
+/// JSON, from the record's own `Serialize`: each value comes out of its
+/// D-Bus variant (`{"signature": "s", "value": "x"}` becomes `"x"`), so a
+/// field added to the record reaches `--json` without being named here.
+pub fn record(r: &impl serde::Serialize) -> serde_json::Result<serde_json::Value> {
+    let mut v = serde_json::to_value(r)?;
+    if let serde_json::Value::Object(fields) = &mut v {
+        for field in fields.values_mut() {
+            if let serde_json::Value::Object(variant) = field
+                && variant.len() == 2
+                && variant.contains_key("signature")
+                && let Some(inner) = variant.remove("value")
+            {
+                *field = inner;
+            }
+        }
+    }
+    Ok(v)
+}
+
+/// [`record`] for each of a list.
+pub fn records<T: serde::Serialize>(rs: &[T]) -> serde_json::Result<Vec<serde_json::Value>> {
+    rs.iter().map(record).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bus_record_is_plain_json_with_every_field() {
+        let k = gpuarch_wire::dbus::KernelRecord {
+            key: "ab12".into(),
+            package: "saxpy".into(),
+            version: "1".into(),
+            variant: "default".into(),
+            dtype: String::new(),
+            arch: "sm_86".into(),
+            toolkit: "nvrtc 13.0".into(),
+            bytes: 4096,
+            files: vec!["saxpy.cubin".into()],
+            pinned: true,
+            in_use: false,
+            last_used: 7,
+            built_at: 5,
+            path: "/var/cache/gpuarch/kernels/ab12".into(),
+        };
+        let v = record(&k).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "key": "ab12", "package": "saxpy", "version": "1",
+                "variant": "default", "dtype": "", "arch": "sm_86",
+                "toolkit": "nvrtc 13.0", "bytes": 4096, "files": ["saxpy.cubin"],
+                "pinned": true, "in_use": false, "last_used": 7, "built_at": 5,
+                "path": "/var/cache/gpuarch/kernels/ab12",
+            })
+        );
+    }
 
     #[test]
     fn sizes_and_ages_read_as_a_person_says_them() {

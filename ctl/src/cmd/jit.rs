@@ -22,19 +22,9 @@ pub fn ls(json: bool, d: Daemon, out: &mut String) -> Result<u8> {
         ))
     })?;
     if json {
-        let rows: Vec<_> = list
-            .iter()
-            .map(|c| {
-                json!({
-                    "scope": c.scope, "kind": c.kind, "uid": c.uid, "image": c.image,
-                    "namespace": c.namespace, "targets": c.targets, "bytes": c.bytes,
-                    "in_use": c.in_use, "last_used": c.last_used, "path": c.path,
-                })
-            })
-            .collect();
         render::json(
             out,
-            &json!({"used_bytes": used, "limit_bytes": limit, "caches": rows}),
+            &json!({"used_bytes": used, "limit_bytes": limit, "caches": render::records(&list)?}),
         )?;
         return Ok(0);
     }

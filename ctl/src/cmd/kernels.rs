@@ -23,22 +23,9 @@ pub fn run(json: bool, d: Daemon, out: &mut String) -> Result<u8> {
         ))
     })?;
     if json {
-        // The records are a{sv} dictionaries: JSON gets their plain values.
-        let rows: Vec<_> = list
-            .iter()
-            .map(|k| {
-                json!({
-                    "key": k.key, "package": k.package, "version": k.version,
-                    "variant": k.variant, "dtype": k.dtype, "arch": k.arch,
-                    "toolkit": k.toolkit, "bytes": k.bytes, "files": k.files,
-                    "pinned": k.pinned, "in_use": k.in_use, "last_used": k.last_used,
-                    "built_at": k.built_at, "path": k.path,
-                })
-            })
-            .collect();
         render::json(
             out,
-            &json!({"used_bytes": used, "limit_bytes": limit, "compiler": compiler, "kernels": rows}),
+            &json!({"used_bytes": used, "limit_bytes": limit, "compiler": compiler, "kernels": render::records(&list)?}),
         )?;
         return Ok(0);
     }

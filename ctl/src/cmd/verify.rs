@@ -5,7 +5,6 @@ use std::fmt::Write as _;
 
 use anyhow::Result;
 use gpuarch_wire::dbus::KernelCacheProxy;
-use serde_json::json;
 
 use crate::render;
 use crate::source::{BusError, Daemon};
@@ -18,17 +17,7 @@ pub fn run(json: bool, d: Daemon, out: &mut String) -> Result<u8> {
     })?;
     let bad: Vec<_> = list.iter().filter(|r| !r.ok).collect();
     if json {
-        // The records are a{sv} dictionaries: JSON gets their plain values.
-        let rows: Vec<_> = list
-            .iter()
-            .map(|r| {
-                json!({
-                    "key": r.key, "package": r.package, "arch": r.arch,
-                    "variant": r.variant, "ok": r.ok, "problem": r.problem,
-                })
-            })
-            .collect();
-        render::json(out, &rows)?;
+        render::json(out, &render::records(&list)?)?;
     } else {
         let _ = writeln!(out, "{} builds checked, {} corrupt", list.len(), bad.len());
         for r in &bad {
