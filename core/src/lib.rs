@@ -31,6 +31,7 @@ pub mod config;
 pub mod env;
 pub mod features;
 pub mod jit;
+pub mod library;
 pub mod nfd;
 pub mod nvrequire;
 pub mod oci;

@@ -14,7 +14,9 @@
 //!   naming the verified entry that serves it;
 //! - [`remote`]: the contract of the registry tier (`kernels.remote`); its
 //!   client is the `gpuarch-registry` crate;
-//! - [`import`]: prebuilt libraries an admin imports, served by what they carry.
+//! - [`import`]: prebuilt libraries an admin imports, served by what they carry;
+//! - [`library`]: consumers' own kernel libraries (FlashInfer's cubins),
+//!   imported from their wheels and served per set of GPUs.
 
 pub mod build;
 pub mod command;
@@ -22,6 +24,7 @@ pub mod error;
 pub mod file;
 pub mod import;
 pub mod inspect;
+pub mod library;
 pub mod publish;
 pub mod remote;
 pub mod spec;

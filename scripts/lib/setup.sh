@@ -68,6 +68,28 @@ ensure_cuda_wheels() {
     export GPUARCH_CUDA_DIR="$CUDA_DIR"
 }
 
+# FlashInfer's own wheels from PyPI, kept as wheels under .local/flashinfer:
+# flashinfer-cubin (458 MB, 16,017 files, almost all for Blackwell), which
+# gpuarch imports and serves, and flashinfer-python of the same version,
+# whose loader reads what it serves. Downloaded once, again only when the
+# version changes. Exports GPUARCH_FLASHINFER_CUBIN_WHEEL and
+# GPUARCH_FLASHINFER_PYTHON_WHEEL.
+FLASHINFER_VERSION=0.6.13
+ensure_flashinfer_wheels() {
+    local dir="$PWD/.local/flashinfer" v="$FLASHINFER_VERSION"
+    local cubin="$dir/flashinfer_cubin-$v-py3-none-any.whl"
+    local python="$dir/flashinfer_python-$v-py3-none-any.whl"
+    if ! [ -f "$cubin" ] || ! [ -f "$python" ]; then
+        python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
+        rm -rf "$dir"
+        mkdir -p "$dir"
+        echo "downloading flashinfer-cubin and flashinfer-python $v (about 470 MB)" >&2
+        python3 -m pip download -q --no-deps --only-binary=:all: --dest "$dir" \
+            "flashinfer-cubin==$v" "flashinfer-python==$v"
+    fi
+    export GPUARCH_FLASHINFER_CUBIN_WHEEL="$cubin" GPUARCH_FLASHINFER_PYTHON_WHEEL="$python"
+}
+
 # A venv of Debian's python3 holding torch and the CUDA 13 toolkit from
 # PyPI (scripts/lib/torch-image.txt), for the container half of
 # scripts/gpu-check part 7 where there is no GPU: torch's own

@@ -1,0 +1,82 @@
+//! Consumers' own prebuilt kernel libraries, which gpuarch imports once per
+//! node and serves per container: which distribution carries them, where
+//! in it the files lie, which consumer reads them and through which
+//! variable. Shared by the import (gpuarch-kernels) and the hook.
+//!
+//! FlashInfer is the first: `flashinfer-cubin` holds the cubins
+//! `flashinfer-python` of the same version would otherwise fetch at run
+//! time into a per-user cache, and `flashinfer-python` reads them from
+//! `FLASHINFER_CUBIN_DIR` (`flashinfer/jit/env.py: _get_cubin_dir`) when
+//! its image has no `flashinfer-cubin` of its own.
+
+use crate::software::Dist;
+
+/// One kind of prebuilt library.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LibraryKind {
+    /// The distribution that carries the files, as PyPI spells it.
+    pub dist: &'static str,
+    /// Its import name: the wheel's top directory and the `.dist-info`'s
+    /// stem.
+    pub module: &'static str,
+    /// Where the served files lie in the wheel, below which their relative
+    /// paths are what the consumer asks for (`<root>/<path>`).
+    pub root: &'static str,
+    /// The consumer that reads them; it must be of the same version.
+    pub reader: Dist,
+    /// The variable that points the consumer at the files.
+    pub env: &'static str,
+    /// Where a container sees them.
+    pub mount: &'static str,
+}
+
+pub const FLASHINFER_CUBIN: LibraryKind = LibraryKind {
+    dist: "flashinfer-cubin",
+    module: "flashinfer_cubin",
+    root: "flashinfer_cubin/cubins/",
+    reader: Dist::FlashInfer,
+    env: "FLASHINFER_CUBIN_DIR",
+    mount: "/opt/gpuarch/libraries/flashinfer-cubin",
+};
+
+/// Every kind gpuarch knows.
+pub const ALL: [LibraryKind; 1] = [FLASHINFER_CUBIN];
+
+/// The kind of distribution `dist` (PyPI's spelling, any case, `_` or `-`).
+pub fn kind(dist: &str) -> Option<&'static LibraryKind> {
+    let norm = normalize(dist);
+    ALL.iter().find(|k| k.dist == norm)
+}
+
+/// A distribution name as PEP 503 compares them: lower case, runs of `-`,
+/// `_` and `.` as one `-`.
+pub fn normalize(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut sep = false;
+    for c in name.chars() {
+        if matches!(c, '-' | '_' | '.') {
+            sep = true;
+            continue;
+        }
+        if sep && !out.is_empty() {
+            out.push('-');
+        }
+        sep = false;
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
+/// A version as a directory name may hold it: PEP 440's characters only,
+/// at most 64 of them, and not `.` or `..`.
+pub fn valid_version(v: &str) -> bool {
+    !v.is_empty()
+        && v.len() <= 64
+        && v != "."
+        && v != ".."
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'+' | b'!' | b'-' | b'_'))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,433 @@
+use std::io::Write as _;
+use std::path::Path;
+
+use base64::Engine as _;
+use gpuarch_core::arch::ComputeCapability;
+use sha2::Digest as _;
+
+use super::*;
+
+const SM100A: &[u8] = include_bytes!("../../tests/fixtures/nvcc13/sm_100a.cubin");
+const SM100F: &[u8] = include_bytes!("../../tests/fixtures/nvcc13/sm_100f.cubin");
+const FMHA: &str = "flashinfer_cubin/cubins/158f/fmha/trtllm-gen/";
+const DSL: &str = "flashinfer_cubin/cubins/801e/fmha/cute-dsl/x86_64/sm_100a/";
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn sha(b: &[u8]) -> String {
+    hex(&sha2::Sha256::digest(b))
+}
+
+/// A wheel as pip's builders write one: members, then RECORD naming each.
+struct Wheel {
+    members: Vec<(String, Vec<u8>)>,
+    symlinks: Vec<(String, String)>,
+    /// Members left out of RECORD, or listed with another hash.
+    unlisted: Vec<String>,
+    wrong_hash: Vec<String>,
+    compress: bool,
+}
+
+impl Wheel {
+    fn flashinfer(version: &str) -> Self {
+        let list = format!(
+            "{}  fmhaSm100aKernel_Q.cubin\n{}  fmhaSm100fKernel_Q.cubin\n{}  fmhaSm103aKernel_Q.cubin\n{}  include/flashInferMetaInfo.h\n",
+            sha(SM100A),
+            sha(SM100F),
+            "ab".repeat(32),
+            sha(b"// meta\n"),
+        );
+        let dsl = format!("{}  cute_dsl_fmha_bf16.so\n", "cd".repeat(32));
+        let members = vec![
+            (
+                "flashinfer_cubin/__init__.py".into(),
+                b"CUBIN_DIR = None\n".to_vec(),
+            ),
+            (format!("{FMHA}fmhaSm100aKernel_Q.cubin"), SM100A.to_vec()),
+            (format!("{FMHA}fmhaSm100fKernel_Q.cubin"), SM100F.to_vec()),
+            (
+                format!("{FMHA}include/flashInferMetaInfo.h"),
+                b"// meta\n".to_vec(),
+            ),
+            (format!("{FMHA}checksums.txt"), list.into_bytes()),
+            (format!("{DSL}checksums.txt"), dsl.into_bytes()),
+            (
+                format!("flashinfer_cubin-{version}.dist-info/METADATA"),
+                format!(
+                    "Metadata-Version: 2.1\nName: flashinfer-cubin\nVersion: {version}\n\nbody\n"
+                )
+                .into_bytes(),
+            ),
+        ];
+        Self {
+            members,
+            symlinks: Vec::new(),
+            unlisted: Vec::new(),
+            wrong_hash: Vec::new(),
+            compress: true,
+        }
+    }
+
+    fn write(&self, path: &Path) {
+        let f = std::fs::File::create(path).unwrap();
+        let mut z = zip::ZipWriter::new(f);
+        let method = if self.compress {
+            zip::CompressionMethod::Deflated
+        } else {
+            zip::CompressionMethod::Stored
+        };
+        let opts = zip::write::SimpleFileOptions::default().compression_method(method);
+        let mut record = String::new();
+        let dist_info = self
+            .members
+            .iter()
+            .find_map(|(n, _)| n.strip_suffix("/METADATA"))
+            .unwrap()
+            .to_owned();
+        for (name, body) in &self.members {
+            z.start_file(name.as_str(), opts).unwrap();
+            z.write_all(body).unwrap();
+            if self.unlisted.contains(name) {
+                continue;
+            }
+            let digest = if self.wrong_hash.contains(name) {
+                sha2::Sha256::digest(b"something else")
+            } else {
+                sha2::Sha256::digest(body)
+            };
+            let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(digest);
+            record.push_str(&format!("{name},sha256={b64},{}\n", body.len()));
+        }
+        for (name, target) in &self.symlinks {
+            z.add_symlink(name.as_str(), target.as_str(), opts).unwrap();
+            let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .encode(sha2::Sha256::digest(target.as_bytes()));
+            record.push_str(&format!("{name},sha256={b64},{}\n", target.len()));
+        }
+        record.push_str(&format!("{dist_info}/RECORD,,\n"));
+        z.start_file(format!("{dist_info}/RECORD"), opts).unwrap();
+        z.write_all(record.as_bytes()).unwrap();
+        z.finish().unwrap();
+    }
+}
+
+fn cap(s: &str) -> ComputeCapability {
+    ComputeCapability::parse_known(s).unwrap()
+}
+
+fn import(root: &Path, wheel: &Wheel, limits: &Limits) -> Result<Index, LibraryError> {
+    let path = root.parent().unwrap().join("w.whl");
+    wheel.write(&path);
+    let f = std::fs::File::open(&path).unwrap();
+    import_wheel(root, &f, "flashinfer_cubin-0.6.13-py3-none-any.whl", limits)
+}
+
+/// Every file below `dir`, relative, sorted.
+fn tree(dir: &Path) -> Vec<String> {
+    fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if e.file_type().unwrap().is_dir() {
+                walk(base, &p, out);
+            } else {
+                out.push(p.strip_prefix(base).unwrap().display().to_string());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// Nothing of a refused import is left: no version, nothing in `tmp/`.
+fn assert_nothing_left(root: &Path) {
+    assert!(list(root).is_empty(), "{:?}", list(root));
+    let tmp = root.join("tmp");
+    if tmp.exists() {
+        assert_eq!(tree(&tmp), Vec::<String>::new());
+    }
+}
+
+fn setup() -> (tempfile::TempDir, std::path::PathBuf) {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("libraries");
+    std::fs::create_dir(&root).unwrap();
+    (t, root)
+}
+
+const LIMITS: Limits = Limits {
+    max_bytes: 1 << 30,
+    max_files: 1000,
+    max_file_bytes: 1 << 20,
+};
+
+#[test]
+fn a_wheel_is_indexed_by_what_each_file_carries_and_what_its_lists_lack() {
+    let (_t, root) = setup();
+    let index = import(&root, &Wheel::flashinfer("0.6.13"), &LIMITS).unwrap();
+    assert_eq!(
+        (index.dist.as_str(), index.version.as_str()),
+        ("flashinfer-cubin", "0.6.13")
+    );
+    let t = |p: &str| {
+        index.files[&format!("158f/fmha/trtllm-gen/{p}")]
+            .targets
+            .clone()
+    };
+    assert_eq!(t("fmhaSm100aKernel_Q.cubin"), ["sm_100a"]);
+    assert!(!t("fmhaSm100fKernel_Q.cubin").is_empty());
+    assert!(t("checksums.txt").is_empty() && t("include/flashInferMetaInfo.h").is_empty());
+    assert!(
+        !index.files.keys().any(|k| k.contains("__init__")),
+        "only the cubins' root is served"
+    );
+    assert_eq!(
+        index.missing.keys().collect::<Vec<_>>(),
+        [
+            "158f/fmha/trtllm-gen/fmhaSm103aKernel_Q.cubin",
+            "801e/fmha/cute-dsl/x86_64/sm_100a/cute_dsl_fmha_bf16.so"
+        ]
+    );
+    assert_eq!(
+        list(&root),
+        [("flashinfer-cubin".to_owned(), "0.6.13".to_owned())]
+    );
+    assert_eq!(
+        read_index(&root, "flashinfer-cubin", "0.6.13").unwrap(),
+        index
+    );
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(
+            version_dir(&root, "flashinfer-cubin", "0.6.13")
+                .join("files/158f/fmha/trtllm-gen/checksums.txt"),
+        )
+        .unwrap()
+        .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o444);
+}
+
+#[test]
+fn each_tree_holds_only_what_its_gpus_run_and_says_what_it_lacks() {
+    let (_t, root) = setup();
+    import(&root, &Wheel::flashinfer("0.6.13"), &LIMITS).unwrap();
+    let meta = [
+        "158f/fmha/trtllm-gen/checksums.txt",
+        "158f/fmha/trtllm-gen/include/flashInferMetaInfo.h",
+        "801e/fmha/cute-dsl/x86_64/sm_100a/checksums.txt",
+    ];
+    let with = |extra: &[&str]| {
+        let mut v: Vec<String> = meta.iter().chain(extra).map(|s| (*s).to_owned()).collect();
+        v.sort();
+        v
+    };
+
+    // A B200: both of its cubins, but the CuTe DSL module for sm_100a is
+    // missing, so the tree must not be pointed at.
+    let (dir, s) = serve(&root, "flashinfer-cubin", "0.6.13", &[cap("10.0")]).unwrap();
+    assert_eq!(
+        tree(&dir),
+        with(&[
+            "158f/fmha/trtllm-gen/fmhaSm100aKernel_Q.cubin",
+            "158f/fmha/trtllm-gen/fmhaSm100fKernel_Q.cubin"
+        ])
+    );
+    assert_eq!((s.code_files, s.complete()), (2, false));
+    assert_eq!(
+        s.missing,
+        ["801e/fmha/cute-dsl/x86_64/sm_100a/cute_dsl_fmha_bf16.so"]
+    );
+
+    // A B300 (10.3): the family cubin only, and its own sm_103a one missing.
+    let (dir, s) = serve(&root, "flashinfer-cubin", "0.6.13", &[cap("10.3")]).unwrap();
+    assert_eq!(
+        tree(&dir),
+        with(&["158f/fmha/trtllm-gen/fmhaSm100fKernel_Q.cubin"])
+    );
+    assert_eq!(s.missing, ["158f/fmha/trtllm-gen/fmhaSm103aKernel_Q.cubin"]);
+
+    // An H100: no GPU code at all, and nothing it could ask for is missing.
+    let (dir, s) = serve(&root, "flashinfer-cubin", "0.6.13", &[cap("9.0")]).unwrap();
+    assert_eq!(tree(&dir), with(&[]));
+    assert_eq!((s.code_files, s.complete()), (0, true));
+
+    // The same set again is the same tree, not a second one.
+    let (again, s2) = serve(
+        &root,
+        "flashinfer-cubin",
+        "0.6.13",
+        &[cap("9.0"), cap("9.0")],
+    )
+    .unwrap();
+    assert_eq!((again, s2), (dir, s));
+    // Files are links to the import's, not copies.
+    let a = std::fs::metadata(
+        version_dir(&root, "flashinfer-cubin", "0.6.13")
+            .join("files/158f/fmha/trtllm-gen/checksums.txt"),
+    )
+    .unwrap();
+    let b = std::fs::metadata(
+        version_dir(&root, "flashinfer-cubin", "0.6.13")
+            .join("serve/9.0/158f/fmha/trtllm-gen/checksums.txt"),
+    )
+    .unwrap();
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::ino(&a),
+        std::os::unix::fs::MetadataExt::ino(&b)
+    );
+}
+
+#[test]
+fn a_version_imported_again_is_replaced_whole() {
+    let (_t, root) = setup();
+    import(&root, &Wheel::flashinfer("0.6.13"), &LIMITS).unwrap();
+    serve(&root, "flashinfer-cubin", "0.6.13", &[cap("10.0")]).unwrap();
+    let mut w = Wheel::flashinfer("0.6.13");
+    w.members.retain(|(n, _)| !n.contains("Sm100a"));
+    let mut list_fix = String::new();
+    for (n, b) in &mut w.members {
+        if n == &format!("{FMHA}checksums.txt") {
+            list_fix = String::from_utf8(b.clone())
+                .unwrap()
+                .lines()
+                .filter(|l| !l.contains("Sm100a"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            *b = list_fix.clone().into_bytes();
+        }
+    }
+    assert!(!list_fix.is_empty());
+    let index = import(&root, &w, &LIMITS).unwrap();
+    assert!(!index.files.keys().any(|k| k.contains("Sm100a")));
+    let vdir = version_dir(&root, "flashinfer-cubin", "0.6.13");
+    assert!(
+        !vdir.join("serve").exists(),
+        "the old import's trees went with it"
+    );
+    assert_nothing_left_in_tmp(&root);
+}
+
+fn assert_nothing_left_in_tmp(root: &Path) {
+    assert_eq!(tree(&root.join("tmp")), Vec::<String>::new());
+}
+
+#[test]
+fn hostile_wheels_are_refused_and_leave_nothing() {
+    let (_t, root) = setup();
+    let refused = |w: Wheel, limits: Limits, expect: &str| {
+        let e = import(&root, &w, &limits).unwrap_err().to_string();
+        assert!(e.contains(expect), "{expect:?} not in: {e}");
+        assert_nothing_left(&root);
+    };
+    let escaping = |name: &str| {
+        let mut w = Wheel::flashinfer("0.6.13");
+        w.members.push((name.to_owned(), b"x".to_vec()));
+        w
+    };
+    refused(
+        escaping("flashinfer_cubin/cubins/../../../../etc/passwd"),
+        LIMITS,
+        "'..'",
+    );
+    refused(escaping("/etc/passwd"), LIMITS, "absolute");
+    refused(escaping("flashinfer_cubin/cubins/a//b"), LIMITS, "empty");
+    assert!(!root.parent().unwrap().join("etc").exists());
+
+    let mut w = Wheel::flashinfer("0.6.13");
+    w.symlinks
+        .push((format!("{FMHA}link.cubin"), "/etc/shadow".into()));
+    refused(w, LIMITS, "symbolic link");
+
+    let mut w = Wheel::flashinfer("0.6.13");
+    w.wrong_hash.push(format!("{FMHA}fmhaSm100aKernel_Q.cubin"));
+    refused(w, LIMITS, "differs from RECORD");
+
+    let mut w = Wheel::flashinfer("0.6.13");
+    w.unlisted.push(format!("{FMHA}fmhaSm100aKernel_Q.cubin"));
+    refused(w, LIMITS, "not in RECORD");
+
+    // A cubin its library's own list gives another hash.
+    let mut w = Wheel::flashinfer("0.6.13");
+    for (n, b) in &mut w.members {
+        if n.ends_with("fmhaSm100fKernel_Q.cubin") {
+            b.push(0);
+        }
+    }
+    refused(w, LIMITS, "the list says");
+
+    // A small wheel that unpacks to far more than the bound.
+    let mut w = Wheel::flashinfer("0.6.13");
+    w.members
+        .push((format!("{FMHA}zeros.bin"), vec![0u8; 8 << 20]));
+    refused(w, LIMITS, "over its bound");
+    let mut w = Wheel::flashinfer("0.6.13");
+    w.members
+        .push((format!("{FMHA}a.bin"), vec![1u8; 900 << 10]));
+    w.members
+        .push((format!("{FMHA}b.bin"), vec![1u8; 900 << 10]));
+    refused(
+        w,
+        Limits {
+            max_bytes: 1 << 20,
+            ..LIMITS
+        },
+        "over its bound",
+    );
+    let mut w = Wheel::flashinfer("0.6.13");
+    for i in 0..20 {
+        w.members.push((format!("{FMHA}f{i}.h"), b"x".to_vec()));
+    }
+    refused(
+        w,
+        Limits {
+            max_files: 10,
+            ..LIMITS
+        },
+        "over its bound",
+    );
+
+    // Not a library gpuarch knows, or a version its directory denies.
+    let mut w = Wheel::flashinfer("0.6.13");
+    w.members.last_mut().unwrap().1 = b"Name: numpy\nVersion: 0.6.13\n\n".to_vec();
+    refused(w, LIMITS, "not a distribution gpuarch imports");
+    let mut w = Wheel::flashinfer("0.6.13");
+    w.members.last_mut().unwrap().1 = b"Name: flashinfer-cubin\nVersion: ../0.7\n\n".to_vec();
+    refused(w, LIMITS, "METADATA says");
+
+    // Not a zip at all.
+    let path = root.parent().unwrap().join("junk.whl");
+    std::fs::write(&path, b"not a zip").unwrap();
+    let e = import_wheel(
+        &root,
+        &std::fs::File::open(&path).unwrap(),
+        "junk.whl",
+        &LIMITS,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("not a wheel"), "{e}");
+}
+
+#[test]
+fn names_say_their_target_where_the_file_cannot_be_read() {
+    let t = |p: &str| name_target(p).map(|t| t.to_string());
+    assert_eq!(
+        t("fmha/trtllm-gen/fmhaSm100aKernel_QE4m3.cubin").as_deref(),
+        Some("sm_100a")
+    );
+    assert_eq!(
+        t("fmha/cute-dsl/x86_64/sm_103a/x.so").as_deref(),
+        Some("sm_103a")
+    );
+    assert_eq!(
+        t("gemm/Gemm_Bfloat16_schedS_sm100f.cubin").as_deref(),
+        Some("sm_100f")
+    );
+    assert_eq!(
+        t("deep-gemm/kernel.fp8_m_grouped_gemm.007404769193.cubin"),
+        None
+    );
+    assert_eq!(t("small/smart.cubin"), None);
+}

@@ -1,0 +1,460 @@
+//! Import a library from its wheel: every member checked against the
+//! wheel's `RECORD` as it is read, GPU code read by the inspector, the
+//! library's own checksum lists held to what was read, and the bytes, the
+//! number of files and each file bounded before they are written.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{self, Read};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use base64::Engine as _;
+use gpuarch_core::library::{self, LibraryKind};
+
+use super::{FileInfo, INDEX, Index, LibraryError, SCHEMA, io_at, version_dir};
+use crate::file::{Mapped, copy_hashed, sha256_of};
+use crate::inspect;
+
+/// How much one import may be.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// The wheel's members together, unpacked.
+    pub max_bytes: u64,
+    pub max_files: usize,
+    /// One member, unpacked.
+    pub max_file_bytes: u64,
+}
+
+impl Limits {
+    /// Bounds for a store of `max_bytes` (`kernels.max_bytes`).
+    pub fn for_store(max_bytes: u64) -> Self {
+        Self {
+            max_bytes,
+            max_files: 100_000,
+            max_file_bytes: 1 << 30,
+        }
+    }
+}
+
+/// `RECORD` and `METADATA` are read whole: bounded apart.
+const MAX_RECORD: u64 = 64 << 20;
+const MAX_METADATA: u64 = 1 << 20;
+/// A library's checksum list (`checksums.txt`), parsed whole.
+const CHECKSUMS: &str = "checksums.txt";
+
+pub(super) fn seq() -> u64 {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    SEQ.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Import the wheel at `wheel` (opened by the caller) into `root`: its
+/// index once it is in place. A version already imported is replaced
+/// whole.
+pub fn import_wheel(
+    root: &Path,
+    wheel: &std::fs::File,
+    wheel_name: &str,
+    limits: &Limits,
+) -> Result<Index, LibraryError> {
+    let refused = |why: String| LibraryError::Refused {
+        file: wheel_name.to_owned(),
+        why,
+    };
+    let (sha256, _) = sha256_of(wheel).map_err(io_at(Path::new(wheel_name)))?;
+    let mut zip = zip::ZipArchive::new(wheel).map_err(|e| LibraryError::NotAWheel {
+        file: wheel_name.to_owned(),
+        why: e.to_string(),
+    })?;
+    if zip.len() > limits.max_files + 16 {
+        return Err(LibraryError::TooLarge {
+            what: format!("{wheel_name}: {} members", zip.len()),
+            limit: limits.max_files as u64,
+        });
+    }
+    let (kind, version, dist_info) = identify(&mut zip, wheel_name)?;
+    let record = read_record(&mut zip, &dist_info, wheel_name)?;
+
+    let tmp = root.join("tmp").join(format!(
+        "import-{}-{version}.{}.{}",
+        kind.dist,
+        std::process::id(),
+        seq()
+    ));
+    let files_dir = tmp.join("files");
+    std::fs::create_dir_all(&files_dir).map_err(io_at(&files_dir))?;
+    let result = (|| {
+        let mut files = BTreeMap::new();
+        let mut seen = 0usize;
+        let mut total = 0u64;
+        for i in 0..zip.len() {
+            let mut m = zip.by_index(i).map_err(|e| refused(e.to_string()))?;
+            let name = m
+                .name()
+                .map_err(|e| refused(format!("member {i}: {e}")))?
+                .into_owned();
+            if m.is_dir() {
+                continue;
+            }
+            check_member(&name).map_err(|why| refused(format!("member {name:?}: {why}")))?;
+            if m.is_symlink() {
+                return Err(refused(format!("member {name}: a symbolic link")));
+            }
+            let record_name = format!("{dist_info}/RECORD");
+            let want = record.get(&name);
+            if want.is_none() && name != record_name {
+                return Err(refused(format!("member {name} is not in RECORD")));
+            }
+            seen += 1;
+            if seen > limits.max_files {
+                return Err(LibraryError::TooLarge {
+                    what: format!("{wheel_name}: its files"),
+                    limit: limits.max_files as u64,
+                });
+            }
+            let room = limits.max_file_bytes.min(limits.max_bytes - total);
+            let served = name.strip_prefix(kind.root).filter(|r| !r.is_empty());
+            let copied = match served {
+                Some(rel) => {
+                    let to = files_dir.join(rel);
+                    if let Some(parent) = to.parent() {
+                        std::fs::create_dir_all(parent).map_err(io_at(parent))?;
+                    }
+                    let out = create_readonly(&to).map_err(io_at(&to))?;
+                    copy_hashed(&mut m, &out, room)
+                }
+                None => copy_hashed(&mut m, io::sink(), room),
+            };
+            let (got, bytes) = copied.map_err(|e| match e.kind() {
+                io::ErrorKind::FileTooLarge => LibraryError::TooLarge {
+                    what: format!("{wheel_name}: member {name} or the members together"),
+                    limit: room,
+                },
+                _ => refused(format!("member {name}: {e}")),
+            })?;
+            total += bytes;
+            if let Some((want_sha, want_len)) = want
+                && (*want_sha != got || want_len.is_some_and(|l| l != bytes))
+            {
+                return Err(refused(format!(
+                    "member {name}: sha256 {got} ({bytes} bytes) differs from RECORD's"
+                )));
+            }
+            if let Some(rel) = served {
+                files.insert(
+                    rel.to_owned(),
+                    FileInfo {
+                        sha256: got,
+                        bytes,
+                        targets: Vec::new(),
+                    },
+                );
+            }
+        }
+        for name in record.keys() {
+            if zip.index_for_name(name).is_none() {
+                return Err(refused(format!(
+                    "RECORD lists {name}, which the wheel lacks"
+                )));
+            }
+        }
+        if files.is_empty() {
+            return Err(refused(format!("no files under {}", kind.root)));
+        }
+        let missing = check_lists(&files_dir, &files).map_err(refused)?;
+        for (rel, info) in files.iter_mut() {
+            info.targets = targets(&files_dir.join(rel), rel).map_err(refused)?;
+        }
+        let index = Index {
+            schema: SCHEMA,
+            dist: kind.dist.to_owned(),
+            version: version.clone(),
+            source: wheel_name.to_owned(),
+            sha256,
+            imported_at: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            files,
+            missing,
+        };
+        let body = serde_json::to_vec(&index).map_err(|e| refused(e.to_string()))?;
+        let ipath = tmp.join(INDEX);
+        std::fs::write(&ipath, body).map_err(io_at(&ipath))?;
+        // One flush of the filesystem, not one per file: a wheel has
+        // thousands.
+        let d = std::fs::File::open(&tmp).map_err(io_at(&tmp))?;
+        nix::unistd::syncfs(&d).map_err(|e| io_at(&tmp)(e.into()))?;
+        place(root, kind, &version, &tmp)?;
+        Ok(index)
+    })();
+    if tmp.exists() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    result
+}
+
+/// The wheel's kind, version and `.dist-info` directory, from its
+/// `METADATA`: the name must be a kind gpuarch imports and the version the
+/// one the directory names.
+fn identify<R: Read + io::Seek>(
+    zip: &mut zip::ZipArchive<R>,
+    wheel_name: &str,
+) -> Result<(&'static LibraryKind, String, String), LibraryError> {
+    let refused = |why: String| LibraryError::Refused {
+        file: wheel_name.to_owned(),
+        why,
+    };
+    let infos: Vec<String> = zip
+        .file_names()
+        .filter_map(Result::ok)
+        .filter_map(|n| n.strip_suffix("/METADATA").map(str::to_owned))
+        .filter(|d| d.ends_with(".dist-info") && !d.contains('/'))
+        .collect();
+    let [dist_info] = infos.as_slice() else {
+        return Err(refused(format!(
+            "{} .dist-info/METADATA at its top; a wheel has one",
+            infos.len()
+        )));
+    };
+    let meta = read_member(
+        zip,
+        &format!("{dist_info}/METADATA"),
+        MAX_METADATA,
+        wheel_name,
+    )?;
+    let field = |key: &str| {
+        meta.lines()
+            .take_while(|l| !l.is_empty())
+            .find_map(|l| l.strip_prefix(key).map(str::trim).map(str::to_owned))
+    };
+    let name = field("Name:").ok_or_else(|| refused("METADATA has no Name".into()))?;
+    let version = field("Version:").ok_or_else(|| refused("METADATA has no Version".into()))?;
+    let kind = library::kind(&name).ok_or(LibraryError::Unknown(name.clone()))?;
+    let stem = dist_info.trim_end_matches(".dist-info");
+    if !library::valid_version(&version)
+        || library::normalize(stem) != library::normalize(&format!("{}-{version}", kind.module))
+    {
+        return Err(refused(format!(
+            "METADATA says {name} {version:?}, and its directory is {dist_info}"
+        )));
+    }
+    Ok((kind, version, dist_info.clone()))
+}
+
+/// `RECORD`: each member's sha256 (hex) and length.
+fn read_record<R: Read + io::Seek>(
+    zip: &mut zip::ZipArchive<R>,
+    dist_info: &str,
+    wheel_name: &str,
+) -> Result<HashMap<String, (String, Option<u64>)>, LibraryError> {
+    let text = read_member(zip, &format!("{dist_info}/RECORD"), MAX_RECORD, wheel_name)?;
+    let mut out = HashMap::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.is_empty() {
+            continue;
+        }
+        let bad = |why: &str| LibraryError::Refused {
+            file: wheel_name.to_owned(),
+            why: format!("RECORD line {}: {why}", n + 1),
+        };
+        // path,sha256=<urlsafe base64>,size. gpuarch's kinds have no comma
+        // or quote in their paths; a line that has one is refused.
+        let mut parts = line.rsplitn(3, ',');
+        let (Some(size), Some(hash), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad("not path,hash,size"));
+        };
+        if path.contains('"') {
+            return Err(bad("a quoted path"));
+        }
+        if hash.is_empty() {
+            if path == format!("{dist_info}/RECORD") {
+                continue;
+            }
+            return Err(bad("no hash"));
+        }
+        let b64 = hash
+            .strip_prefix("sha256=")
+            .ok_or_else(|| bad("not a sha256"))?;
+        let digest = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(b64.trim_end_matches('='))
+            .map_err(|_| bad("the hash is not base64"))?;
+        if digest.len() != 32 {
+            return Err(bad("the hash is not 32 bytes"));
+        }
+        let len = if size.is_empty() {
+            None
+        } else {
+            Some(size.parse().map_err(|_| bad("the size is not a number"))?)
+        };
+        if out
+            .insert(path.to_owned(), (crate::spec::hex(&digest), len))
+            .is_some()
+        {
+            return Err(bad("a path listed twice"));
+        }
+    }
+    Ok(out)
+}
+
+fn read_member<R: Read + io::Seek>(
+    zip: &mut zip::ZipArchive<R>,
+    name: &str,
+    limit: u64,
+    wheel_name: &str,
+) -> Result<String, LibraryError> {
+    let refused = |why: String| LibraryError::Refused {
+        file: wheel_name.to_owned(),
+        why,
+    };
+    let m = zip
+        .by_name(name)
+        .map_err(|e| refused(format!("{name}: {e}")))?;
+    let mut text = String::new();
+    m.take(limit + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| refused(format!("{name}: {e}")))?;
+    if text.len() as u64 > limit {
+        return Err(LibraryError::TooLarge {
+            what: format!("{wheel_name}: {name}"),
+            limit,
+        });
+    }
+    Ok(text)
+}
+
+/// A member's name as a relative path of plain parts: nothing that could
+/// leave the directory it is unpacked into, or name the same file twice.
+pub(super) fn check_member(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() || name.len() > 4096 {
+        return Err("empty or over 4096 bytes");
+    }
+    if name.starts_with('/') || name.contains('\\') || name.contains('\0') {
+        return Err("absolute, or holding a backslash or NUL");
+    }
+    for part in name.split('/') {
+        if part.is_empty() || part == "." || part == ".." || part.len() > 255 {
+            return Err("an empty, '.' or '..' part, or one over 255 bytes");
+        }
+        if part.chars().any(char::is_control) {
+            return Err("a control character");
+        }
+    }
+    Ok(())
+}
+
+fn create_readonly(path: &Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o444)
+        .open(path)
+}
+
+/// Hold each `checksums.txt` the library ships to the files it names:
+/// a file held must match; one not held is missing (path → sha256).
+fn check_lists(
+    files_dir: &Path,
+    files: &BTreeMap<String, FileInfo>,
+) -> Result<BTreeMap<String, String>, String> {
+    let mut missing = BTreeMap::new();
+    for list in files
+        .keys()
+        .filter(|p| p.rsplit('/').next() == Some(CHECKSUMS))
+    {
+        let dir = list.rsplit_once('/').map_or("", |(d, _)| d);
+        let text =
+            std::fs::read_to_string(files_dir.join(list)).map_err(|e| format!("{list}: {e}"))?;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            let bad = |why: &str| format!("{list} line {}: {why}", n + 1);
+            let mut it = line.split_whitespace();
+            let (Some(sha), Some(name), None) = (it.next(), it.next(), it.next()) else {
+                return Err(bad("not 'sha256 name'"));
+            };
+            if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(bad("not a sha256"));
+            }
+            check_member(name).map_err(&bad)?;
+            let path = if dir.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{dir}/{name}")
+            };
+            match files.get(&path) {
+                Some(f) if f.sha256.eq_ignore_ascii_case(sha) => {}
+                Some(f) => {
+                    return Err(bad(&format!(
+                        "{path} has sha256 {}, the list says {sha}",
+                        f.sha256
+                    )));
+                }
+                None => {
+                    missing.insert(path, sha.to_ascii_lowercase());
+                }
+            }
+        }
+    }
+    Ok(missing)
+}
+
+/// What a file carries: every target the inspector reads. A `.cubin` must
+/// carry GPU code; another file that holds none (a header, a list) is not
+/// GPU code, and one that cannot be read as GPU code is neither.
+fn targets(path: &Path, rel: &str) -> Result<Vec<String>, String> {
+    let f = std::fs::File::open(path).map_err(|e| format!("{rel}: {e}"))?;
+    let len = f.metadata().map_err(|e| format!("{rel}: {e}"))?.len();
+    let is_cubin = rel.ends_with(".cubin");
+    if len == 0 {
+        return if is_cubin {
+            Err(format!("{rel}: an empty cubin"))
+        } else {
+            Ok(Vec::new())
+        };
+    }
+    let mapped = Mapped::new(&f).map_err(|e| format!("{rel}: {e}"))?;
+    match inspect::summarize(mapped.bytes()) {
+        Ok(objs) if !objs.is_empty() => {
+            let mut t: Vec<String> = objs.iter().map(|o| o.target.to_string()).collect();
+            t.sort();
+            t.dedup();
+            Ok(t)
+        }
+        _ if !is_cubin => Ok(Vec::new()),
+        Ok(_) => Err(format!("{rel}: a cubin with no GPU code")),
+        Err(e) => Err(format!("{rel}: {e}")),
+    }
+}
+
+/// Put the staged import `tmp` in place as `<root>/<dist>/<version>`,
+/// replacing one already there in one step.
+fn place(root: &Path, kind: &LibraryKind, version: &str, tmp: &Path) -> Result<(), LibraryError> {
+    let dest = version_dir(root, kind.dist, version);
+    let parent = root.join(kind.dist);
+    std::fs::create_dir_all(&parent).map_err(io_at(&parent))?;
+    match std::fs::rename(tmp, &dest) {
+        Ok(()) => return Ok(()),
+        Err(e)
+            if !matches!(
+                e.raw_os_error(),
+                Some(nix::libc::ENOTEMPTY | nix::libc::EEXIST)
+            ) =>
+        {
+            return Err(io_at(&dest)(e));
+        }
+        Err(_) => {}
+    }
+    nix::fcntl::renameat2(
+        nix::fcntl::AT_FDCWD,
+        tmp,
+        nix::fcntl::AT_FDCWD,
+        &dest,
+        nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+    )
+    .map_err(|e| io_at(&dest)(e.into()))?;
+    // `tmp` is now the version replaced; the caller removes it.
+    Ok(())
+}
