@@ -28,6 +28,9 @@ pub struct LibraryKind {
     pub env: &'static str,
     /// Where a container sees them.
     pub mount: &'static str,
+    /// Directories of the tree the consumer writes into at run time,
+    /// whatever the import holds (relative).
+    pub scratch: &'static [&'static str],
 }
 
 pub const FLASHINFER_CUBIN: LibraryKind = LibraryKind {
@@ -37,6 +40,10 @@ pub const FLASHINFER_CUBIN: LibraryKind = LibraryKind {
     reader: Dist::FlashInfer,
     env: "FLASHINFER_CUBIN_DIR",
     mount: "/opt/gpuarch/libraries/flashinfer-cubin",
+    // `jit/cubin_loader.py: ensure_symlink` links the trtllm-gen export
+    // headers under `<dir>/flashinfer/trtllm/` (with a lock file beside
+    // each link) before building its GEMM and MoE modules.
+    scratch: &["flashinfer"],
 };
 
 /// Every kind gpuarch knows.

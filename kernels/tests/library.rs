@@ -92,6 +92,20 @@ fn flashinfers_own_wheel_is_served_per_architecture() {
                 assert!(!dir.join(k).exists(), "{k} is in the tree for {set:?}");
             }
         }
+        // 0.6.13's lists name CuTe DSL modules the wheel lacks, each
+        // in a directory of its own arch with no code: fetched into a tmpfs.
+        assert!(served.complete(), "{set:?}: {:?}", served.missing);
+        let fetch: Vec<String> = caps
+            .iter()
+            .filter(|c| c.major == 10)
+            .map(|c| {
+                format!(
+                    "801e770219613fbf088bc074c414732b26cc550d/fmha/cute-dsl/x86_64/sm_{}a",
+                    c.digits()
+                )
+            })
+            .collect();
+        assert_eq!(served.fetch_dirs, fetch, "{set:?}");
         let named = |tag: &str| expect.iter().filter(|k| k.contains(tag)).count();
         match set {
             ["9.0"] | ["12.0"] => assert_eq!(served.code_files, 0, "{set:?}"),

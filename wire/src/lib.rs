@@ -6,7 +6,9 @@
 //!   proxies. gpuarchd serves these types and gpuarchctl reads them back.
 //! - [`manifest`]: a kernel package's `manifest.json`, published by gpuarchd
 //!   (or written by an admin) and read by the hook; a view's name;
-//! - [`spool`]: the name of a build request the hook leaves for gpuarchd.
+//! - [`spool`]: the name of a build request the hook leaves for gpuarchd;
+//! - [`library`]: a consumer library's tree for a set of GPUs, laid out by
+//!   gpuarchd and mounted by the hook.
 //!
 //! Readers are strict: a field they do not know, or one that is missing, is
 //! an error naming it, never a silent default. A format that changes gets a
@@ -15,5 +17,6 @@
 
 #[cfg(feature = "dbus")]
 pub mod dbus;
+pub mod library;
 pub mod manifest;
 pub mod spool;

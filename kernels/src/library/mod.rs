@@ -24,15 +24,22 @@
 //! not hold (FlashInfer 0.6.13's wheel leaves out its CuTe DSL modules,
 //! which FlashInfer fetches at run time) is *missing*; a tree is
 //! *complete* only when no missing file could be asked for on the set.
-//! The consumer would try to fetch a missing file into the directory,
-//! which a read-only tree refuses, so only a complete tree may be pointed
-//! at: an incomplete one would be worse than the variable unset.
+//! The consumer fetches a missing file into the directory at run time,
+//! and writes some places of its own there (FlashInfer's `flashinfer/`
+//! include links), which a read-only tree refuses: so each such directory
+//! gets a small writable tmpfs in the container (`Served::fetch_dirs`,
+//! `scratch_dirs`), where the fetch works as it would into the consumer's
+//! own cache. A missing file in a directory that holds the tree's code
+//! cannot be given one without hiding that code: the tree is then
+//! incomplete and is not pointed at, since it would be worse than the
+//! variable unset.
 
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
 use gpuarch_core::arch::{ComputeCapability, Target};
+use gpuarch_core::library::LibraryKind;
 use serde::{Deserialize, Serialize};
 
 mod wheel;
@@ -77,28 +84,6 @@ pub struct FileInfo {
 impl Index {
     pub fn bytes(&self) -> u64 {
         self.files.values().map(|f| f.bytes).sum()
-    }
-}
-
-/// A served tree: written as `serve/<set>.json` beside it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Served {
-    /// The capabilities it is for, lowest first.
-    pub caps: Vec<String>,
-    pub files: u64,
-    pub bytes: u64,
-    /// GPU code files held (the rest are the library's own metadata).
-    pub code_files: u64,
-    /// Missing files that could be asked for on these capabilities (the
-    /// first 16, and how many in all): empty when the tree is complete.
-    pub missing: Vec<String>,
-    pub missing_count: u64,
-}
-
-impl Served {
-    pub fn complete(&self) -> bool {
-        self.missing_count == 0
     }
 }
 
@@ -158,17 +143,7 @@ pub fn read_index(root: &Path, dist: &str, version: &str) -> Result<Index, Libra
     })
 }
 
-/// The name of the tree for `caps`: each capability once, lowest first,
-/// joined by `+` (`8.6+10.0`).
-pub fn set_name(caps: &[ComputeCapability]) -> String {
-    let mut c: Vec<_> = caps.to_vec();
-    c.sort();
-    c.dedup();
-    c.iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("+")
-}
+pub use gpuarch_wire::library::{Served, set_name, tree_paths};
 
 /// Whether code built for `target` (nvcc spelling) runs on one of `caps`,
 /// by SASS or by PTX JIT.
@@ -206,37 +181,67 @@ pub fn name_target(path: &str) -> Option<Target> {
     None
 }
 
-/// What the tree for `caps` holds, from the index alone.
-pub fn plan_tree<'a>(index: &'a Index, caps: &[ComputeCapability]) -> (Vec<&'a str>, Served) {
+/// What the tree for `caps` holds, from the index alone: the files to
+/// link, and its [`Served`].
+pub fn plan_tree<'a>(
+    index: &'a Index,
+    kind: &LibraryKind,
+    caps: &[ComputeCapability],
+) -> (Vec<&'a str>, Served) {
     let mut files = Vec::new();
     let (mut bytes, mut code) = (0, 0);
+    let mut code_dirs = std::collections::BTreeSet::new();
     for (path, f) in &index.files {
         let keep = f.targets.is_empty() || f.targets.iter().any(|t| runs_on_any(t, caps));
         if keep {
             files.push(path.as_str());
             bytes += f.bytes;
-            code += u64::from(!f.targets.is_empty());
+            if !f.targets.is_empty() {
+                code += 1;
+                code_dirs.insert(parent_of(path));
+            }
         }
     }
-    let wanted: Vec<&String> = index
-        .missing
-        .keys()
-        .filter(|p| {
-            name_target(p).is_none_or(|t| caps.iter().any(|c| t.check(*c, None, None).runs))
-        })
-        .collect();
+    let mut fetch = std::collections::BTreeSet::new();
+    let mut blocking = Vec::new();
+    for p in index.missing.keys() {
+        let wanted =
+            name_target(p).is_none_or(|t| caps.iter().any(|c| t.check(*c, None, None).runs));
+        if !wanted {
+            continue;
+        }
+        let dir = parent_of(p);
+        // A tmpfs over the directory would hide the tree's code in it; and
+        // one over the whole tree would hide all of it.
+        if dir.is_empty()
+            || code_dirs
+                .iter()
+                .any(|c| *c == dir || c.starts_with(&format!("{dir}/")))
+        {
+            blocking.push(p.clone());
+        } else {
+            fetch.insert(dir.to_owned());
+        }
+    }
     let mut c: Vec<_> = caps.to_vec();
     c.sort();
     c.dedup();
     let served = Served {
+        schema: gpuarch_wire::library::SCHEMA,
         caps: c.iter().map(ToString::to_string).collect(),
         files: files.len() as u64,
         bytes,
         code_files: code,
-        missing: wanted.iter().take(16).map(|p| (*p).clone()).collect(),
-        missing_count: wanted.len() as u64,
+        fetch_dirs: fetch.into_iter().collect(),
+        scratch_dirs: kind.scratch.iter().map(|s| (*s).to_owned()).collect(),
+        missing: blocking.iter().take(16).cloned().collect(),
+        missing_count: blocking.len() as u64,
     };
     (files, served)
+}
+
+fn parent_of(path: &str) -> &str {
+    path.rsplit_once('/').map_or("", |(d, _)| d)
 }
 
 /// The tree for `caps` of an imported version, made if it is not there
@@ -247,10 +252,10 @@ pub fn serve(
     version: &str,
     caps: &[ComputeCapability],
 ) -> Result<(PathBuf, Served), LibraryError> {
+    let kind = gpuarch_core::library::kind(dist).ok_or(LibraryError::Unknown(dist.to_owned()))?;
     let vdir = version_dir(root, dist, version);
     let name = set_name(caps);
-    let dir = vdir.join("serve").join(&name);
-    let side = vdir.join("serve").join(format!("{name}.json"));
+    let (dir, side) = tree_paths(root, dist, version, &name);
     if dir.is_dir()
         && let Ok(b) = std::fs::read(&side)
         && let Ok(s) = serde_json::from_slice::<Served>(&b)
@@ -258,7 +263,7 @@ pub fn serve(
         return Ok((dir, s));
     }
     let index = read_index(root, dist, version)?;
-    let (files, served) = plan_tree(&index, caps);
+    let (files, served) = plan_tree(&index, kind, caps);
     let tmp = root.join("tmp").join(format!(
         "serve-{dist}-{version}-{name}.{}.{}",
         std::process::id(),
@@ -273,6 +278,12 @@ pub fn serve(
                 std::fs::create_dir_all(parent).map_err(io_at(parent))?;
             }
             std::fs::hard_link(src.join(path), &to).map_err(io_at(&to))?;
+        }
+        // Mount points for the container's tmpfs mounts: the tree is
+        // read-only once mounted, so they must be there already.
+        for d in served.writable_dirs() {
+            let at = tmp.join(d);
+            std::fs::create_dir_all(&at).map_err(io_at(&at))?;
         }
         let body = serde_json::to_vec_pretty(&served).map_err(io::Error::other);
         let body = body.map_err(io_at(&side))?;

@@ -225,8 +225,9 @@ fn each_tree_holds_only_what_its_gpus_run_and_says_what_it_lacks() {
         v
     };
 
-    // A B200: both of its cubins, but the CuTe DSL module for sm_100a is
-    // missing, so the tree must not be pointed at.
+    // A B200: both of its cubins. Its CuTe DSL module is missing from a
+    // directory that holds no code: FlashInfer may fetch it there, into a
+    // tmpfs, as into its own cache. And FlashInfer's own scratch place.
     let (dir, s) = serve(&root, "flashinfer-cubin", "0.6.13", &[cap("10.0")]).unwrap();
     assert_eq!(
         tree(&dir),
@@ -235,24 +236,29 @@ fn each_tree_holds_only_what_its_gpus_run_and_says_what_it_lacks() {
             "158f/fmha/trtllm-gen/fmhaSm100fKernel_Q.cubin"
         ])
     );
-    assert_eq!((s.code_files, s.complete()), (2, false));
-    assert_eq!(
-        s.missing,
-        ["801e/fmha/cute-dsl/x86_64/sm_100a/cute_dsl_fmha_bf16.so"]
-    );
+    assert_eq!((s.code_files, s.complete()), (2, true));
+    assert_eq!(s.fetch_dirs, ["801e/fmha/cute-dsl/x86_64/sm_100a"]);
+    assert_eq!(s.scratch_dirs, ["flashinfer"]);
+    for d in s.writable_dirs() {
+        assert!(dir.join(d).is_dir(), "no mount point {d}");
+    }
 
-    // A B300 (10.3): the family cubin only, and its own sm_103a one missing.
+    // A B300 (10.3): the family cubin only, and its own sm_103a cubin is
+    // missing among the tree's code, where no tmpfs can go: incomplete.
     let (dir, s) = serve(&root, "flashinfer-cubin", "0.6.13", &[cap("10.3")]).unwrap();
     assert_eq!(
         tree(&dir),
         with(&["158f/fmha/trtllm-gen/fmhaSm100fKernel_Q.cubin"])
     );
+    assert!(!s.complete());
     assert_eq!(s.missing, ["158f/fmha/trtllm-gen/fmhaSm103aKernel_Q.cubin"]);
+    assert!(s.fetch_dirs.is_empty(), "{:?}", s.fetch_dirs);
 
     // An H100: no GPU code at all, and nothing it could ask for is missing.
     let (dir, s) = serve(&root, "flashinfer-cubin", "0.6.13", &[cap("9.0")]).unwrap();
     assert_eq!(tree(&dir), with(&[]));
     assert_eq!((s.code_files, s.complete()), (0, true));
+    assert!(s.fetch_dirs.is_empty());
 
     // The same set again is the same tree, not a second one.
     let (again, s2) = serve(
