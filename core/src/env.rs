@@ -28,6 +28,7 @@ pub enum EnvVar {
     Tf32,
     Fp8,
     KernelsDir,
+    FlashinferCubinDir,
     TorchExtensionsDir,
     TritonCacheDir,
     TorchInductorCacheDir,
@@ -38,7 +39,7 @@ pub enum EnvVar {
 
 impl EnvVar {
     /// Every variable, in the order they are injected.
-    pub const ALL: [EnvVar; 25] = [
+    pub const ALL: [EnvVar; 26] = [
         EnvVar::TorchCudaArchList,
         EnvVar::FlashinferCudaArchList,
         EnvVar::FlashAttnCudaArchs,
@@ -58,6 +59,7 @@ impl EnvVar {
         EnvVar::Tf32,
         EnvVar::Fp8,
         EnvVar::KernelsDir,
+        EnvVar::FlashinferCubinDir,
         EnvVar::TorchExtensionsDir,
         EnvVar::TritonCacheDir,
         EnvVar::TorchInductorCacheDir,
@@ -98,6 +100,7 @@ impl EnvVar {
             EnvVar::Tf32 => "GPUARCH_TF32",
             EnvVar::Fp8 => "GPUARCH_FP8",
             EnvVar::KernelsDir => "GPUARCH_KERNELS_DIR",
+            EnvVar::FlashinferCubinDir => "FLASHINFER_CUBIN_DIR",
             EnvVar::TorchExtensionsDir => "TORCH_EXTENSIONS_DIR",
             EnvVar::TritonCacheDir => "TRITON_CACHE_DIR",
             EnvVar::TorchInductorCacheDir => "TORCHINDUCTOR_CACHE_DIR",

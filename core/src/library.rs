@@ -9,6 +9,7 @@
 //! `FLASHINFER_CUBIN_DIR` (`flashinfer/jit/env.py: _get_cubin_dir`) when
 //! its image has no `flashinfer-cubin` of its own.
 
+use crate::env::EnvVar;
 use crate::software::Dist;
 
 /// One kind of prebuilt library.
@@ -25,7 +26,7 @@ pub struct LibraryKind {
     /// The consumer that reads them; it must be of the same version.
     pub reader: Dist,
     /// The variable that points the consumer at the files.
-    pub env: &'static str,
+    pub env: EnvVar,
     /// Where a container sees them.
     pub mount: &'static str,
     /// Directories of the tree the consumer writes into at run time,
@@ -38,7 +39,7 @@ pub const FLASHINFER_CUBIN: LibraryKind = LibraryKind {
     module: "flashinfer_cubin",
     root: "flashinfer_cubin/cubins/",
     reader: Dist::FlashInfer,
-    env: "FLASHINFER_CUBIN_DIR",
+    env: EnvVar::FlashinferCubinDir,
     mount: "/opt/gpuarch/libraries/flashinfer-cubin",
     // `jit/cubin_loader.py: ensure_symlink` links the trtllm-gen export
     // headers under `<dir>/flashinfer/trtllm/` (with a lock file beside
@@ -55,24 +56,7 @@ pub fn kind(dist: &str) -> Option<&'static LibraryKind> {
     ALL.iter().find(|k| k.dist == norm)
 }
 
-/// A distribution name as PEP 503 compares them: lower case, runs of `-`,
-/// `_` and `.` as one `-`.
-pub fn normalize(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    let mut sep = false;
-    for c in name.chars() {
-        if matches!(c, '-' | '_' | '.') {
-            sep = true;
-            continue;
-        }
-        if sep && !out.is_empty() {
-            out.push('-');
-        }
-        sep = false;
-        out.push(c.to_ascii_lowercase());
-    }
-    out
-}
+pub use crate::software::normalize;
 
 /// A version as a directory name may hold it: PEP 440's characters only,
 /// at most 64 of them, and not `.` or `..`.

@@ -12,6 +12,7 @@ use crate::context::Context;
 use crate::image;
 use crate::jit;
 use crate::kernels::{self, Kernels};
+use crate::library;
 use crate::rootfs::Root;
 use crate::stage;
 
@@ -176,6 +177,18 @@ pub fn edit_in(
         plan.add_kernels_dir(kernels::CONTAINER_DIR, &view, &ctx.config.env);
     }
     let env_cfg = &ctx.config.env;
+    let existing: Vec<String> = config
+        .get("mounts")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m.get("destination").and_then(Value::as_str))
+        .map(str::to_owned)
+        .collect();
+    let libraries_dir = ctx.config.kernels.libraries_dir();
+    for lib in library::plan(&libraries_dir, &mut plan, &view, &existing, env_cfg) {
+        list_at(config, "mounts")?.extend(lib.oci_mounts());
+    }
     if let Some(p) = jit::plan_cache(config, &mut plan, &view, &ctx.config.jit_cache, env_cfg) {
         jit::add_env(&mut plan, &p, &view, env_cfg);
         list_at(config, "mounts")?.push(jit::mount_entry(&p.source));

@@ -138,7 +138,8 @@ fn environments(root: &Root, budget: &mut Budget) -> Result<Vec<Environment>, St
 /// modification and change times.
 fn key(envs: &[Environment]) -> String {
     let mut h = Sha256::new();
-    h.update(b"gpuarch-image-software-1\0");
+    // 2: with the exact versions a prebuilt library is gated on.
+    h.update(b"gpuarch-image-software-2\0");
     for e in envs {
         let Ok(st) = nix::sys::stat::fstat(e.dir.as_fd()) else {
             continue;
@@ -182,6 +183,9 @@ fn scan(
         names(&env.dir, budget, |n| {
             if let Some(d) = software::dist_info(n) {
                 found.push((d, n.to_owned()));
+            }
+            if let Some((dist, version)) = software::gated_dist_info(n) {
+                sw.exact.entry(dist).or_insert(version);
             }
         })?;
         sw.read.push(format!("/{}", env.rel));

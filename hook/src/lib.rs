@@ -21,6 +21,7 @@ pub mod image;
 pub mod jit;
 pub mod kernels;
 pub mod ldconfig;
+pub mod library;
 pub mod log;
 pub mod rootfs;
 pub mod shim;

@@ -189,6 +189,12 @@ impl Default for KernelsConfig {
 }
 
 impl KernelsConfig {
+    /// Where consumers' own libraries are imported and their trees laid
+    /// out: `<cache_dir>/libraries`.
+    pub fn libraries_dir(&self) -> PathBuf {
+        self.cache_dir.join("libraries")
+    }
+
     /// Where views are laid out: `view_dir`, else `<cache_dir>/views`.
     pub fn view_dir(&self) -> PathBuf {
         self.view_dir
