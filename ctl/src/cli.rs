@@ -229,6 +229,15 @@ pub enum KernelsCmd {
     /// gpuarch): each container gets the file that runs on its GPUs, by the
     /// SASS and PTX read from each file. Replaces an earlier import of NAME.
     Import(ImportArgs),
+    /// Import a consumer's own prebuilt kernels from its wheel (root or
+    /// group gpuarch): FlashInfer's flashinfer-cubin-VERSION wheel. Each
+    /// container whose image holds flashinfer-python of that version then
+    /// gets the files for its GPUs at FLASHINFER_CUBIN_DIR. Replaces an
+    /// earlier import of that version.
+    ImportWheel {
+        /// The wheel (pip download flashinfer-cubin==VERSION).
+        wheel: std::path::PathBuf,
+    },
     /// Remove import NAME (root or group gpuarch): containers started from
     /// now on no longer get it; running ones keep what they mount. Its
     /// files are unpinned, left to the cache's LRU.

@@ -83,6 +83,12 @@ pub fn run(cli: &Cli) -> Result<u8> {
             Some(KernelsCmd::Import(args)) => {
                 cmd::prewarm::import(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, args, &mut out)?
             }
+            Some(KernelsCmd::ImportWheel { wheel }) => cmd::prewarm::import_wheel(
+                cli.json,
+                daemon(CACHE_IS_THE_DAEMONS)?,
+                wheel,
+                &mut out,
+            )?,
             Some(KernelsCmd::Unimport { name }) => {
                 cmd::kernels::unimport(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, name, &mut out)?
             }

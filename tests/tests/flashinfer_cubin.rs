@@ -190,7 +190,10 @@ fn flashinfers_own_loader_finds_every_cubin_for_its_gpu_offline_and_no_other() {
         "{seen}"
     );
     assert_eq!(seen["fetch_into_missing_dir"], true, "{seen}");
-    eprintln!("B300: FlashInfer found {found} FMHA cubins in place, offline");
+    eprintln!(
+        "B300: FlashInfer found {found} FMHA cubins ({} bytes) in place, offline",
+        seen["found_bytes"]
+    );
 
     // Control: the same container without gpuarch. FlashInfer looks in its
     // own cache, tries to download its checksum list, and fails.

@@ -109,6 +109,29 @@ pub fn import(json: bool, d: Daemon, args: &ImportArgs, out: &mut String) -> Res
     follow(json, &d, path, "importing", out)
 }
 
+/// The wheel is opened here, as the caller, and passed as a descriptor.
+pub fn import_wheel(
+    json: bool,
+    d: Daemon,
+    wheel: &std::path::Path,
+    out: &mut String,
+) -> Result<u8> {
+    let f = std::fs::File::open(wheel).with_context(|| format!("{}", wheel.display()))?;
+    let name = wheel
+        .file_name()
+        .and_then(|n| n.to_str())
+        .with_context(|| format!("{}: no file name", wheel.display()))?
+        .to_owned();
+    let e = |e| BusError::of("import-wheel", e);
+    let path = d.ask(async {
+        let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+        kc.import_library(zbus::Fd::from(&f), &name)
+            .await
+            .map_err(e)
+    })?;
+    follow(json, &d, path, "importing", out)
+}
+
 /// Follow the job at `path` to its end: a progress bar, then its log and
 /// outcome.
 fn follow(

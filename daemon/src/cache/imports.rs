@@ -238,16 +238,15 @@ impl Drop for ImportPlace {
 }
 
 /// Free bytes an import leaves on the store's filesystem, at least.
-const IMPORT_RESERVE: u64 = 256 << 20;
+pub(super) const IMPORT_RESERVE: u64 = 256 << 20;
 
 /// Whether `len` more bytes fit on the filesystem of `root` and leave
 /// [`IMPORT_RESERVE`]: a clear refusal before the copy, not a full disk
 /// for every other writer there.
 fn room(root: &std::path::Path, file: &str, len: u64) -> Result<(), ImportError> {
-    let Ok(fs) = nix::sys::statvfs::statvfs(root) else {
+    let Some(free) = free_bytes(root) else {
         return Ok(()); // the copy's own errors say it
     };
-    let free = fs.blocks_available().saturating_mul(fs.fragment_size());
     if len.saturating_add(IMPORT_RESERVE) > free {
         return Err(ImportError::NoRoom {
             file: file.to_owned(),
@@ -257,6 +256,12 @@ fn room(root: &std::path::Path, file: &str, len: u64) -> Result<(), ImportError>
         });
     }
     Ok(())
+}
+
+/// The bytes free to an unprivileged writer on the filesystem of `root`.
+pub(super) fn free_bytes(root: &std::path::Path) -> Option<u64> {
+    let fs = nix::sys::statvfs::statvfs(root).ok()?;
+    Some(fs.blocks_available().saturating_mul(fs.fragment_size()))
 }
 
 /// Why an import changed nothing. Each prints its cause: the job's message

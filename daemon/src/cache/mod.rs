@@ -12,6 +12,7 @@
 
 mod imports;
 mod jobs;
+mod libraries;
 mod mounts;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -186,6 +187,9 @@ impl Cache {
     /// store: blocking.
     pub fn publish(&self, names: Option<&[String]>) {
         self.publish_imports(names);
+        if names.is_none() {
+            self.lay_out_libraries();
+        }
         let pkgs = self.packages();
         let stored = match self.builder.store.scan() {
             Ok(s) => s,

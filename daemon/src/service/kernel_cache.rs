@@ -201,6 +201,57 @@ impl KernelCache {
         .map_err(|e| fdo::Error::Failed(e.to_string()))
     }
 
+    /// Import a consumer's own prebuilt kernels from its wheel (FlashInfer's
+    /// `flashinfer-cubin`), read from the descriptor the caller passes;
+    /// `name` is the wheel's file name, for messages. Every member is held
+    /// to the wheel's RECORD and the library's own checksum lists, and its
+    /// size bounded, before anything is kept; the version replaces an
+    /// earlier import of it whole, or nothing changes. Then its trees are
+    /// laid out for the host's GPUs (the job's log, a line each), which the
+    /// hook mounts into containers of the same FlashInfer version. Returns
+    /// the job at once; one import at a time, as `Import`. For root and
+    /// group gpuarch.
+    #[zbus(out_args("job"))]
+    async fn import_library(
+        &self,
+        wheel: zbus::OwnedFd,
+        name: &str,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> fdo::Result<zbus::OwnedObjectPath> {
+        authorize(conn, &hdr, "ImportLibrary").await?;
+        if name.is_empty()
+            || name.len() > 255
+            || name.contains('/')
+            || name.chars().any(char::is_control)
+        {
+            return Err(fdo::Error::InvalidArgs(format!(
+                "{name:?} is not a wheel's file name"
+            )));
+        }
+        let place = self.cache.import_place().ok_or_else(|| {
+            fdo::Error::LimitsExceeded(format!(
+                "{} imports are waiting already; import again when one has finished",
+                crate::cache::MAX_PENDING_IMPORTS
+            ))
+        })?;
+        let file = std::fs::File::from(std::os::fd::OwnedFd::from(wheel));
+        match file.metadata() {
+            Ok(m) if m.is_file() => {}
+            _ => {
+                return Err(fdo::Error::InvalidArgs(format!(
+                    "{name}: not a regular file"
+                )));
+            }
+        }
+        let (c, name) = (self.cache.clone(), name.to_owned());
+        crate::cache::start_work(self.cache.clone(), 1, move |state| async move {
+            c.run_library_import(name, file, state, place).await;
+        })
+        .await
+        .map_err(|e| fdo::Error::Failed(e.to_string()))
+    }
+
     /// Remove import `name`: containers started from now on no longer get
     /// it; those that mount it keep it. Its files are unpinned, for the
     /// LRU to take. Returns how many files it had. For root and group

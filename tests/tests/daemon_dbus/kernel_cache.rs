@@ -700,3 +700,80 @@ fn imported_libraries_serve_each_container_by_the_code_they_carry() {
     );
     node.stop();
 }
+
+/// `ImportLibrary` through the bus, as `gpuarchctl kernels import-wheel`:
+/// the real flashinfer-cubin wheel imported, and a tree laid out for every
+/// set of the host's GPUs a container could be given; refused to nobody,
+/// and for what is not a wheel, changing nothing.
+#[test]
+fn a_consumers_wheel_is_imported_through_the_bus_and_laid_out_for_every_set_of_gpus() {
+    need_bus!();
+    let Some(wheel) = std::env::var_os("GPUARCH_FLASHINFER_CUBIN_WHEEL") else {
+        gpuarch_tests::skip(
+            "GPUARCH_FLASHINFER_CUBIN_WHEEL names no wheel (scripts/test downloads it)",
+        );
+        return;
+    };
+    let wheel = std::path::PathBuf::from(wheel);
+    let mut node = Node::new("blackwell-mix", Policy::Shipped);
+    node.start(&[]);
+    let libs = node.path("cache/libraries/flashinfer-cubin");
+
+    // Nobody: refused by the bus policy, before gpuarchd reads anything.
+    let o = node.ctl(
+        Some(&[]),
+        &["kernels", "import-wheel", wheel.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", all_text(&o));
+    assert!(
+        all_text(&o).contains("permission denied by the bus policy"),
+        "{}",
+        all_text(&o)
+    );
+
+    // Not a wheel, and not a file: refused, nothing made.
+    let junk = node.path("junk.whl");
+    std::fs::write(&junk, b"not a zip").unwrap();
+    let o = node.ctl(None, &["kernels", "import-wheel", junk.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", all_text(&o));
+    assert!(
+        all_text(&o).contains("junk.whl not imported, nothing changed: junk.whl: not a wheel"),
+        "{}",
+        all_text(&o)
+    );
+    let o = node.ctl(
+        None,
+        &["kernels", "import-wheel", node.path("").to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", all_text(&o));
+    assert!(
+        all_text(&o).contains("not a regular file"),
+        "{}",
+        all_text(&o)
+    );
+    assert!(!libs.exists());
+
+    // The wheel: 7.0, 10.3, 11.0 and 12.1 on this host, 15 sets.
+    let o = node.ctl(None, &["kernels", "import-wheel", wheel.to_str().unwrap()]);
+    let out = all_text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert!(
+        out.contains("imported flashinfer-cubin 0.6.13: 16011 files"),
+        "{out}"
+    );
+    assert!(out.contains("10.3: 15658 kernels"), "{out}");
+    assert!(out.contains("12.1: no kernels for it"), "{out}");
+    assert!(out.contains("7.0+10.3+11.0+12.1: "), "{out}");
+    let serve = libs.join("0.6.13/serve");
+    let trees = std::fs::read_dir(&serve)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_type().unwrap().is_dir())
+        .count();
+    assert_eq!(trees, 15, "{out}");
+    let served: gpuarch_wire::library::Served =
+        serde_json::from_slice(&std::fs::read(serve.join("10.3.json")).unwrap()).unwrap();
+    assert!(
+        served.complete() && served.code_files == 15658,
+        "{served:?}"
+    );
+}
