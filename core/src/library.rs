@@ -69,5 +69,17 @@ pub fn valid_version(v: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'+' | b'!' | b'-' | b'_'))
 }
 
+/// The distribution (PEP 503 name) and exact version a `.dist-info`
+/// directory names, when it is one a prebuilt library is gated on.
+pub fn gated_dist_info(entry: &str) -> Option<(String, String)> {
+    let stem = entry.strip_suffix(".dist-info")?;
+    let (name, version) = stem.split_once('-')?;
+    let name = normalize(name);
+    let gated = ALL
+        .iter()
+        .any(|k| k.dist == name || k.reader.name() == name);
+    (gated && valid_version(version)).then(|| (name, version.to_owned()))
+}
+
 #[cfg(test)]
 mod tests;

@@ -188,22 +188,10 @@ pub struct Software {
     pub read: Vec<String>,
     /// The exact versions, as their `.dist-info` directories name them, of
     /// the distributions a prebuilt library is gated on
-    /// ([`crate::library`]: `flashinfer-python`, `flashinfer-cubin`), by
+    /// (`crate::library`: `flashinfer-python`, `flashinfer-cubin`), by
     /// PEP 503 name. A library is served only for its reader's very version.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub exact: BTreeMap<String, String>,
-}
-
-/// The distribution (PEP 503 name) and exact version a `.dist-info`
-/// directory names, when it is one a prebuilt library is gated on.
-pub fn gated_dist_info(entry: &str) -> Option<(String, String)> {
-    let stem = entry.strip_suffix(".dist-info")?;
-    let (name, version) = stem.split_once('-')?;
-    let name = normalize(name);
-    let gated = crate::library::ALL
-        .iter()
-        .any(|k| k.dist == name || k.reader.name() == name);
-    (gated && crate::library::valid_version(version)).then(|| (name, version.to_owned()))
 }
 
 /// The variable that NVIDIA's and PyTorch's images set to their torch

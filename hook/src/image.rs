@@ -184,7 +184,7 @@ fn scan(
             if let Some(d) = software::dist_info(n) {
                 found.push((d, n.to_owned()));
             }
-            if let Some((dist, version)) = software::gated_dist_info(n) {
+            if let Some((dist, version)) = gpuarch_core::library::gated_dist_info(n) {
                 sw.exact.entry(dist).or_insert(version);
             }
         })?;

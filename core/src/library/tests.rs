@@ -15,3 +15,24 @@ fn versions_that_are_not_plain_directory_names_are_refused() {
         assert!(!valid_version(bad), "{bad:?}");
     }
 }
+
+#[test]
+fn the_image_names_the_exact_versions_a_library_is_gated_on() {
+    let g = |e: &str| gated_dist_info(e);
+    assert_eq!(
+        g("flashinfer_python-0.6.13.dist-info"),
+        Some(("flashinfer-python".into(), "0.6.13".into()))
+    );
+    assert_eq!(
+        g("flashinfer_cubin-0.7.0rc1.dist-info"),
+        Some(("flashinfer-cubin".into(), "0.7.0rc1".into()))
+    );
+    for other in [
+        "numpy-2.1.0.dist-info",
+        "flashinfer_python-0.6.13.egg-info",
+        "flashinfer_python-...dist-info",
+        "flashinfer_python-..\n.dist-info",
+    ] {
+        assert_eq!(g(other), None, "{other:?}");
+    }
+}
