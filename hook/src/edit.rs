@@ -102,13 +102,9 @@ pub fn apply_mounts(
     if kernels.is_empty() {
         return Ok(0);
     }
-    let list = list_at(config, "mounts")?;
-    let existing: Vec<&str> = list
-        .iter()
-        .filter_map(|e| e.get("destination").and_then(Value::as_str))
-        .collect();
+    let existing: Vec<&str> = mount_destinations(config).collect();
     let (binds, shown) = kernels.binds(&existing, notes);
-    list.extend(binds.iter().map(kernels::Bind::to_oci));
+    list_at(config, "mounts")?.extend(binds.iter().map(kernels::Bind::to_oci));
     Ok(shown.len())
 }
 
@@ -177,14 +173,7 @@ pub fn edit_in(
         plan.add_kernels_dir(kernels::CONTAINER_DIR, &view, &ctx.config.env);
     }
     let env_cfg = &ctx.config.env;
-    let existing: Vec<String> = config
-        .get("mounts")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|m| m.get("destination").and_then(Value::as_str))
-        .map(str::to_owned)
-        .collect();
+    let existing: Vec<String> = mount_destinations(config).map(str::to_owned).collect();
     let libraries_dir = ctx.config.kernels.libraries_dir();
     for lib in library::plan(&libraries_dir, &mut plan, &view, &existing, env_cfg) {
         list_at(config, "mounts")?.extend(lib.oci_mounts());
@@ -246,13 +235,17 @@ pub fn env_files_hidden(config: &Value) -> bool {
             .iter()
             .any(|f| std::path::Path::new("/").join(f).starts_with(dest))
     };
+    mount_destinations(config).any(covers)
+}
+
+/// The destinations of the mounts in `config`, in order.
+fn mount_destinations(config: &Value) -> impl Iterator<Item = &str> {
     config
         .get("mounts")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
         .filter_map(|m| m.get("destination").and_then(Value::as_str))
-        .any(covers)
 }
 
 /// Has `config` a `createContainer` entry running gpuarch-hook?
