@@ -89,13 +89,7 @@ pub fn push(json: bool, d: Daemon, args: &SelectArgs, out: &mut String) -> Resul
 pub fn import(json: bool, d: Daemon, args: &ImportArgs, out: &mut String) -> Result<u8> {
     let mut files = Vec::new();
     for p in &args.files {
-        let f = std::fs::File::open(p).with_context(|| format!("{}", p.display()))?;
-        let name = p
-            .file_name()
-            .and_then(|n| n.to_str())
-            .with_context(|| format!("{}: no file name", p.display()))?
-            .to_owned();
-        files.push((name, f));
+        files.push(open_named(p)?);
     }
     let e = |e| BusError::of("import", e);
     let path = d.ask(async {
@@ -116,12 +110,7 @@ pub fn import_wheel(
     wheel: &std::path::Path,
     out: &mut String,
 ) -> Result<u8> {
-    let f = std::fs::File::open(wheel).with_context(|| format!("{}", wheel.display()))?;
-    let name = wheel
-        .file_name()
-        .and_then(|n| n.to_str())
-        .with_context(|| format!("{}: no file name", wheel.display()))?
-        .to_owned();
+    let (name, f) = open_named(wheel)?;
     let e = |e| BusError::of("import-wheel", e);
     let path = d.ask(async {
         let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
@@ -130,6 +119,17 @@ pub fn import_wheel(
             .map_err(e)
     })?;
     follow(json, &d, path, "importing", out)
+}
+
+/// `p` opened for reading, as the caller, with its file name.
+fn open_named(p: &std::path::Path) -> Result<(String, std::fs::File)> {
+    let f = std::fs::File::open(p).with_context(|| format!("{}", p.display()))?;
+    let name = p
+        .file_name()
+        .and_then(|n| n.to_str())
+        .with_context(|| format!("{}: no file name", p.display()))?
+        .to_owned();
+    Ok((name, f))
 }
 
 /// Follow the job at `path` to its end: a progress bar, then its log and

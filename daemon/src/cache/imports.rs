@@ -22,6 +22,28 @@ impl Cache {
         (n < MAX_PENDING_IMPORTS).then_some(place)
     }
 
+    /// This job's turn among the imports (of either kind: one at a time),
+    /// its message saying so while it waits. None when the cache closes.
+    pub(super) async fn import_turn(
+        &self,
+        state: &Mutex<JobStatus>,
+    ) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        let permit = match self.imports.try_acquire() {
+            Ok(p) => Ok(p),
+            Err(_) => {
+                if let Ok(mut s) = state.lock() {
+                    s.message = "waiting for another import to finish".to_owned();
+                }
+                self.imports.acquire().await
+            }
+        };
+        let permit = permit.ok()?;
+        if let Ok(mut s) = state.lock() {
+            s.message.clear();
+        }
+        Some(permit)
+    }
+
     /// Import `files` (name, open file) as `name`: each stored, then the
     /// import recorded and published, or, if any file fails, nothing
     /// changed. A file that runs on none of the host's GPUs is stored with
@@ -34,21 +56,9 @@ impl Cache {
         state: Arc<Mutex<JobStatus>>,
         _place: ImportPlace,
     ) {
-        let permit = match self.imports.try_acquire() {
-            Ok(p) => Ok(p),
-            Err(_) => {
-                if let Ok(mut s) = state.lock() {
-                    s.message = "waiting for another import to finish".to_owned();
-                }
-                self.imports.acquire().await
-            }
-        };
-        let Ok(_permit) = permit else {
+        let Some(_permit) = self.import_turn(&state).await else {
             return;
         };
-        if let Ok(mut s) = state.lock() {
-            s.message.clear();
-        }
         let me = self.clone();
         let st = state.clone();
         let n = name.clone();

@@ -45,13 +45,6 @@ impl Cache {
         self.cfg.libraries_dir()
     }
 
-    fn host_caps(&self) -> BTreeSet<ComputeCapability> {
-        self.shared
-            .snapshot()
-            .map(|s| s.devices.iter().map(|d| d.compute_capability).collect())
-            .unwrap_or_default()
-    }
-
     /// Import the wheel `file` (named `name` by the caller) as a job; one
     /// import (of either kind) at a time.
     pub async fn run_library_import(
@@ -61,7 +54,7 @@ impl Cache {
         state: Arc<Mutex<JobStatus>>,
         _place: ImportPlace,
     ) {
-        let Ok(_permit) = self.imports.acquire().await else {
+        let Some(_permit) = self.import_turn(&state).await else {
             return;
         };
         let me = self.clone();
@@ -126,7 +119,7 @@ impl Cache {
     /// The trees of one imported version for the host's sets: a line each.
     fn lay_out_version(&self, dist: &str, version: &str) -> Vec<String> {
         let root = self.libraries_dir();
-        capability_sets(&self.host_caps())
+        capability_sets(&super::host_caps(&self.shared))
             .into_iter()
             .map(|caps| {
                 let set = library::set_name(&caps);

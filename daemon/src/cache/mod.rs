@@ -67,17 +67,17 @@ pub struct Cache {
     in_use_seen: Mutex<Option<(std::time::Instant, HashSet<String>)>>,
 }
 
-/// `sm_XX` for every GPU of the host.
-pub fn host_archs(shared: &Shared) -> BTreeSet<Target> {
+/// The capability of every GPU of the host.
+pub fn host_caps(shared: &Shared) -> BTreeSet<gpuarch_core::arch::ComputeCapability> {
     shared
         .snapshot()
-        .map(|s| {
-            s.devices
-                .iter()
-                .map(|d| Target::sass(d.compute_capability))
-                .collect()
-        })
+        .map(|s| s.devices.iter().map(|d| d.compute_capability).collect())
         .unwrap_or_default()
+}
+
+/// `sm_XX` for every GPU of the host.
+pub fn host_archs(shared: &Shared) -> BTreeSet<Target> {
+    host_caps(shared).into_iter().map(Target::sass).collect()
 }
 
 impl Cache {

@@ -183,12 +183,7 @@ impl KernelCache {
         if let Some((dup, _)) = files.iter().find(|(f, _)| !seen.insert(f.clone())) {
             return Err(fdo::Error::InvalidArgs(format!("{dup} given twice")));
         }
-        let place = self.cache.import_place().ok_or_else(|| {
-            fdo::Error::LimitsExceeded(format!(
-                "{} imports are waiting already; import again when one has finished",
-                crate::cache::MAX_PENDING_IMPORTS
-            ))
-        })?;
+        let place = import_place(&self.cache)?;
         let files: Vec<(String, std::fs::File)> = files
             .into_iter()
             .map(|(n, fd)| (n, std::fs::File::from(std::os::fd::OwnedFd::from(fd))))
@@ -229,12 +224,7 @@ impl KernelCache {
                 "{name:?} is not a wheel's file name"
             )));
         }
-        let place = self.cache.import_place().ok_or_else(|| {
-            fdo::Error::LimitsExceeded(format!(
-                "{} imports are waiting already; import again when one has finished",
-                crate::cache::MAX_PENDING_IMPORTS
-            ))
-        })?;
+        let place = import_place(&self.cache)?;
         let file = std::fs::File::from(std::os::fd::OwnedFd::from(wheel));
         match file.metadata() {
             Ok(m) if m.is_file() => {}
@@ -353,4 +343,14 @@ pub fn compiler_line(
         Ok(n) => format!("NVRTC {} ({})", n.version, n.library.display()),
         Err(e) => format!("none: {e}"),
     }
+}
+
+/// A place among the imports waiting (of either kind), or LimitsExceeded.
+fn import_place(cache: &crate::cache::Cache) -> fdo::Result<crate::cache::ImportPlace> {
+    cache.import_place().ok_or_else(|| {
+        fdo::Error::LimitsExceeded(format!(
+            "{} imports are waiting already; import again when one has finished",
+            crate::cache::MAX_PENDING_IMPORTS
+        ))
+    })
 }
