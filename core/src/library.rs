@@ -81,5 +81,26 @@ pub fn gated_dist_info(entry: &str) -> Option<(String, String)> {
     (gated && valid_version(version)).then(|| (name, version.to_owned()))
 }
 
+/// A path of a library's file or directory as plain relative parts:
+/// nothing that could leave the directory it is below, or name one file
+/// twice. The rule of the import's members and of a tree's places.
+pub fn check_relative(path: &str) -> Result<(), &'static str> {
+    if path.is_empty() || path.len() > 4096 {
+        return Err("empty or over 4096 bytes");
+    }
+    if path.starts_with('/') || path.contains('\\') || path.contains('\0') {
+        return Err("absolute, or holding a backslash or NUL");
+    }
+    for part in path.split('/') {
+        if part.is_empty() || part == "." || part == ".." || part.len() > 255 {
+            return Err("an empty, '.' or '..' part, or one over 255 bytes");
+        }
+        if part.chars().any(char::is_control) {
+            return Err("a control character");
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests;

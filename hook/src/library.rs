@@ -187,11 +187,10 @@ fn read_served(path: &Path) -> Result<Served, Option<String>> {
     Ok(s)
 }
 
+/// A tree's place as a mount destination below the kind's: the library
+/// rule of plain relative parts, and at most 1 KiB.
 fn plain_relative(d: &str) -> bool {
-    !d.is_empty()
-        && d.len() <= 1024
-        && d.split('/')
-            .all(|p| !p.is_empty() && p != "." && p != ".." && !p.chars().any(char::is_control))
+    d.len() <= 1024 && library::check_relative(d).is_ok()
 }
 
 #[cfg(test)]

@@ -95,7 +95,8 @@ pub fn import_wheel(
             if m.is_dir() {
                 continue;
             }
-            check_member(&name).map_err(|why| refused(format!("member {name:?}: {why}")))?;
+            library::check_relative(&name)
+                .map_err(|why| refused(format!("member {name:?}: {why}")))?;
             if m.is_symlink() {
                 return Err(refused(format!("member {name}: a symbolic link")));
             }
@@ -322,26 +323,6 @@ fn read_member<R: Read + io::Seek>(
     Ok(text)
 }
 
-/// A member's name as a relative path of plain parts: nothing that could
-/// leave the directory it is unpacked into, or name the same file twice.
-pub(super) fn check_member(name: &str) -> Result<(), &'static str> {
-    if name.is_empty() || name.len() > 4096 {
-        return Err("empty or over 4096 bytes");
-    }
-    if name.starts_with('/') || name.contains('\\') || name.contains('\0') {
-        return Err("absolute, or holding a backslash or NUL");
-    }
-    for part in name.split('/') {
-        if part.is_empty() || part == "." || part == ".." || part.len() > 255 {
-            return Err("an empty, '.' or '..' part, or one over 255 bytes");
-        }
-        if part.chars().any(char::is_control) {
-            return Err("a control character");
-        }
-    }
-    Ok(())
-}
-
 fn create_readonly(path: &Path) -> io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
@@ -378,7 +359,7 @@ fn check_lists(
             if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(bad("not a sha256"));
             }
-            check_member(name).map_err(&bad)?;
+            library::check_relative(name).map_err(&bad)?;
             let path = if dir.is_empty() {
                 name.to_owned()
             } else {
