@@ -24,7 +24,13 @@ fn flashinfers_own_wheel_is_served_per_architecture() {
     let start = std::time::Instant::now();
     let f = std::fs::File::open(&wheel).unwrap();
     let name = wheel.file_name().unwrap().to_string_lossy().into_owned();
-    let index = library::import_wheel(&root, &f, &name, &Limits::for_store(8 << 30)).unwrap();
+    let index = library::import_wheel(
+        &root,
+        &f,
+        &library::Source::file(&name),
+        &Limits::for_store(8 << 30),
+    )
+    .unwrap();
     eprintln!(
         "imported {} {}: {} files, {} bytes, {} missing, in {:.1} s",
         index.dist,

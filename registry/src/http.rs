@@ -186,6 +186,14 @@ impl Http {
                         .header(reqwest::header::CONTENT_LENGTH, len)
                         .body(tokio::fs::File::from_std(f));
                 }
+                // An open file, from its start, once per attempt.
+                Some(Payload::Open(file, len)) => {
+                    let mut f = file.try_clone().map_err(unavailable)?;
+                    std::io::Seek::rewind(&mut f).map_err(unavailable)?;
+                    r = r
+                        .header(reqwest::header::CONTENT_LENGTH, len)
+                        .body(tokio::fs::File::from_std(f));
+                }
                 None => {}
             }
             Ok::<_, HttpError>(r)
@@ -361,6 +369,20 @@ impl Http {
         Ok(digest)
     }
 
+    /// Upload the open file `file` (`len` bytes, sha256 `sha256`) as a
+    /// blob unless the registry has it, read from its start as it is sent.
+    /// A file that is not what `sha256` says is refused by the registry.
+    pub async fn push_open(
+        &self,
+        file: &std::fs::File,
+        len: u64,
+        sha256: &str,
+    ) -> Result<String, HttpError> {
+        let digest = format!("sha256:{sha256}");
+        self.push_payload(&digest, Payload::Open(file, len)).await?;
+        Ok(digest)
+    }
+
     async fn push_payload(&self, digest: &str, body: Payload<'_>) -> Result<(), HttpError> {
         let head = self
             .send(
@@ -416,6 +438,7 @@ impl Http {
 enum Payload<'a> {
     Bytes(&'a [u8]),
     File(&'a Path, u64),
+    Open(&'a std::fs::File, u64),
 }
 
 /// A header map of one header.

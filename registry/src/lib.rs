@@ -1,6 +1,7 @@
 //! gpuarch-registry: the kernel store's remote tier, builds shared through
 //! an OCI registry (the distribution API, by gpuarch's own bounded client,
-//! [`http`]: one host, bounded bodies, credentials only over TLS).
+//! [`http`]: one host, bounded bodies, credentials only over TLS), and
+//! consumers' library wheels beside them ([`library`]).
 //!
 //! One entry is one artifact in `kernels.remote.repository`, tagged by its
 //! store key. Its config blob is the entry's `manifest.json`
@@ -14,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 pub mod http;
+pub mod library;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -23,7 +25,7 @@ use std::time::Duration;
 use gpuarch_core::config::RemoteConfig;
 use serde::{Deserialize, Serialize};
 
-use gpuarch_kernels::remote::{Pulled, Remote, RemoteError};
+use gpuarch_kernels::remote::{Pulled, Remote, RemoteError, SharedWheel};
 use gpuarch_kernels::store::{Entry, EntryManifest, MANIFEST, Meta, SCHEMA};
 use http::{Http, HttpError};
 
@@ -418,6 +420,25 @@ impl Remote for OciRemote {
 
     fn pushes(&self) -> bool {
         self.cfg.push
+    }
+
+    fn push_wheel(
+        &self,
+        wheel: &std::fs::File,
+        about: &SharedWheel,
+    ) -> Result<String, RemoteError> {
+        self.push_wheel_now(wheel, about)
+    }
+
+    fn pull_wheel(
+        &self,
+        dist: &str,
+        version: &str,
+        out: &std::fs::File,
+        max_bytes: u64,
+        budget: Duration,
+    ) -> Result<Option<(SharedWheel, String)>, RemoteError> {
+        self.pull_wheel_now(dist, version, out, max_bytes, budget)
     }
 }
 

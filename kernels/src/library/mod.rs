@@ -42,9 +42,11 @@ use gpuarch_core::arch::{ComputeCapability, Target};
 use gpuarch_core::library::LibraryKind;
 use serde::{Deserialize, Serialize};
 
+#[cfg(any(test, feature = "test-wheel"))]
+pub mod testwheel;
 mod wheel;
 
-pub use wheel::{Limits, import_wheel};
+pub use wheel::{Limits, Source, import_wheel};
 
 /// Version of the index layout.
 pub const SCHEMA: u32 = 1;
@@ -60,6 +62,9 @@ pub struct Index {
     pub version: String,
     /// The wheel's file name and sha256.
     pub source: String,
+    /// `repository@sha256:...` where the wheel was pulled from a registry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
     pub sha256: String,
     pub imported_at: u64,
     /// Every file served, by its path below the kind's root.
@@ -122,6 +127,25 @@ fn io_at(path: &Path) -> impl FnOnce(io::Error) -> LibraryError + '_ {
 /// The directory of one imported version.
 pub fn version_dir(root: &Path, dist: &str, version: &str) -> PathBuf {
     root.join(dist).join(version)
+}
+
+/// Remove what imports, pulls and trees left half made in `<root>/tmp`
+/// when the process making them died; how many entries went. Only for the
+/// one process that writes below `root` (gpuarchd), as it starts.
+pub fn clear_staging(root: &Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(root.join("tmp")) else {
+        return 0;
+    };
+    let mut n = 0;
+    for e in rd.flatten() {
+        let p = e.path();
+        let gone = match e.file_type() {
+            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&p),
+            _ => std::fs::remove_file(&p),
+        };
+        n += usize::from(gone.is_ok());
+    }
+    n
 }
 
 /// The index of an imported version.

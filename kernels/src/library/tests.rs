@@ -1,117 +1,9 @@
-use std::io::Write as _;
 use std::path::Path;
 
-use base64::Engine as _;
 use gpuarch_core::arch::ComputeCapability;
-use sha2::Digest as _;
 
+use super::testwheel::{FMHA, Wheel};
 use super::*;
-
-const SM100A: &[u8] = include_bytes!("../../tests/fixtures/nvcc13/sm_100a.cubin");
-const SM100F: &[u8] = include_bytes!("../../tests/fixtures/nvcc13/sm_100f.cubin");
-const FMHA: &str = "flashinfer_cubin/cubins/158f/fmha/trtllm-gen/";
-const DSL: &str = "flashinfer_cubin/cubins/801e/fmha/cute-dsl/x86_64/sm_100a/";
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn sha(b: &[u8]) -> String {
-    hex(&sha2::Sha256::digest(b))
-}
-
-/// A wheel as pip's builders write one: members, then RECORD naming each.
-struct Wheel {
-    members: Vec<(String, Vec<u8>)>,
-    symlinks: Vec<(String, String)>,
-    /// Members left out of RECORD, or listed with another hash.
-    unlisted: Vec<String>,
-    wrong_hash: Vec<String>,
-    compress: bool,
-}
-
-impl Wheel {
-    fn flashinfer(version: &str) -> Self {
-        let list = format!(
-            "{}  fmhaSm100aKernel_Q.cubin\n{}  fmhaSm100fKernel_Q.cubin\n{}  fmhaSm103aKernel_Q.cubin\n{}  include/flashInferMetaInfo.h\n",
-            sha(SM100A),
-            sha(SM100F),
-            "ab".repeat(32),
-            sha(b"// meta\n"),
-        );
-        let dsl = format!("{}  cute_dsl_fmha_bf16.so\n", "cd".repeat(32));
-        let members = vec![
-            (
-                "flashinfer_cubin/__init__.py".into(),
-                b"CUBIN_DIR = None\n".to_vec(),
-            ),
-            (format!("{FMHA}fmhaSm100aKernel_Q.cubin"), SM100A.to_vec()),
-            (format!("{FMHA}fmhaSm100fKernel_Q.cubin"), SM100F.to_vec()),
-            (
-                format!("{FMHA}include/flashInferMetaInfo.h"),
-                b"// meta\n".to_vec(),
-            ),
-            (format!("{FMHA}checksums.txt"), list.into_bytes()),
-            (format!("{DSL}checksums.txt"), dsl.into_bytes()),
-            (
-                format!("flashinfer_cubin-{version}.dist-info/METADATA"),
-                format!(
-                    "Metadata-Version: 2.1\nName: flashinfer-cubin\nVersion: {version}\n\nbody\n"
-                )
-                .into_bytes(),
-            ),
-        ];
-        Self {
-            members,
-            symlinks: Vec::new(),
-            unlisted: Vec::new(),
-            wrong_hash: Vec::new(),
-            compress: true,
-        }
-    }
-
-    fn write(&self, path: &Path) {
-        let f = std::fs::File::create(path).unwrap();
-        let mut z = zip::ZipWriter::new(f);
-        let method = if self.compress {
-            zip::CompressionMethod::Deflated
-        } else {
-            zip::CompressionMethod::Stored
-        };
-        let opts = zip::write::SimpleFileOptions::default().compression_method(method);
-        let mut record = String::new();
-        let dist_info = self
-            .members
-            .iter()
-            .find_map(|(n, _)| n.strip_suffix("/METADATA"))
-            .unwrap()
-            .to_owned();
-        for (name, body) in &self.members {
-            z.start_file(name.as_str(), opts).unwrap();
-            z.write_all(body).unwrap();
-            if self.unlisted.contains(name) {
-                continue;
-            }
-            let digest = if self.wrong_hash.contains(name) {
-                sha2::Sha256::digest(b"something else")
-            } else {
-                sha2::Sha256::digest(body)
-            };
-            let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(digest);
-            record.push_str(&format!("{name},sha256={b64},{}\n", body.len()));
-        }
-        for (name, target) in &self.symlinks {
-            z.add_symlink(name.as_str(), target.as_str(), opts).unwrap();
-            let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD
-                .encode(sha2::Sha256::digest(target.as_bytes()));
-            record.push_str(&format!("{name},sha256={b64},{}\n", target.len()));
-        }
-        record.push_str(&format!("{dist_info}/RECORD,,\n"));
-        z.start_file(format!("{dist_info}/RECORD"), opts).unwrap();
-        z.write_all(record.as_bytes()).unwrap();
-        z.finish().unwrap();
-    }
-}
 
 fn cap(s: &str) -> ComputeCapability {
     ComputeCapability::parse_known(s).unwrap()
@@ -121,7 +13,12 @@ fn import(root: &Path, wheel: &Wheel, limits: &Limits) -> Result<Index, LibraryE
     let path = root.parent().unwrap().join("w.whl");
     wheel.write(&path);
     let f = std::fs::File::open(&path).unwrap();
-    import_wheel(root, &f, "flashinfer_cubin-0.6.13-py3-none-any.whl", limits)
+    import_wheel(
+        root,
+        &f,
+        &Source::file("flashinfer_cubin-0.6.13-py3-none-any.whl"),
+        limits,
+    )
 }
 
 /// Every file below `dir`, relative, sorted.
@@ -409,7 +306,7 @@ fn hostile_wheels_are_refused_and_leave_nothing() {
     let e = import_wheel(
         &root,
         &std::fs::File::open(&path).unwrap(),
-        "junk.whl",
+        &Source::file("junk.whl"),
         &LIMITS,
     )
     .unwrap_err();
@@ -436,4 +333,62 @@ fn names_say_their_target_where_the_file_cannot_be_read() {
         None
     );
     assert_eq!(t("small/smart.cubin"), None);
+}
+
+#[test]
+fn a_pulled_wheel_must_be_the_version_asked_for_and_says_where_it_came_from() {
+    let (_t, root) = setup();
+    let path = root.parent().unwrap().join("w.whl");
+    // A registry that answers 0.6.13 with the wheel of 0.7.0: refused,
+    // nothing kept.
+    Wheel::flashinfer("0.7.0").write(&path);
+    let pulled = |expect| Source {
+        name: "flashinfer_cubin-0.7.0-py3-none-any.whl",
+        origin: Some("127.0.0.1:5000/gpuarch/kernels@sha256:ab"),
+        expect: Some(expect),
+    };
+    let f = std::fs::File::open(&path).unwrap();
+    let e = import_wheel(&root, &f, &pulled(("flashinfer-cubin", "0.6.13")), &LIMITS)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(
+            "the wheel is flashinfer-cubin 0.7.0, not the flashinfer-cubin 0.6.13 asked for"
+        ),
+        "{e}"
+    );
+    assert_nothing_left(&root);
+
+    // The version asked for: kept, with where it was pulled from, which a
+    // wheel handed over has not.
+    let index = import_wheel(&root, &f, &pulled(("flashinfer-cubin", "0.7.0")), &LIMITS).unwrap();
+    assert_eq!(
+        index.origin.as_deref(),
+        Some("127.0.0.1:5000/gpuarch/kernels@sha256:ab")
+    );
+    assert_eq!(
+        read_index(&root, "flashinfer-cubin", "0.7.0").unwrap(),
+        index
+    );
+    let local = import(&root, &Wheel::flashinfer("0.6.13"), &LIMITS).unwrap();
+    assert_eq!(local.origin, None);
+    let raw = std::fs::read_to_string(version_dir(&root, "flashinfer-cubin", "0.6.13").join(INDEX))
+        .unwrap();
+    assert!(!raw.contains("origin"), "{raw}");
+}
+
+#[test]
+fn what_a_dead_importer_left_half_made_is_cleared_and_imports_stay() {
+    let (_t, root) = setup();
+    import(&root, &Wheel::flashinfer("0.6.13"), &LIMITS).unwrap();
+    let tmp = root.join("tmp");
+    std::fs::create_dir_all(tmp.join("import-flashinfer-cubin-0.7.0.99.1/files/a")).unwrap();
+    std::fs::write(tmp.join("pull-flashinfer-cubin-0.7.0.99.2.whl"), b"half").unwrap();
+    assert_eq!(clear_staging(&root), 2);
+    assert_eq!(tree(&tmp), Vec::<String>::new());
+    assert_eq!(
+        list(&root),
+        [("flashinfer-cubin".to_owned(), "0.6.13".to_owned())]
+    );
+    assert_eq!(clear_staging(&root.join("absent")), 0);
 }

@@ -47,15 +47,37 @@ pub(super) fn seq() -> u64 {
     SEQ.fetch_add(1, Ordering::Relaxed)
 }
 
+/// Where a wheel comes from.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Source<'a> {
+    /// Its file name, for messages and the index.
+    pub name: &'a str,
+    /// `repository@sha256:...` of the artifact it was pulled as.
+    pub origin: Option<&'a str>,
+    /// The distribution and version it must be: what a pull asked for.
+    pub expect: Option<(&'a str, &'a str)>,
+}
+
+impl<'a> Source<'a> {
+    /// A wheel handed over as the file `name`.
+    pub fn file(name: &'a str) -> Self {
+        Self {
+            name,
+            ..Self::default()
+        }
+    }
+}
+
 /// Import the wheel at `wheel` (opened by the caller) into `root`: its
 /// index once it is in place. A version already imported is replaced
 /// whole.
 pub fn import_wheel(
     root: &Path,
     wheel: &std::fs::File,
-    wheel_name: &str,
+    source: &Source<'_>,
     limits: &Limits,
 ) -> Result<Index, LibraryError> {
+    let wheel_name = source.name;
     let refused = |why: String| LibraryError::Refused {
         file: wheel_name.to_owned(),
         why,
@@ -72,6 +94,14 @@ pub fn import_wheel(
         });
     }
     let (kind, version, dist_info) = identify(&mut zip, wheel_name)?;
+    if let Some((dist, want)) = source.expect
+        && (kind.dist, version.as_str()) != (dist, want)
+    {
+        return Err(refused(format!(
+            "the wheel is {} {version}, not the {dist} {want} asked for",
+            kind.dist
+        )));
+    }
     let record = read_record(&mut zip, &dist_info, wheel_name)?;
 
     let tmp = root.join("tmp").join(format!(
@@ -170,6 +200,7 @@ pub fn import_wheel(
             dist: kind.dist.to_owned(),
             version: version.clone(),
             source: wheel_name.to_owned(),
+            origin: source.origin.map(str::to_owned),
             sha256,
             imported_at: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
