@@ -193,7 +193,9 @@ pub struct InspectArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct PrewarmArgs {
-    /// Packages to build (default: all).
+    /// Packages to build (default: all). DIST==VERSION
+    /// (flashinfer-cubin==0.6.13) is a consumer's library, pulled from the
+    /// registry and imported, never built.
     pub packages: Vec<String>,
     /// Architectures (7.5,8.6 or sm_75,sm_86).
     #[arg(long, value_name = "LIST", conflicts_with = "host")]
@@ -233,7 +235,9 @@ pub enum KernelsCmd {
     /// group gpuarch): FlashInfer's flashinfer-cubin-VERSION wheel. Each
     /// container whose image holds flashinfer-python of that version then
     /// gets the files for its GPUs at FLASHINFER_CUBIN_DIR. Replaces an
-    /// earlier import of that version.
+    /// earlier import of that version. With kernels.remote.push on, the
+    /// wheel is pushed too, for other nodes to `gpuarchctl prewarm
+    /// flashinfer-cubin==VERSION`.
     ImportWheel {
         /// The wheel (pip download flashinfer-cubin==VERSION).
         wheel: std::path::PathBuf,
@@ -249,7 +253,9 @@ pub enum KernelsCmd {
 
 #[derive(Debug, clap::Args)]
 pub struct SelectArgs {
-    /// Packages (default: all).
+    /// Packages (default: all). For a pull, DIST==VERSION
+    /// (flashinfer-cubin==0.6.13) is a consumer's library, imported as it
+    /// is pulled.
     pub packages: Vec<String>,
     /// Architectures (7.5,8.6 or sm_75,sm_86; default: every stored one for
     /// a push, the host's for a pull).

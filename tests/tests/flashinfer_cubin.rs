@@ -151,7 +151,7 @@ fn flashinfers_own_loader_finds_every_cubin_for_its_gpu_offline_and_no_other() {
     let index = library::import_wheel(
         &libraries,
         &f,
-        "flashinfer_cubin-0.6.13-py3-none-any.whl",
+        &library::Source::file("flashinfer_cubin-0.6.13-py3-none-any.whl"),
         &Limits::for_store(8 << 30),
     )
     .unwrap();

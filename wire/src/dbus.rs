@@ -312,6 +312,7 @@ pub trait KernelCache {
         ldconfig: bool,
     ) -> zbus::Result<OwnedObjectPath>;
     fn import_library(&self, wheel: zbus::Fd<'_>, name: &str) -> zbus::Result<OwnedObjectPath>;
+    fn pull_library(&self, dist: &str, version: &str) -> zbus::Result<OwnedObjectPath>;
     fn remove_import(&self, name: &str) -> zbus::Result<u32>;
     fn garbage_collect(&self) -> zbus::Result<u64>;
     fn verify(&self) -> zbus::Result<Vec<VerifyRecord>>;

@@ -1,8 +1,11 @@
 //! Jobs gpuarchd runs on the kernel cache, each followed with a progress
 //! bar until it ends: `gpuarchctl prewarm` (build kernel packages ahead of
 //! time and pin them), `prewarm --from-registry` and `kernels pull` (only
-//! from the registry), `kernels push` and `kernels import`. Exit status 1
-//! when the job did not do all it was asked.
+//! from the registry), `kernels push` and `kernels import`. A
+//! `DIST==VERSION` among the packages of a pre-warm or a pull is a
+//! consumer's library (`flashinfer-cubin==0.6.13`): pulled from the
+//! registry and imported, never built. Exit status 1 when a job did not do
+//! all it was asked.
 
 use std::fmt::Write as _;
 
@@ -41,47 +44,99 @@ fn arch_list(arch: Option<&str>) -> Vec<&str> {
     .unwrap_or_default()
 }
 
+/// A consumer's library as asked for: (dist, version).
+type Library<'a> = (&'a str, &'a str);
+
+/// The packages of a pre-warm or pull apart from its libraries
+/// (`DIST==VERSION`).
+fn split_libraries(args: &[String]) -> Result<(Vec<&str>, Vec<Library<'_>>)> {
+    let mut pkgs = Vec::new();
+    let mut libs = Vec::new();
+    for a in args {
+        match a.split_once("==") {
+            Some((dist, version)) if !dist.is_empty() && !version.is_empty() => {
+                libs.push((dist.trim(), version.trim()));
+            }
+            Some(_) => {
+                anyhow::bail!("{a:?}: a library is DIST==VERSION (flashinfer-cubin==0.6.13)")
+            }
+            None => pkgs.push(a.as_str()),
+        }
+    }
+    Ok((pkgs, libs))
+}
+
 pub fn run(json: bool, d: Daemon, args: &PrewarmArgs, out: &mut String) -> Result<u8> {
+    let pick = SelectArgs {
+        packages: args.packages.clone(),
+        arch: args.arch.clone(),
+    };
     if args.from_registry {
-        let pick = SelectArgs {
-            packages: args.packages.clone(),
-            arch: args.arch.clone(),
-        };
         return pull(json, d, &pick, true, out);
     }
-    let archs = arch_list(args.arch.as_deref());
-    let pkgs: Vec<&str> = args.packages.iter().map(String::as_str).collect();
-    let e = |e| BusError::of("prewarm", e);
-    // Starting the job is answered at once; the job then takes as long as
-    // its builds take, and reports progress.
-    let path = d.ask(async {
-        let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
-        kc.prewarm(&pkgs, &archs).await.map_err(e)
-    })?;
-    follow(json, &d, path, "pre-warming", out)
+    let (pkgs, libs) = split_libraries(&args.packages)?;
+    let mut jobs = Jobs::default();
+    pull_libraries(json, &d, &libs, &mut jobs)?;
+    if libs.is_empty() || !pkgs.is_empty() {
+        let archs = arch_list(args.arch.as_deref());
+        let e = |e| BusError::of("prewarm", e);
+        // Starting the job is answered at once; the job then takes as long
+        // as its builds take, and reports progress.
+        let path = d.ask(async {
+            let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+            kc.prewarm(&pkgs, &archs).await.map_err(e)
+        })?;
+        jobs.add(follow(json, &d, path, "pre-warming")?);
+    }
+    jobs.render(json, out)
 }
 
 /// Pull `args` from the registry, pinning when `pin` (a pre-warm).
 pub fn pull(json: bool, d: Daemon, args: &SelectArgs, pin: bool, out: &mut String) -> Result<u8> {
-    let archs = arch_list(args.arch.as_deref());
-    let pkgs: Vec<&str> = args.packages.iter().map(String::as_str).collect();
-    let e = |e| BusError::of("pull", e);
-    let path = d.ask(async {
-        let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
-        kc.pull(&pkgs, &archs, pin).await.map_err(e)
-    })?;
-    follow(json, &d, path, "pulling", out)
+    let (pkgs, libs) = split_libraries(&args.packages)?;
+    let mut jobs = Jobs::default();
+    pull_libraries(json, &d, &libs, &mut jobs)?;
+    if libs.is_empty() || !pkgs.is_empty() {
+        let archs = arch_list(args.arch.as_deref());
+        let e = |e| BusError::of("pull", e);
+        let path = d.ask(async {
+            let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+            kc.pull(&pkgs, &archs, pin).await.map_err(e)
+        })?;
+        jobs.add(follow(json, &d, path, "pulling")?);
+    }
+    jobs.render(json, out)
+}
+
+/// Pull and import each library from the registry, a job each.
+fn pull_libraries(json: bool, d: &Daemon, libs: &[Library<'_>], jobs: &mut Jobs) -> Result<()> {
+    for (dist, version) in libs {
+        let e = |e| BusError::of("pull", e);
+        let path = d.ask(async {
+            let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+            kc.pull_library(dist, version).await.map_err(e)
+        })?;
+        jobs.add(follow(json, d, path, "pulling")?);
+    }
+    Ok(())
 }
 
 pub fn push(json: bool, d: Daemon, args: &SelectArgs, out: &mut String) -> Result<u8> {
     let archs = arch_list(args.arch.as_deref());
-    let pkgs: Vec<&str> = args.packages.iter().map(String::as_str).collect();
+    let (pkgs, libs) = split_libraries(&args.packages)?;
+    if let Some((dist, version)) = libs.first() {
+        // The node keeps the unpacked files, not the wheel they came in.
+        anyhow::bail!(
+            "{dist} {version} is pushed as it is imported, with kernels.remote.push on: \
+             gpuarchctl kernels import-wheel its wheel again"
+        );
+    }
     let e = |e| BusError::of("push", e);
     let path = d.ask(async {
         let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
         kc.push(&pkgs, &archs).await.map_err(e)
     })?;
-    follow(json, &d, path, "pushing", out)
+    follow(json, &d, path, "pushing")?.render(json, out)
 }
 
 /// The files are opened here, as the caller, and passed to gpuarchd as
@@ -100,7 +155,7 @@ pub fn import(json: bool, d: Daemon, args: &ImportArgs, out: &mut String) -> Res
             .collect();
         kc.import(&args.name, &fds, args.ldconfig).await.map_err(e)
     })?;
-    follow(json, &d, path, "importing", out)
+    follow(json, &d, path, "importing")?.render(json, out)
 }
 
 /// The wheel is opened here, as the caller, and passed as a descriptor.
@@ -118,7 +173,7 @@ pub fn import_wheel(
             .await
             .map_err(e)
     })?;
-    follow(json, &d, path, "importing", out)
+    follow(json, &d, path, "importing")?.render(json, out)
 }
 
 /// `p` opened for reading, as the caller, with its file name.
@@ -132,6 +187,59 @@ fn open_named(p: &std::path::Path) -> Result<(String, std::fs::File)> {
     Ok((name, f))
 }
 
+/// A job that ended: where it was, and what it says.
+struct Ended {
+    path: zbus::OwnedObjectPath,
+    state: JobState,
+    message: String,
+    log: Vec<String>,
+}
+
+impl Ended {
+    fn value(&self) -> serde_json::Value {
+        json!({"job": self.path.as_str(), "state": self.state, "message": self.message, "log": self.log})
+    }
+
+    fn render(self, json: bool, out: &mut String) -> Result<u8> {
+        let mut jobs = Jobs::default();
+        jobs.add(self);
+        jobs.render(json, out)
+    }
+}
+
+/// The jobs of one command: one is shown as it always was, several as
+/// `{"jobs": [...]}` under `--json`.
+#[derive(Default)]
+struct Jobs(Vec<Ended>);
+
+impl Jobs {
+    fn add(&mut self, e: Ended) {
+        self.0.push(e);
+    }
+
+    /// Exit status 1 when any did not do all it was asked.
+    fn render(self, json: bool, out: &mut String) -> Result<u8> {
+        let failed = self.0.iter().any(|j| j.state != JobState::Done);
+        if json {
+            match self.0.as_slice() {
+                [one] => render::json(out, &one.value())?,
+                all => render::json(
+                    out,
+                    &json!({"jobs": all.iter().map(Ended::value).collect::<Vec<_>>()}),
+                )?,
+            }
+        } else {
+            for j in &self.0 {
+                for l in &j.log {
+                    let _ = writeln!(out, "{l}");
+                }
+                let _ = writeln!(out, "{}: {}", j.state, j.message);
+            }
+        }
+        Ok(u8::from(failed))
+    }
+}
+
 /// Follow the job at `path` to its end: a progress bar, then its log and
 /// outcome.
 fn follow(
@@ -139,8 +247,7 @@ fn follow(
     d: &Daemon,
     path: zbus::OwnedObjectPath,
     what: &'static str,
-    out: &mut String,
-) -> Result<u8> {
+) -> Result<Ended> {
     let e = |e| BusError::of(what, e);
     let bar = bar(json, what);
     d.wait(async {
@@ -181,16 +288,10 @@ fn follow(
             job.log().await.map_err(e)?,
         ))
     })?;
-    if json {
-        render::json(
-            out,
-            &json!({"job": path.as_str(), "state": state, "message": message, "log": log}),
-        )?;
-    } else {
-        for l in &log {
-            let _ = writeln!(out, "{l}");
-        }
-        let _ = writeln!(out, "{state}: {message}");
-    }
-    Ok(u8::from(state != JobState::Done))
+    Ok(Ended {
+        path,
+        state,
+        message,
+        log,
+    })
 }

@@ -1,14 +1,18 @@
 //! Consumers' own prebuilt libraries (FlashInfer's cubins): a wheel the
-//! caller hands over (`ImportLibrary`) imported under
-//! `<cache_dir>/libraries` (`gpuarch_kernels::library`), and its trees laid
-//! out for every set of the host's GPUs a container could be given, after
-//! the import and after each job, so the hook only ever reads them.
+//! caller hands over (`ImportLibrary`), or one pulled from the registry
+//! (`PullLibrary`), imported under `<cache_dir>/libraries`
+//! (`gpuarch_kernels::library`), and its trees laid out for every set of
+//! the host's GPUs a container could be given, after the import and after
+//! each job, so the hook only ever reads them. With `kernels.remote.push`,
+//! a wheel imported here is pushed as it was handed over: push once, pull
+//! on every node.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
 use gpuarch_core::arch::ComputeCapability;
-use gpuarch_kernels::library::{self, LibraryError, Limits};
+use gpuarch_kernels::library::{self, LibraryError, Limits, Source};
+use gpuarch_kernels::remote::{SHARED_WHEEL_SCHEMA, SharedWheel};
 use gpuarch_wire::dbus::JobState;
 use tracing::{info, warn};
 
@@ -67,53 +71,148 @@ impl Cache {
                     why: format!("the import stopped: {e}"),
                 })
             });
-        if let Ok(mut s) = state.lock() {
-            match result {
-                Ok(lines) => {
-                    s.done = s.total;
-                    s.state = JobState::Done;
-                    s.message = lines.first().cloned().unwrap_or_default();
-                    s.lines.extend(lines.into_iter().skip(1));
-                }
-                Err(why) => {
-                    s.state = JobState::Failed;
-                    s.message = format!("{name} not imported, nothing changed: {why}");
-                }
-            }
-        }
+        finish_library_job(
+            &state,
+            result.map_err(|why| format!("{name} not imported, nothing changed: {why}")),
+        );
     }
 
-    /// The import, then its trees: what to say, a line each.
-    fn import_library(
-        &self,
-        name: &str,
-        file: &std::fs::File,
-    ) -> Result<Vec<String>, LibraryError> {
+    /// Pull `dist` `version` from the registry and import it as a job,
+    /// unless it is imported already; one import (of any kind) at a time.
+    pub async fn run_library_pull(
+        self: &Arc<Self>,
+        dist: &'static str,
+        version: String,
+        state: Arc<Mutex<JobStatus>>,
+        _place: ImportPlace,
+    ) {
+        let Some(_permit) = self.import_turn(&state).await else {
+            return;
+        };
+        let me = self.clone();
+        let v = version.clone();
+        let result = tokio::task::spawn_blocking(move || me.pull_library(dist, &v))
+            .await
+            .unwrap_or_else(|e| Err(format!("the pull stopped: {e}")));
+        finish_library_job(
+            &state,
+            result.map(|lines| Outcome {
+                lines,
+                not_pushed: None,
+            }),
+        );
+    }
+
+    /// The limits of an import into `root`: `kernels.max_bytes`, and never
+    /// the filesystem's last free bytes.
+    fn import_limits(&self, root: &std::path::Path) -> Limits {
+        let free = free_bytes(root).map_or(u64::MAX, |f| f.saturating_sub(IMPORT_RESERVE));
+        Limits::for_store(self.builder.store.max_bytes().min(free))
+    }
+
+    fn libraries_root(&self) -> Result<std::path::PathBuf, LibraryError> {
         let root = self.libraries_dir();
-        std::fs::create_dir_all(&root).map_err(|error| LibraryError::Io {
+        std::fs::create_dir_all(root.join("tmp")).map_err(|error| LibraryError::Io {
             path: root.clone(),
             error,
         })?;
-        // kernels.max_bytes, and never the filesystem's last free bytes.
-        let free = free_bytes(&root).map_or(u64::MAX, |f| f.saturating_sub(IMPORT_RESERVE));
-        let limits = Limits::for_store(self.builder.store.max_bytes().min(free));
-        let index = library::import_wheel(&root, file, name, &limits)?;
+        Ok(root)
+    }
+
+    /// The pull, its import, then its trees: what to say, a line each.
+    fn pull_library(&self, dist: &str, version: &str) -> Result<Vec<String>, String> {
+        let head = format!("{dist} {version}");
+        if let Ok(index) = library::read_index(&self.libraries_dir(), dist, version) {
+            let mut lines = vec![format!(
+                "{head}: imported already, from {}",
+                index.origin.as_deref().unwrap_or(&index.source)
+            )];
+            lines.extend(self.lay_out_version(dist, version));
+            return Ok(lines);
+        }
+        let remote = self
+            .builder
+            .remote()
+            .ok_or_else(|| format!("{head}: no registry (kernels.remote)"))?;
+        let root = self.libraries_root().map_err(|e| e.to_string())?;
+        let path = root.join("tmp").join(format!(
+            "pull-{dist}-{version}.{}.{}.whl",
+            std::process::id(),
+            self.next_job.load(std::sync::atomic::Ordering::Relaxed)
+        ));
+        let file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|e| format!("{}: {e}", path.display()))?
+        };
+        // The wheel and what it unpacks to must both fit: the wheel is
+        // bounded as the import is, and the import by what is left.
+        let result = (|| {
+            let budget = std::time::Duration::from_secs(self.cfg.build_timeout_s);
+            let max = self.import_limits(&root).max_bytes;
+            let (about, origin) = remote
+                .pull_wheel(dist, version, &file, max, budget)
+                .map_err(|e| format!("{head}: not pulled: {e}"))?
+                .ok_or_else(|| format!("{head}: not in the registry"))?;
+            info!("pulled the wheel of {head} from {origin}");
+            let source = Source {
+                name: &about.wheel,
+                origin: Some(&origin),
+                expect: Some((dist, version)),
+            };
+            let index = library::import_wheel(&root, &file, &source, &self.import_limits(&root))
+                .map_err(|e| format!("{head}: pulled from {origin}, not imported: {e}"))?;
+            let mut lines = vec![format!("{head}: pulled from {origin}")];
+            lines.push(imported_line(&index));
+            lines.extend(self.lay_out_version(dist, version));
+            Ok(lines)
+        })();
+        drop(file);
+        let _ = std::fs::remove_file(&path);
+        result
+    }
+
+    /// The import, then its trees, then its push where builds are pushed:
+    /// what to say, a line each.
+    fn import_library(&self, name: &str, file: &std::fs::File) -> Result<Outcome, LibraryError> {
+        let root = self.libraries_root()?;
+        let limits = self.import_limits(&root);
+        let index = library::import_wheel(&root, file, &Source::file(name), &limits)?;
         info!(
             "imported {} {} from {name}: {} files",
             index.dist,
             index.version,
             index.files.len()
         );
-        let mut lines = vec![format!(
-            "imported {} {}: {} files, {} bytes ({} named in its lists but not in the wheel)",
-            index.dist,
-            index.version,
-            index.files.len(),
-            index.bytes(),
-            index.missing.len()
-        )];
+        let mut lines = vec![imported_line(&index)];
         lines.extend(self.lay_out_version(&index.dist, &index.version));
-        Ok(lines)
+        let mut not_pushed = None;
+        if let Some(remote) = self.builder.remote().filter(|r| r.pushes()) {
+            let about = SharedWheel {
+                schema: SHARED_WHEEL_SCHEMA,
+                dist: index.dist.clone(),
+                version: index.version.clone(),
+                wheel: name.to_owned(),
+                sha256: index.sha256.clone(),
+                bytes: file.metadata().map_or(0, |m| m.len()),
+            };
+            match remote.push_wheel(file, &about) {
+                Ok(at) => {
+                    info!("pushed {} {} to {at}", index.dist, index.version);
+                    lines.push(format!("pushed to {at}"));
+                }
+                Err(e) => {
+                    warn!("{} {} not pushed: {e}", index.dist, index.version);
+                    not_pushed = Some(e.to_string());
+                }
+            }
+        }
+        Ok(Outcome { lines, not_pushed })
     }
 
     /// The trees of one imported version for the host's sets: a line each.
@@ -144,6 +243,57 @@ impl Cache {
     pub fn lay_out_libraries(&self) {
         for (dist, version) in library::list(&self.libraries_dir()) {
             self.lay_out_version(&dist, &version);
+        }
+    }
+}
+
+/// What an import did: its lines, and why it was not pushed where it
+/// should have been.
+struct Outcome {
+    lines: Vec<String>,
+    not_pushed: Option<String>,
+}
+
+fn imported_line(index: &library::Index) -> String {
+    format!(
+        "imported {} {}: {} files, {} bytes ({} named in its lists but not in the wheel)",
+        index.dist,
+        index.version,
+        index.files.len(),
+        index.bytes(),
+        index.missing.len()
+    )
+}
+
+/// The job's end: its first line as its message, the rest as its log. An
+/// import kept but not pushed fails the job, since it was not all that was
+/// asked; importing it again pushes it.
+fn finish_library_job(state: &Mutex<JobStatus>, result: Result<Outcome, String>) {
+    let Ok(mut s) = state.lock() else {
+        return;
+    };
+    match result {
+        Ok(Outcome { lines, not_pushed }) => {
+            s.done = s.total;
+            let mut lines = lines.into_iter();
+            let first = lines.next().unwrap_or_default();
+            s.lines.extend(lines);
+            match not_pushed {
+                None => {
+                    s.state = JobState::Done;
+                    s.message = first;
+                }
+                Some(why) => {
+                    s.state = JobState::Failed;
+                    s.message = format!(
+                        "{first}; kept, but not pushed: {why} (import it again to push it)"
+                    );
+                }
+            }
+        }
+        Err(why) => {
+            s.state = JobState::Failed;
+            s.message = why;
         }
     }
 }

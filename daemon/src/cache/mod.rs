@@ -102,6 +102,12 @@ impl Cache {
                 Err(e) => tracing::error!("{e}; building everything here"),
             }
         }
+        let left = gpuarch_kernels::library::clear_staging(&cfg.libraries_dir());
+        if left > 0 {
+            tracing::info!(
+                "removed {left} half-made library import(s) or tree(s) of a gpuarchd that died"
+            );
+        }
         let workers = usize::try_from(cfg.workers).unwrap_or(1).max(1);
         let c = Arc::new(Self {
             builder: Arc::new(builder),

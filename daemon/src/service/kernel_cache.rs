@@ -242,6 +242,46 @@ impl KernelCache {
         .map_err(|e| fdo::Error::Failed(e.to_string()))
     }
 
+    /// Pull the wheel of library `dist` `version` (`flashinfer-cubin`,
+    /// `0.6.13`) from the registry (`kernels.remote`), where a node that
+    /// imported it pushed it, and import it as `ImportLibrary` would: every
+    /// check and bound of an import holds, and what the registry says of
+    /// the wheel is only checked against it. A version imported already is
+    /// not pulled again. Then its trees are laid out. Returns the job at
+    /// once; one import at a time. For root and group gpuarch.
+    #[zbus(out_args("job"))]
+    async fn pull_library(
+        &self,
+        dist: &str,
+        version: &str,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> fdo::Result<zbus::OwnedObjectPath> {
+        authorize(conn, &hdr, "PullLibrary").await?;
+        let kind = gpuarch_core::library::kind(dist).ok_or_else(|| {
+            fdo::Error::InvalidArgs(
+                gpuarch_kernels::library::LibraryError::Unknown(dist.chars().take(64).collect())
+                    .to_string(),
+            )
+        })?;
+        if !gpuarch_core::library::valid_version(version)
+            || gpuarch_kernels::remote::library_tag(kind.dist, version).is_none()
+        {
+            return Err(fdo::Error::InvalidArgs(format!(
+                "{:?} is not a version gpuarch can pull",
+                version.chars().take(64).collect::<String>()
+            )));
+        }
+        self.remote_configured()?;
+        let place = import_place(&self.cache)?;
+        let (c, version) = (self.cache.clone(), version.to_owned());
+        crate::cache::start_work(self.cache.clone(), 1, move |state| async move {
+            c.run_library_pull(kind.dist, version, state, place).await;
+        })
+        .await
+        .map_err(|e| fdo::Error::Failed(e.to_string()))
+    }
+
     /// Remove import `name`: containers started from now on no longer get
     /// it; those that mount it keep it. Its files are unpinned, for the
     /// LRU to take. Returns how many files it had. For root and group

@@ -777,3 +777,197 @@ fn a_consumers_wheel_is_imported_through_the_bus_and_laid_out_for_every_set_of_g
         "{served:?}"
     );
 }
+
+/// Every file below `dir` with its bytes, by relative path: a tree as a
+/// container would read it.
+fn tree_contents(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    fn walk(
+        base: &std::path::Path,
+        dir: &std::path::Path,
+        out: &mut std::collections::BTreeMap<String, Vec<u8>>,
+    ) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if e.file_type().unwrap().is_dir() {
+                walk(base, &p, out);
+            } else {
+                let rel = p.strip_prefix(base).unwrap().display().to_string();
+                out.insert(rel, std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// A consumer's library through `kernels.remote`: node A imports a
+/// FlashInfer cubin wheel and, with push on, pushes the wheel; node B
+/// pre-warms `flashinfer-cubin==0.6.13` and gets the same trees, pulled,
+/// not handed over. What the registry says is only checked against the
+/// wheel: a wheel of another version under a tag, a tampered blob and a
+/// stopped registry are refused and leave nothing.
+#[test]
+fn a_wheel_imported_on_one_node_is_pulled_and_served_on_every_other() {
+    use gpuarch_kernels::library::testwheel::{Wheel, sha};
+    use gpuarch_kernels::remote::{Remote as _, SHARED_WHEEL_SCHEMA, SharedWheel};
+    need_bus!("docker-registry");
+    let mut reg = gpuarch_tests::registry::Registry::start();
+    let repo = format!("{}/gpuarch/kernels", reg.host());
+    let node = |push: bool| {
+        let n = Node::new("blackwell-mix", Policy::Shipped);
+        let mut y = std::fs::read_to_string(n.path("config.yaml")).unwrap();
+        y.push_str(&format!(
+            "  prewarm: false\n  remote:\n    repository: {repo}\n    plain_http: true\n    push: {push}\n    pull_timeout_ms: 2000\n"
+        ));
+        std::fs::write(n.path("config.yaml"), y).unwrap();
+        n
+    };
+    let ctl = |node: &Node, args: &[&str]| {
+        let o = node.ctl(None, args);
+        (o.status.code(), all_text(&o))
+    };
+    let wheels = tempfile::tempdir().unwrap();
+    let wheel = wheels
+        .path()
+        .join("flashinfer_cubin-0.6.13-py3-none-any.whl");
+    Wheel::flashinfer("0.6.13").write(&wheel);
+    let version_dir = |n: &Node, v: &str| n.path(&format!("cache/libraries/flashinfer-cubin/{v}"));
+    let tmp_empty = |n: &Node| {
+        let tmp = n.path("cache/libraries/tmp");
+        !tmp.exists() || std::fs::read_dir(&tmp).unwrap().next().is_none()
+    };
+
+    // Node A: the import is pushed as the wheel it was.
+    let mut a = node(true);
+    a.start(&[]);
+    let (code, out) = ctl(&a, &["kernels", "import-wheel", wheel.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains(&format!("pushed to {repo}@sha256:")), "{out}");
+    let wheel_bytes = std::fs::read(&wheel).unwrap();
+    let blob = reg.blob_path(&format!("sha256:{}", sha(&wheel_bytes)));
+    assert_eq!(std::fs::read(&blob).unwrap(), wheel_bytes);
+    a.stop();
+
+    // Node B pulls it by name and version, and serves what A serves.
+    let mut b = node(false);
+    b.start(&[]);
+    // Nobody: refused by the bus policy.
+    let o = b.ctl(Some(&[]), &["prewarm", "flashinfer-cubin==0.6.13"]);
+    assert_eq!(o.status.code(), Some(2), "{}", all_text(&o));
+    assert!(all_text(&o).contains("permission denied by the bus policy"));
+    let (code, out) = ctl(&b, &["prewarm", "flashinfer-cubin==0.6.13"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains(&format!(
+            "flashinfer-cubin 0.6.13: pulled from {repo}@sha256:"
+        )),
+        "{out}"
+    );
+    assert!(out.contains("imported flashinfer-cubin 0.6.13: "), "{out}");
+    // Only the library: no pre-warm of every kernel package came with it.
+    assert!(!out.contains("pre-warm"), "{out}");
+    assert_eq!(
+        tree_contents(&version_dir(&b, "0.6.13").join("serve")),
+        tree_contents(&version_dir(&a, "0.6.13").join("serve")),
+    );
+    let index: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(version_dir(&b, "0.6.13").join("index.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        index["origin"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{repo}@sha256:")),
+        "{index}"
+    );
+    assert!(tmp_empty(&b));
+    // Again: nothing pulled, the trees made where missing.
+    let (code, out) = ctl(&b, &["kernels", "pull", "flashinfer-cubin==0.6.13"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("0.6.13: imported already, from "), "{out}");
+    // What no node pushed, and what is not a library.
+    let (code, out) = ctl(&b, &["prewarm", "flashinfer-cubin==0.6.12"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("flashinfer-cubin 0.6.12: not in the registry"),
+        "{out}"
+    );
+    let (code, out) = ctl(&b, &["prewarm", "numpy==2.0"]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("numpy is not a distribution gpuarch imports"),
+        "{out}"
+    );
+    let (code, out) = ctl(&b, &["kernels", "push", "flashinfer-cubin==0.6.13"]);
+    assert_ne!(code, Some(0), "{out}");
+    assert!(out.contains("pushed as it is imported"), "{out}");
+
+    // A wheel of 0.7.0 pushed as 0.6.14 (its config lies with the tag):
+    // the import reads the wheel's own METADATA and refuses it.
+    let forger = gpuarch_registry::OciRemote::new(&gpuarch_core::config::RemoteConfig {
+        repository: repo.clone(),
+        push: true,
+        credentials: None,
+        plain_http: true,
+        ca_file: None,
+        pull_timeout_ms: 2000,
+    })
+    .unwrap();
+    let other = wheels
+        .path()
+        .join("flashinfer_cubin-0.7.0-py3-none-any.whl");
+    Wheel::flashinfer("0.7.0").write(&other);
+    let other_bytes = std::fs::read(&other).unwrap();
+    forger
+        .push_wheel(
+            &std::fs::File::open(&other).unwrap(),
+            &SharedWheel {
+                schema: SHARED_WHEEL_SCHEMA,
+                dist: "flashinfer-cubin".into(),
+                version: "0.6.14".into(),
+                wheel: "flashinfer_cubin-0.6.14-py3-none-any.whl".into(),
+                sha256: sha(&other_bytes),
+                bytes: other_bytes.len() as u64,
+            },
+        )
+        .unwrap();
+    let (code, out) = ctl(&b, &["prewarm", "flashinfer-cubin==0.6.14"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains(
+            "the wheel is flashinfer-cubin 0.7.0, not the flashinfer-cubin 0.6.14 asked for"
+        ),
+        "{out}"
+    );
+    assert!(!version_dir(&b, "0.6.14").exists() && !version_dir(&b, "0.7.0").exists());
+    assert!(tmp_empty(&b));
+    b.stop();
+
+    // Node C, after the registry's copy of 0.6.13 was changed: refused as
+    // it arrives, nothing imported.
+    let mut tampered = wheel_bytes.clone();
+    let mid = tampered.len() / 2;
+    tampered[mid] ^= 0xff;
+    std::fs::write(&blob, &tampered).unwrap();
+    let mut c = node(false);
+    c.start(&[]);
+    let (code, out) = ctl(&c, &["prewarm", "flashinfer-cubin==0.6.13"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("do not match its digest"), "{out}");
+    assert!(!version_dir(&c, "0.6.13").exists());
+    assert!(tmp_empty(&c));
+    // And with the registry gone: a clear failure, soon.
+    reg.stop();
+    let t0 = Instant::now();
+    let (code, out) = ctl(&c, &["prewarm", "flashinfer-cubin==0.6.13"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("flashinfer-cubin 0.6.13: not pulled: registry"),
+        "{out}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+    assert!(tmp_empty(&c));
+    c.stop();
+}
