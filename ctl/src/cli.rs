@@ -239,7 +239,8 @@ pub enum KernelsCmd {
     /// wheel is pushed too, for other nodes to `gpuarchctl prewarm
     /// flashinfer-cubin==VERSION`.
     ImportWheel {
-        /// The wheel (pip download flashinfer-cubin==VERSION).
+        /// The wheel (pip download flashinfer-cubin==VERSION), or the
+        /// site-packages directory it is installed in.
         wheel: std::path::PathBuf,
     },
     /// Remove import NAME (root or group gpuarch): containers started from

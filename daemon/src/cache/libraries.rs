@@ -177,12 +177,18 @@ impl Cache {
         result
     }
 
-    /// The import, then its trees, then its push where builds are pushed:
-    /// what to say, a line each.
+    /// The import (of a wheel, or of the directory a copy is installed
+    /// in), then its trees, then its push where builds are pushed: what to
+    /// say, a line each.
     fn import_library(&self, name: &str, file: &std::fs::File) -> Result<Outcome, LibraryError> {
         let root = self.libraries_root()?;
         let limits = self.import_limits(&root);
-        let index = library::import_wheel(&root, file, &Source::file(name), &limits)?;
+        let is_dir = file.metadata().is_ok_and(|m| m.is_dir());
+        let index = if is_dir {
+            library::import_installed(&root, file, &Source::file(name), &limits)?
+        } else {
+            library::import_wheel(&root, file, &Source::file(name), &limits)?
+        };
         info!(
             "imported {} {} from {name}: {} files",
             index.dist,
@@ -192,7 +198,12 @@ impl Cache {
         let mut lines = vec![imported_line(&index)];
         lines.extend(self.lay_out_version(&index.dist, &index.version));
         let mut not_pushed = None;
-        if let Some(remote) = self.builder.remote().filter(|r| r.pushes()) {
+        let remote = self.builder.remote().filter(|r| r.pushes());
+        if remote.is_some() && is_dir {
+            not_pushed = Some(format!(
+                "{name} is an installed copy, not a wheel; import the wheel to share it"
+            ));
+        } else if let Some(remote) = remote {
             let about = SharedWheel {
                 schema: SHARED_WHEEL_SCHEMA,
                 dist: index.dist.clone(),

@@ -197,8 +197,10 @@ impl KernelCache {
     }
 
     /// Import a consumer's own prebuilt kernels from its wheel (FlashInfer's
-    /// `flashinfer-cubin`), read from the descriptor the caller passes;
-    /// `name` is the wheel's file name, for messages. Every member is held
+    /// `flashinfer-cubin`), or from the directory it is installed in (a
+    /// site-packages), read from the descriptor the caller passes; `name`
+    /// is its file name, for messages. Below a directory nothing is
+    /// resolved through a link. Every member is held
     /// to the wheel's RECORD and the library's own checksum lists, and its
     /// size bounded, before anything is kept; the version replaces an
     /// earlier import of it whole, or nothing changes. Then its trees are
@@ -227,10 +229,10 @@ impl KernelCache {
         let place = import_place(&self.cache)?;
         let file = std::fs::File::from(std::os::fd::OwnedFd::from(wheel));
         match file.metadata() {
-            Ok(m) if m.is_file() => {}
+            Ok(m) if m.is_file() || m.is_dir() => {}
             _ => {
                 return Err(fdo::Error::InvalidArgs(format!(
-                    "{name}: not a regular file"
+                    "{name}: neither a wheel nor a directory"
                 )));
             }
         }

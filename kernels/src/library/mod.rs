@@ -1,5 +1,6 @@
 //! Consumers' own prebuilt kernel libraries (`gpuarch_core::library`):
-//! imported once per node from the distribution that carries them,
+//! imported once per node from the distribution that carries them (its
+//! wheel, or a directory it is installed in),
 //! verified, indexed by what each file really carries, and served per
 //! container as a tree holding only what its GPUs run.
 //!
@@ -42,10 +43,12 @@ use gpuarch_core::arch::{ComputeCapability, Target};
 use gpuarch_core::library::LibraryKind;
 use serde::{Deserialize, Serialize};
 
+mod installed;
 #[cfg(any(test, feature = "test-wheel"))]
 pub mod testwheel;
 mod wheel;
 
+pub use installed::import_installed;
 pub use wheel::{Limits, Source, import_wheel};
 
 /// Version of the index layout.

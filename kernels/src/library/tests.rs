@@ -392,3 +392,102 @@ fn what_a_dead_importer_left_half_made_is_cleared_and_imports_stay() {
     );
     assert_eq!(clear_staging(&root.join("absent")), 0);
 }
+
+/// `wheel` installed into a fresh directory as pip would: its members,
+/// and RECORD listing byte code pip compiled, without a hash.
+fn installed(parent: &Path, wheel: &Wheel) -> std::path::PathBuf {
+    let dir = parent.join("site-packages");
+    let _ = std::fs::remove_dir_all(&dir);
+    wheel.install(&parent.join("installed.whl"), &dir);
+    let pyc = "flashinfer_cubin/__pycache__/__init__.cpython-311.pyc";
+    std::fs::create_dir_all(dir.join(pyc).parent().unwrap()).unwrap();
+    std::fs::write(dir.join(pyc), b"\x00pyc").unwrap();
+    let record = dir.join("flashinfer_cubin-0.6.13.dist-info/RECORD");
+    let mut text = std::fs::read_to_string(&record).unwrap();
+    text.push_str(&format!("{pyc},,\n"));
+    std::fs::write(&record, text).unwrap();
+    dir
+}
+
+fn import_dir(root: &Path, dir: &Path) -> Result<Index, LibraryError> {
+    let d = std::fs::File::open(dir).unwrap();
+    import_installed(root, &d, &Source::file("site-packages"), &LIMITS)
+}
+
+#[test]
+fn an_installed_copy_is_imported_as_its_wheel_would_be() {
+    let (t, root) = setup();
+    let from_wheel = import(&root, &Wheel::flashinfer("0.6.13"), &LIMITS).unwrap();
+    let dir = installed(t.path(), &Wheel::flashinfer("0.6.13"));
+    let from_dir = import_dir(&root, &dir).unwrap();
+    assert_eq!(from_dir.files, from_wheel.files);
+    assert_eq!(from_dir.missing, from_wheel.missing);
+    assert_eq!(from_dir.source, "site-packages");
+    assert_eq!(
+        read_index(&root, "flashinfer-cubin", "0.6.13").unwrap(),
+        from_dir
+    );
+    assert_eq!(tree(&root.join("tmp")), Vec::<String>::new());
+}
+
+#[test]
+fn a_hostile_installed_copy_is_refused_and_leaves_nothing() {
+    let (t, root) = setup();
+    let refused = |dir: &Path, want: &str| {
+        let e = import_dir(&root, dir).unwrap_err().to_string();
+        assert!(e.contains(want), "{want:?} not in {e}");
+        assert_nothing_left(&root);
+    };
+    let cubin = format!("{FMHA}fmhaSm100aKernel_Q.cubin");
+
+    // A cubin swapped for a link to a root-only file, and a directory
+    // swapped for a link elsewhere: never followed.
+    let dir = installed(t.path(), &Wheel::flashinfer("0.6.13"));
+    std::fs::remove_file(dir.join(&cubin)).unwrap();
+    std::os::unix::fs::symlink("/etc/shadow", dir.join(&cubin)).unwrap();
+    refused(&dir, "symbolic links");
+    let dir = installed(t.path(), &Wheel::flashinfer("0.6.13"));
+    let fmha = dir.join(FMHA.trim_end_matches('/'));
+    let elsewhere = t.path().join("elsewhere");
+    std::fs::rename(&fmha, &elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &fmha).unwrap();
+    refused(&dir, "symbolic links");
+    std::fs::remove_dir_all(&elsewhere).unwrap();
+
+    // A FIFO where a cubin was: refused, not waited on.
+    let dir = installed(t.path(), &Wheel::flashinfer("0.6.13"));
+    std::fs::remove_file(dir.join(&cubin)).unwrap();
+    nix::unistd::mkfifo(
+        &dir.join(&cubin),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    refused(&dir, "not a regular file");
+
+    // A file changed since it was installed.
+    let dir = installed(t.path(), &Wheel::flashinfer("0.6.13"));
+    let mut b = std::fs::read(dir.join(&cubin)).unwrap();
+    b[100] ^= 1;
+    std::fs::write(dir.join(&cubin), b).unwrap();
+    refused(&dir, "differs from RECORD's");
+
+    // A served file RECORD lists without a hash.
+    let dir = installed(t.path(), &Wheel::flashinfer("0.6.13"));
+    let record = dir.join("flashinfer_cubin-0.6.13.dist-info/RECORD");
+    let text = std::fs::read_to_string(&record).unwrap();
+    let text: String = text
+        .lines()
+        .map(|l| match l.split_once(',') {
+            Some((p, _)) if p == cubin => format!("{p},,\n"),
+            _ => format!("{l}\n"),
+        })
+        .collect();
+    std::fs::write(&record, text).unwrap();
+    refused(&dir, "no hash");
+
+    // Two installed versions side by side, and none.
+    let dir = installed(t.path(), &Wheel::flashinfer("0.6.13"));
+    std::fs::create_dir(dir.join("flashinfer_cubin-0.7.0.dist-info")).unwrap();
+    refused(&dir, "2 installed copies");
+    refused(t.path(), "no .dist-info of a library gpuarch imports");
+}

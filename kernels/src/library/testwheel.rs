@@ -115,3 +115,15 @@ impl Wheel {
         z.finish().unwrap();
     }
 }
+
+impl Wheel {
+    /// Install it into `dir` as pip would (its members and RECORD), by way
+    /// of the wheel file `whl`.
+    pub fn install(&self, whl: &Path, dir: &Path) {
+        self.write(whl);
+        zip::ZipArchive::new(std::fs::File::open(whl).unwrap())
+            .unwrap()
+            .extract(dir)
+            .unwrap();
+    }
+}

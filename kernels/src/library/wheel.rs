@@ -37,8 +37,8 @@ impl Limits {
 }
 
 /// `RECORD` and `METADATA` are read whole: bounded apart.
-const MAX_RECORD: u64 = 64 << 20;
-const MAX_METADATA: u64 = 1 << 20;
+pub(super) const MAX_RECORD: u64 = 64 << 20;
+pub(super) const MAX_METADATA: u64 = 1 << 20;
 /// A library's checksum list (`checksums.txt`), parsed whole.
 const CHECKSUMS: &str = "checksums.txt";
 
@@ -94,14 +94,7 @@ pub fn import_wheel(
         });
     }
     let (kind, version, dist_info) = identify(&mut zip, wheel_name)?;
-    if let Some((dist, want)) = source.expect
-        && (kind.dist, version.as_str()) != (dist, want)
-    {
-        return Err(refused(format!(
-            "the wheel is {} {version}, not the {dist} {want} asked for",
-            kind.dist
-        )));
-    }
+    check_expected(source, kind, &version)?;
     let record = read_record(&mut zip, &dist_info, wheel_name)?;
 
     let tmp = root.join("tmp").join(format!(
@@ -188,35 +181,15 @@ pub fn import_wheel(
                 )));
             }
         }
-        if files.is_empty() {
-            return Err(refused(format!("no files under {}", kind.root)));
-        }
-        let missing = check_lists(&files_dir, &files).map_err(refused)?;
-        for (rel, info) in files.iter_mut() {
-            info.targets = targets(&files_dir.join(rel), rel).map_err(refused)?;
-        }
-        let index = Index {
-            schema: SCHEMA,
-            dist: kind.dist.to_owned(),
-            version: version.clone(),
-            source: wheel_name.to_owned(),
-            origin: source.origin.map(str::to_owned),
-            sha256,
-            imported_at: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+        finish(Staged {
+            root,
+            tmp: &tmp,
             files,
-            missing,
-        };
-        let body = serde_json::to_vec(&index).map_err(|e| refused(e.to_string()))?;
-        let ipath = tmp.join(INDEX);
-        std::fs::write(&ipath, body).map_err(io_at(&ipath))?;
-        // One flush of the filesystem, not one per file: a wheel has
-        // thousands.
-        let d = std::fs::File::open(&tmp).map_err(io_at(&tmp))?;
-        nix::unistd::syncfs(&d).map_err(|e| io_at(&tmp)(e.into()))?;
-        place(root, kind, &version, &tmp)?;
-        Ok(index)
+            kind,
+            version: &version,
+            source,
+            sha256,
+        })
     })();
     if tmp.exists() {
         let _ = std::fs::remove_dir_all(&tmp);
@@ -253,6 +226,21 @@ fn identify<R: Read + io::Seek>(
         MAX_METADATA,
         wheel_name,
     )?;
+    let (kind, version) = parse_metadata(&meta, dist_info, wheel_name)?;
+    Ok((kind, version, dist_info.clone()))
+}
+
+/// The kind and version a `.dist-info/METADATA` says: the name must be a
+/// kind gpuarch imports and the version the one `dist_info` names.
+pub(super) fn parse_metadata(
+    meta: &str,
+    dist_info: &str,
+    wheel_name: &str,
+) -> Result<(&'static LibraryKind, String), LibraryError> {
+    let refused = |why: String| LibraryError::Refused {
+        file: wheel_name.to_owned(),
+        why,
+    };
     let field = |key: &str| {
         meta.lines()
             .take_while(|l| !l.is_empty())
@@ -269,7 +257,7 @@ fn identify<R: Read + io::Seek>(
             "METADATA says {name} {version:?}, and its directory is {dist_info}"
         )));
     }
-    Ok((kind, version, dist_info.clone()))
+    Ok((kind, version))
 }
 
 /// `RECORD`: each member's sha256 (hex) and length.
@@ -279,6 +267,18 @@ fn read_record<R: Read + io::Seek>(
     wheel_name: &str,
 ) -> Result<HashMap<String, (String, Option<u64>)>, LibraryError> {
     let text = read_member(zip, &format!("{dist_info}/RECORD"), MAX_RECORD, wheel_name)?;
+    parse_record(&text, dist_info, wheel_name, |_| false)
+}
+
+/// `RECORD`'s lines: each path's sha256 (hex) and length. A line without
+/// a hash is refused, but for RECORD itself and the paths `unhashed` lets
+/// through (an installed copy's byte code, which is never read).
+pub(super) fn parse_record(
+    text: &str,
+    dist_info: &str,
+    wheel_name: &str,
+    unhashed: impl Fn(&str) -> bool,
+) -> Result<HashMap<String, (String, Option<u64>)>, LibraryError> {
     let mut out = HashMap::new();
     for (n, line) in text.lines().enumerate() {
         if line.is_empty() {
@@ -299,7 +299,7 @@ fn read_record<R: Read + io::Seek>(
             return Err(bad("a quoted path"));
         }
         if hash.is_empty() {
-            if path == format!("{dist_info}/RECORD") {
+            if path == format!("{dist_info}/RECORD") || unhashed(path) {
                 continue;
             }
             return Err(bad("no hash"));
@@ -328,6 +328,78 @@ fn read_record<R: Read + io::Seek>(
     Ok(out)
 }
 
+/// Refuse a wheel that is not the version asked for (a pull).
+pub(super) fn check_expected(
+    source: &Source<'_>,
+    kind: &LibraryKind,
+    version: &str,
+) -> Result<(), LibraryError> {
+    match source.expect {
+        Some((dist, want)) if (kind.dist, version) != (dist, want) => Err(LibraryError::Refused {
+            file: source.name.to_owned(),
+            why: format!(
+                "the wheel is {} {version}, not the {dist} {want} asked for",
+                kind.dist
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// An import staged in `tmp/files`, its members copied and checked
+/// against RECORD.
+pub(super) struct Staged<'a> {
+    pub root: &'a Path,
+    pub tmp: &'a Path,
+    pub files: BTreeMap<String, FileInfo>,
+    pub kind: &'static LibraryKind,
+    pub version: &'a str,
+    pub source: &'a Source<'a>,
+    /// Of the wheel, or of an installed copy's RECORD.
+    pub sha256: String,
+}
+
+/// Hold a staged import to the library's own lists, read each file's
+/// targets, write its index and put it in place.
+pub(super) fn finish(st: Staged<'_>) -> Result<Index, LibraryError> {
+    let refused = |why: String| LibraryError::Refused {
+        file: st.source.name.to_owned(),
+        why,
+    };
+    let mut files = st.files;
+    let (kind, tmp) = (st.kind, st.tmp);
+    let files_dir = tmp.join("files");
+    if files.is_empty() {
+        return Err(refused(format!("no files under {}", kind.root)));
+    }
+    let missing = check_lists(&files_dir, &files).map_err(refused)?;
+    for (rel, info) in files.iter_mut() {
+        info.targets = targets(&files_dir.join(rel), rel).map_err(refused)?;
+    }
+    let index = Index {
+        schema: SCHEMA,
+        dist: kind.dist.to_owned(),
+        version: st.version.to_owned(),
+        source: st.source.name.to_owned(),
+        origin: st.source.origin.map(str::to_owned),
+        sha256: st.sha256.clone(),
+        imported_at: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        files,
+        missing,
+    };
+    let body = serde_json::to_vec(&index).map_err(|e| refused(e.to_string()))?;
+    let ipath = tmp.join(INDEX);
+    std::fs::write(&ipath, body).map_err(io_at(&ipath))?;
+    // One flush of the filesystem, not one per file: a wheel has
+    // thousands.
+    let d = std::fs::File::open(tmp).map_err(io_at(tmp))?;
+    nix::unistd::syncfs(&d).map_err(|e| io_at(tmp)(e.into()))?;
+    place(st.root, kind, st.version, tmp)?;
+    Ok(index)
+}
+
 fn read_member<R: Read + io::Seek>(
     zip: &mut zip::ZipArchive<R>,
     name: &str,
@@ -354,7 +426,7 @@ fn read_member<R: Read + io::Seek>(
     Ok(text)
 }
 
-fn create_readonly(path: &Path) -> io::Result<std::fs::File> {
+pub(super) fn create_readonly(path: &Path) -> io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
         .write(true)

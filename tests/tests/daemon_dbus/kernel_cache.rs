@@ -741,13 +741,21 @@ fn a_consumers_wheel_is_imported_through_the_bus_and_laid_out_for_every_set_of_g
         "{}",
         all_text(&o)
     );
+    let o = node.ctl(None, &["kernels", "import-wheel", "/dev/null"]);
+    assert_eq!(o.status.code(), Some(2), "{}", all_text(&o));
+    assert!(
+        all_text(&o).contains("null: neither a wheel nor a directory"),
+        "{}",
+        all_text(&o)
+    );
+    // A directory that holds no installed copy.
     let o = node.ctl(
         None,
         &["kernels", "import-wheel", node.path("").to_str().unwrap()],
     );
-    assert_eq!(o.status.code(), Some(2), "{}", all_text(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", all_text(&o));
     assert!(
-        all_text(&o).contains("not a regular file"),
+        all_text(&o).contains("no .dist-info of a library gpuarch imports"),
         "{}",
         all_text(&o)
     );
@@ -838,9 +846,19 @@ fn a_wheel_imported_on_one_node_is_pulled_and_served_on_every_other() {
         !tmp.exists() || std::fs::read_dir(&tmp).unwrap().next().is_none()
     };
 
-    // Node A: the import is pushed as the wheel it was.
+    // Node A: an installed copy is imported, but there is no wheel to
+    // push, and the job says so; the wheel is pushed as it was.
     let mut a = node(true);
     a.start(&[]);
+    let site = wheels.path().join("site-packages");
+    Wheel::flashinfer("0.6.13").install(&wheels.path().join("copy.whl"), &site);
+    let (code, out) = ctl(&a, &["kernels", "import-wheel", site.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("kept, but not pushed: site-packages is an installed copy, not a wheel"),
+        "{out}"
+    );
+    assert!(version_dir(&a, "0.6.13").join("index.json").exists());
     let (code, out) = ctl(&a, &["kernels", "import-wheel", wheel.to_str().unwrap()]);
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains(&format!("pushed to {repo}@sha256:")), "{out}");
