@@ -71,6 +71,10 @@ pub struct Args {
     /// 0 valid, 1 invalid.
     #[arg(long, value_name = "PATH", num_args = 0..=1)]
     pub check_config: Option<Option<PathBuf>>,
+    /// Run one build (NVRTC) as gpuarchd's worker: a request on standard
+    /// input, the answer on standard output. gpuarchd starts these itself.
+    #[arg(long, hide = true, exclusive = true)]
+    pub build_worker: bool,
 }
 
 impl Args {

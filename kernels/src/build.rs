@@ -15,6 +15,7 @@ use crate::remote::{Remote, RemoteError};
 use crate::spec::{BuildSpec, Package, sha256_hex};
 use crate::store::{self, BuildError, BuildInfo, Entry, Meta, Outcome, Store};
 use crate::toolchain::{self, Nvrtc};
+use crate::worker::{Probe, Worker};
 
 /// One variant that does not serve an arch, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,6 +65,9 @@ pub enum Fetch {
 /// Why a variant was not pulled.
 struct NotPulled(String);
 
+/// How long a failed probe of NVRTC stands before it is asked again.
+pub const PROBE_RETRY: Duration = Duration::from_secs(30);
+
 /// Builds packages into a store.
 #[derive(Debug)]
 pub struct Builder {
@@ -71,6 +75,12 @@ pub struct Builder {
     cuda_dirs: Vec<PathBuf>,
     timeout: Duration,
     nvrtc: OnceLock<Result<Nvrtc, BuildError>>,
+    /// Where NVRTC runs: in a worker process per build (gpuarchd), or
+    /// loaded here (tests, benchmarks, gpucheck).
+    worker: Option<Worker>,
+    /// The worker's NVRTC once a probe found it; a failure, with when, is
+    /// kept [`PROBE_RETRY`].
+    probed: Mutex<Option<(std::time::Instant, Result<Probe, BuildError>)>>,
     /// Keys of command programs already digested, by path.
     programs: Mutex<BTreeMap<PathBuf, String>>,
     /// The registry tier (`kernels.remote`): pulled before a build, pushed
@@ -100,6 +110,8 @@ impl Builder {
             cuda_dirs,
             timeout,
             nvrtc: OnceLock::new(),
+            worker: None,
+            probed: Mutex::new(None),
             programs: Mutex::new(BTreeMap::new()),
             remote: None,
         }
@@ -109,6 +121,34 @@ impl Builder {
     pub fn with_remote(mut self, remote: Box<dyn Remote>) -> Self {
         self.remote = Some(remote);
         self
+    }
+
+    /// Run NVRTC in `worker` processes, never in this one.
+    pub fn with_worker(mut self, worker: Worker) -> Self {
+        self.worker = Some(worker);
+        self
+    }
+
+    /// Which NVRTC builds run with: asked of a worker once it answers (a
+    /// failure is asked again after [`PROBE_RETRY`], so reads of it cannot
+    /// start a process each), or loaded here.
+    pub fn nvrtc_probe(&self) -> Result<Probe, BuildError> {
+        let Some(w) = &self.worker else {
+            return self.nvrtc().map(Probe::of);
+        };
+        // One probe at a time: the lock is held across it.
+        let mut slot = self
+            .probed
+            .lock()
+            .map_err(|e| BuildError::Tool(e.to_string()))?;
+        match slot.as_ref() {
+            Some((_, Ok(p))) => return Ok(p.clone()),
+            Some((at, Err(e))) if at.elapsed() < PROBE_RETRY => return Err(e.clone()),
+            _ => {}
+        }
+        let p = w.probe(&self.cuda_dirs, self.timeout);
+        *slot = Some((std::time::Instant::now(), p.clone()));
+        p
     }
 
     pub fn remote(&self) -> Option<&dyn Remote> {
@@ -132,7 +172,7 @@ impl Builder {
     fn toolkit(&self, pkg: &Package) -> Result<String, BuildError> {
         match &pkg.spec.build {
             BuildSpec::Nvrtc { .. } => {
-                let n = self.nvrtc()?;
+                let n = self.nvrtc_probe()?;
                 Ok(format!(
                     "nvrtc {} headers {}",
                     n.version,
@@ -401,7 +441,6 @@ impl Builder {
         let v = &pkg.spec.variants[i];
         match &pkg.spec.build {
             BuildSpec::Nvrtc { options, ptx } => {
-                let nvrtc = self.nvrtc()?;
                 let mut opts: Vec<String> = v
                     .defines
                     .iter()
@@ -412,16 +451,38 @@ impl Builder {
                     .sources
                     .split_first()
                     .ok_or_else(|| BuildError::Rejected("no sources".into()))?;
-                let compile = |t: Target| nvrtc.compile((&main.0, &main.1), headers, t, &opts);
-                let cubin = compile(arch)?;
-                std::fs::write(out.join(format!("{}.cubin", pkg.spec.name)), cubin.code)?;
+                let cubin = out.join(format!("{}.cubin", pkg.spec.name));
+                let ptx_file = out.join(format!("{}.ptx", pkg.spec.name));
+                let mut outputs = vec![(arch, cubin.as_path())];
                 if *ptx {
-                    let p = compile(Target::ptx(arch.cap))?;
-                    std::fs::write(out.join(format!("{}.ptx", pkg.spec.name)), p.code)?;
+                    outputs.push((Target::ptx(arch.cap), ptx_file.as_path()));
                 }
+                let version = match &self.worker {
+                    Some(w) => {
+                        let probe = self.nvrtc_probe()?;
+                        w.compile(
+                            &probe,
+                            &self.cuda_dirs,
+                            (&main.0, &main.1),
+                            headers,
+                            &opts,
+                            &outputs,
+                            self.timeout,
+                        )?;
+                        probe.version
+                    }
+                    None => {
+                        let nvrtc = self.nvrtc()?;
+                        for (t, file) in &outputs {
+                            let c = nvrtc.compile((&main.0, &main.1), headers, *t, &opts)?;
+                            std::fs::write(file, c.code)?;
+                        }
+                        nvrtc.version.clone()
+                    }
+                };
                 Ok(BuildInfo {
-                    toolkit: format!("nvrtc {}", nvrtc.version),
-                    min_driver_cuda: Some(nvrtc.version.clone()),
+                    toolkit: format!("nvrtc {version}"),
+                    min_driver_cuda: Some(version),
                     origin: None,
                 })
             }

@@ -30,3 +30,4 @@ pub mod remote;
 pub mod spec;
 pub mod store;
 pub mod toolchain;
+pub mod worker;

@@ -36,6 +36,11 @@ pub struct KernelsConfig {
     /// Wall-clock limit of one build, in seconds. Default 600; 1 to 86400.
     #[serde(deserialize_with = "build_timeout_s")]
     pub build_timeout_s: u64,
+    /// The address space of one build's worker process (NVRTC runs in
+    /// one, never in gpuarchd), in MiB; past it the build fails. Default
+    /// 4096; 256 to 1048576.
+    #[serde(deserialize_with = "build_memory_mib")]
+    pub build_memory_mib: u64,
     /// Directories searched first for NVRTC (`libnvrtc.so.13` or `.12`), the CUDA
     /// headers and build tools: a CUDA install (`/usr/local/cuda`) or the
     /// `nvidia/` directory of NVIDIA's Python wheels. After them come the
@@ -180,6 +185,7 @@ impl Default for KernelsConfig {
             workers: 2,
             prewarm: true,
             build_timeout_s: 600,
+            build_memory_mib: 4096,
             cuda_dirs: Vec::new(),
             spool_dir: PathBuf::from("/run/gpuarch/kernel-requests"),
             view_dir: None,
@@ -264,6 +270,10 @@ fn workers<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
 
 fn build_timeout_s<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     in_range(d, "build_timeout_s", 1..=86_400)
+}
+
+fn build_memory_mib<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    in_range(d, "build_memory_mib", 256..=1_048_576)
 }
 
 /// A kernel package name (or a file name inside a package or build): one

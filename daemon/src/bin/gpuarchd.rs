@@ -7,6 +7,18 @@ use gpuarch_daemon::{Args, check_config, run};
 
 fn main() -> ExitCode {
     let mut args = Args::parse();
+    if args.build_worker {
+        return match gpuarch_kernels::worker::serve(
+            std::io::stdin().lock(),
+            std::io::stdout().lock(),
+        ) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("gpuarchd --build-worker: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(path) = args.check_config.take() {
         return ExitCode::from(check_config(&args, path));
     }

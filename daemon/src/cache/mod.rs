@@ -84,11 +84,15 @@ impl Cache {
     /// Open the store (clearing dead builds) and read the packages.
     pub fn open(cfg: KernelsConfig, shared: Arc<Shared>) -> std::io::Result<Arc<Self>> {
         let store = Store::open(&cfg.cache_dir, cfg.max_bytes)?;
+        // NVRTC runs in a worker per build, never in gpuarchd.
         let mut builder = Builder::new(
             store,
             cfg.cuda_dirs.clone(),
             Duration::from_secs(cfg.build_timeout_s),
-        );
+        )
+        .with_worker(gpuarch_kernels::worker::Worker::this_program(
+            cfg.build_memory_mib << 20,
+        ));
         if let Some(r) = &cfg.remote {
             match gpuarch_registry::OciRemote::new(r) {
                 Ok(remote) => {

@@ -368,18 +368,18 @@ impl KernelCache {
     }
 
     /// The compiler NVRTC packages are built with, `NVRTC 12.9 (PATH)`, or
-    /// `none: REASON` when no NVRTC build is possible. NVRTC is loaded once
-    /// (as the first build would), off the dispatcher.
+    /// `none: REASON` when no NVRTC build is possible. A build worker is
+    /// asked once (as the first build would), off the dispatcher.
     #[zbus(property(emits_changed_signal = "const"))]
     async fn compiler(&self) -> fdo::Result<String> {
         let b = self.cache.builder.clone();
-        blocking(&READ_WORK, move || compiler_line(b.nvrtc())).await
+        blocking(&READ_WORK, move || compiler_line(b.nvrtc_probe())).await
     }
 }
 
 /// [`KernelCache::compiler`]'s answer for a load of NVRTC.
 pub fn compiler_line(
-    loaded: Result<&gpuarch_kernels::toolchain::Nvrtc, gpuarch_kernels::store::BuildError>,
+    loaded: Result<gpuarch_kernels::worker::Probe, gpuarch_kernels::store::BuildError>,
 ) -> String {
     match loaded {
         Ok(n) => format!("NVRTC {} ({})", n.version, n.library.display()),

@@ -989,3 +989,112 @@ fn a_wheel_imported_on_one_node_is_pulled_and_served_on_every_other() {
     assert!(tmp_empty(&c));
     c.stop();
 }
+
+/// `VmRSS` of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// The build workers alive under `pid`.
+fn workers_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.split(' ').nth(1))
+                .and_then(|v| v.parse::<u32>().ok());
+            ppid == Some(pid)
+                && std::fs::read(format!("/proc/{p}/cmdline"))
+                    .unwrap_or_default()
+                    .windows(14)
+                    .any(|w| w == b"--build-worker")
+        })
+        .collect()
+}
+
+/// NVRTC runs in a worker per build, never in gpuarchd: a build whose
+/// compiler runs past `build_timeout_s` fails with that reason, its worker
+/// killed and reaped, while gpuarchd answers and goes on building; NVRTC is
+/// never mapped into gpuarchd, and its memory after the builds is printed.
+#[test]
+fn a_runaway_build_is_killed_and_gpuarchd_never_loads_nvrtc() {
+    need_bus!();
+    let Some(cuda) = gpuarch_tests::cuda_dir() else {
+        return;
+    };
+    // A kernel NVRTC takes minutes over: 20,000 dependent statements.
+    let pkgs = tempfile::tempdir().unwrap();
+    let slow = pkgs.path().join("slow");
+    std::fs::create_dir(&slow).unwrap();
+    std::fs::write(
+        slow.join("kernel.yaml"),
+        "name: slow\nversion: \"1.0.0\"\nsources: [slow.cu]\nexports: [slow]\nbuild:\n  backend: nvrtc\nvariants:\n  - name: fp32\n    dtype: float32\n",
+    )
+    .unwrap();
+    let body: String = (0..20_000)
+        .map(|i| format!("  a = a * 1.0001f + sinf(a * {i}.0f);\n"))
+        .collect();
+    std::fs::write(
+        slow.join("slow.cu"),
+        format!("extern \"C\" __global__ void slow(float* x) {{\n  float a = x[threadIdx.x];\n{body}  x[threadIdx.x] = a;\n}}\n"),
+    )
+    .unwrap();
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    let samples = workspace_root().join("kernels/packages");
+    let mut yaml =
+        gpuarch_tests::daemon::kernels_yaml(&node.path(""), &[&samples, pkgs.path()], Some(&cuda));
+    yaml.push_str("  prewarm: false\n  build_timeout_s: 3\n");
+    std::fs::write(node.path("config.yaml"), yaml).unwrap();
+    node.start(&[]);
+    let pid = node.daemon.as_ref().unwrap().id();
+    let before = rss_kib(pid);
+
+    let job = node
+        .ctl_cmd(None, &["prewarm", "slow", "--arch", "8.6"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // While NVRTC runs in its worker, gpuarchd answers at once.
+    let t0 = Instant::now();
+    while workers_of(pid).is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "no worker started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let t1 = Instant::now();
+    let o = node.ctl(None, &["kernels"]);
+    assert_eq!(o.status.code(), Some(0), "{}", all_text(&o));
+    assert!(t1.elapsed() < Duration::from_secs(2), "{:?}", t1.elapsed());
+    let o = job.wait_with_output().unwrap();
+    let out = all_text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("ran past its limit of 3 s (kernels.build_timeout_s); its worker was killed"),
+        "{out}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+    assert_eq!(workers_of(pid), Vec::<u32>::new(), "a worker was left");
+
+    // gpuarchd goes on: the sample kernels build, each in its worker.
+    let o = node.ctl(None, &["prewarm", "saxpy", "rmsnorm", "--arch", "7.5,8.6"]);
+    let out = all_text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert_eq!(out.matches(": built ").count(), 4, "{out}");
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(!maps.contains("libnvrtc"), "gpuarchd mapped NVRTC");
+    let after = rss_kib(pid);
+    eprintln!(
+        "gpuarchd VmRSS: {} KiB at start, {} KiB after 4 builds and a killed one",
+        before, after
+    );
+    node.stop();
+}
