@@ -784,6 +784,75 @@ fn a_consumers_wheel_is_imported_through_the_bus_and_laid_out_for_every_set_of_g
         served.complete() && served.code_files == 15658,
         "{served:?}"
     );
+
+    // Each tree is exactly the code that runs on its set, by the targets
+    // the inspector read from every file, with the library's metadata.
+    let index: gpuarch_kernels::library::Index =
+        serde_json::from_slice(&std::fs::read(libs.join("0.6.13/index.json")).unwrap()).unwrap();
+    assert!(index.files.len() > 16_000, "{}", index.files.len());
+    assert!(
+        index
+            .files
+            .iter()
+            .filter(|(k, _)| k.ends_with(".cubin"))
+            .all(|(_, f)| !f.targets.is_empty()),
+        "every cubin is read by the inspector"
+    );
+    let runs = |t: &str, c: gpuarch_core::arch::ComputeCapability| {
+        gpuarch_core::arch::Target::parse(t)
+            .unwrap()
+            .check(c, None, None)
+            .runs
+    };
+    for e in std::fs::read_dir(&serve).unwrap().flatten() {
+        if !e.file_type().unwrap().is_dir() {
+            continue;
+        }
+        let set = e.file_name().to_string_lossy().into_owned();
+        let caps: Vec<_> = set
+            .split('+')
+            .map(|c| gpuarch_core::arch::ComputeCapability::parse_known(c).unwrap())
+            .collect();
+        let served: gpuarch_wire::library::Served =
+            serde_json::from_slice(&std::fs::read(serve.join(format!("{set}.json"))).unwrap())
+                .unwrap();
+        let mut held = 0;
+        for (k, f) in &index.files {
+            let wanted =
+                f.targets.is_empty() || f.targets.iter().any(|t| caps.iter().any(|c| runs(t, *c)));
+            assert_eq!(e.path().join(k).is_file(), wanted, "{set}: {k}");
+            held += usize::from(wanted);
+        }
+        assert_eq!(served.files as usize, held, "{set}");
+        assert!(served.complete(), "{set}: {:?}", served.missing);
+        // 0.6.13's lists name CuTe DSL modules the wheel lacks, each in a
+        // directory of its own arch with no code: fetched into a tmpfs.
+        // (Blackwell's 10.x and Thor's 11.0 have such modules listed.)
+        let fetch: Vec<String> = caps
+            .iter()
+            .filter(|c| matches!(c.major, 10 | 11))
+            .map(|c| {
+                format!(
+                    "801e770219613fbf088bc074c414732b26cc550d/fmha/cute-dsl/x86_64/sm_{}a",
+                    c.digits()
+                )
+            })
+            .collect();
+        assert_eq!(served.fetch_dirs, fetch, "{set}");
+        let named = |tag: &str| {
+            index
+                .files
+                .keys()
+                .filter(|k| k.contains(tag) && e.path().join(k).is_file())
+                .count()
+        };
+        // No 10.0 here: a B300 set has its own Sm103a cubins and no B200's.
+        if set.contains("10.3") {
+            assert!(named("Sm103a") > 0 && named("Sm100a") == 0, "{set}");
+        } else {
+            assert_eq!(served.code_files, 0, "{set}");
+        }
+    }
 }
 
 /// Every file below `dir` with its bytes, by relative path: a tree as a
