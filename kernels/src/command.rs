@@ -217,7 +217,8 @@ pub fn run(
     }
 }
 
-fn kill_group(pid: u32) {
+/// SIGKILL to the process group `pid` leads (a build and all it started).
+pub(crate) fn kill_group(pid: u32) {
     if let Ok(pid) = i32::try_from(pid) {
         let _ = nix::sys::signal::killpg(
             nix::unistd::Pid::from_raw(pid),

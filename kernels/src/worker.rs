@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use gpuarch_core::arch::Target;
 use serde::{Deserialize, Serialize};
 
+use crate::command::kill_group;
 use crate::error::BuildError;
 use crate::toolchain::Nvrtc;
 
@@ -325,15 +326,6 @@ fn read_bounded(r: impl Read, limit: u64) -> Vec<u8> {
     let _ = (&mut r).take(limit).read_to_end(&mut v);
     let _ = io::copy(&mut r, &mut io::sink());
     v
-}
-
-fn kill_group(pid: u32) {
-    if let Ok(pid) = i32::try_from(pid) {
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,6 @@
 //! RECORD lists under the kind's root, each file held to RECORD's hash and
 //! bounded as a wheel's members are; everything after is the wheel's path.
 
-use std::collections::BTreeMap;
 use std::io::{self, Read};
 use std::os::fd::AsFd;
 use std::path::Path;
@@ -14,9 +13,8 @@ use std::path::Path;
 use gpuarch_core::library;
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 
-use super::wheel::{self, Limits, MAX_METADATA, MAX_RECORD, Source, Staged};
-use super::{FileInfo, Index, LibraryError, io_at};
-use crate::file::copy_hashed;
+use super::wheel::{self, Limits, MAX_METADATA, MAX_RECORD, Source, Staging};
+use super::{Index, LibraryError};
 
 const BENEATH: ResolveFlag = ResolveFlag::RESOLVE_BENEATH
     .union(ResolveFlag::RESOLVE_NO_SYMLINKS)
@@ -131,77 +129,28 @@ pub fn import_installed(
     let record = wheel::parse_record(&record_text, &dist_info, name, |p| {
         !p.starts_with(kind.root)
     })?;
-    let mut served: Vec<(&str, &String, Option<u64>)> = record
+    let mut served: Vec<(&str, &(String, Option<u64>))> = record
         .iter()
-        .filter_map(|(p, (sha, len))| {
+        .filter_map(|(p, want)| {
             let rel = p.strip_prefix(kind.root).filter(|r| !r.is_empty())?;
-            Some((rel, sha, *len))
+            Some((rel, want))
         })
         .collect();
-    served.sort_unstable_by_key(|(rel, _, _)| *rel);
+    served.sort_unstable_by_key(|(rel, _)| *rel);
     if served.len() > limits.max_files {
         return Err(LibraryError::TooLarge {
             what: format!("{name}: its files"),
             limit: limits.max_files as u64,
         });
     }
-    let tmp = root.join("tmp").join(format!(
-        "import-{}-{version}.{}.{}",
-        kind.dist,
-        std::process::id(),
-        wheel::seq()
-    ));
-    let files_dir = tmp.join("files");
-    std::fs::create_dir_all(&files_dir).map_err(io_at(&files_dir))?;
-    let result = (|| {
-        let mut files = BTreeMap::new();
-        let mut total = 0u64;
-        for (rel, want_sha, want_len) in served {
-            let path = format!("{}{rel}", kind.root);
-            library::check_relative(&path).map_err(|why| refused(format!("{path:?}: {why}")))?;
-            let from = open_beneath(dir, &path).map_err(|e| refused(format!("{path}: {e}")))?;
-            let to = files_dir.join(rel);
-            if let Some(parent) = to.parent() {
-                std::fs::create_dir_all(parent).map_err(io_at(parent))?;
-            }
-            let out = wheel::create_readonly(&to).map_err(io_at(&to))?;
-            let room = limits.max_file_bytes.min(limits.max_bytes - total);
-            let (got, bytes) = copy_hashed(from, &out, room).map_err(|e| match e.kind() {
-                io::ErrorKind::FileTooLarge => LibraryError::TooLarge {
-                    what: format!("{name}: {path} or the files together"),
-                    limit: room,
-                },
-                _ => refused(format!("{path}: {e}")),
-            })?;
-            total += bytes;
-            if got != *want_sha || want_len.is_some_and(|l| l != bytes) {
-                return Err(refused(format!(
-                    "{path}: sha256 {got} ({bytes} bytes) differs from RECORD's"
-                )));
-            }
-            files.insert(
-                rel.to_owned(),
-                FileInfo {
-                    sha256: got,
-                    bytes,
-                    targets: Vec::new(),
-                },
-            );
-        }
-        wheel::finish(Staged {
-            root,
-            tmp: &tmp,
-            files,
-            kind,
-            version: &version,
-            source,
-            sha256: crate::spec::hex(&<sha2::Sha256 as sha2::Digest>::digest(
-                record_text.as_bytes(),
-            )),
-        })
-    })();
-    if tmp.exists() {
-        let _ = std::fs::remove_dir_all(&tmp);
+    let mut staging = Staging::new(root, kind, &version, source, limits, "files")?;
+    for (rel, want) in served {
+        let path = format!("{}{rel}", kind.root);
+        library::check_relative(&path).map_err(|why| refused(format!("{path:?}: {why}")))?;
+        let from = open_beneath(dir, &path).map_err(|e| refused(format!("{path}: {e}")))?;
+        staging.add(from, &path, Some(rel), Some(want))?;
     }
-    result
+    staging.finish(crate::spec::hex(&<sha2::Sha256 as sha2::Digest>::digest(
+        record_text.as_bytes(),
+    )))
 }

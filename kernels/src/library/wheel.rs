@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use base64::Engine as _;
@@ -97,104 +97,44 @@ pub fn import_wheel(
     check_expected(source, kind, &version)?;
     let record = read_record(&mut zip, &dist_info, wheel_name)?;
 
-    let tmp = root.join("tmp").join(format!(
-        "import-{}-{version}.{}.{}",
-        kind.dist,
-        std::process::id(),
-        seq()
-    ));
-    let files_dir = tmp.join("files");
-    std::fs::create_dir_all(&files_dir).map_err(io_at(&files_dir))?;
-    let result = (|| {
-        let mut files = BTreeMap::new();
-        let mut seen = 0usize;
-        let mut total = 0u64;
-        for i in 0..zip.len() {
-            let mut m = zip.by_index(i).map_err(|e| refused(e.to_string()))?;
-            let name = m
-                .name()
-                .map_err(|e| refused(format!("member {i}: {e}")))?
-                .into_owned();
-            if m.is_dir() {
-                continue;
-            }
-            library::check_relative(&name)
-                .map_err(|why| refused(format!("member {name:?}: {why}")))?;
-            if m.is_symlink() {
-                return Err(refused(format!("member {name}: a symbolic link")));
-            }
-            let record_name = format!("{dist_info}/RECORD");
-            let want = record.get(&name);
-            if want.is_none() && name != record_name {
-                return Err(refused(format!("member {name} is not in RECORD")));
-            }
-            seen += 1;
-            if seen > limits.max_files {
-                return Err(LibraryError::TooLarge {
-                    what: format!("{wheel_name}: its files"),
-                    limit: limits.max_files as u64,
-                });
-            }
-            let room = limits.max_file_bytes.min(limits.max_bytes - total);
-            let served = name.strip_prefix(kind.root).filter(|r| !r.is_empty());
-            let copied = match served {
-                Some(rel) => {
-                    let to = files_dir.join(rel);
-                    if let Some(parent) = to.parent() {
-                        std::fs::create_dir_all(parent).map_err(io_at(parent))?;
-                    }
-                    let out = create_readonly(&to).map_err(io_at(&to))?;
-                    copy_hashed(&mut m, &out, room)
-                }
-                None => copy_hashed(&mut m, io::sink(), room),
-            };
-            let (got, bytes) = copied.map_err(|e| match e.kind() {
-                io::ErrorKind::FileTooLarge => LibraryError::TooLarge {
-                    what: format!("{wheel_name}: member {name} or the members together"),
-                    limit: room,
-                },
-                _ => refused(format!("member {name}: {e}")),
-            })?;
-            total += bytes;
-            if let Some((want_sha, want_len)) = want
-                && (*want_sha != got || want_len.is_some_and(|l| l != bytes))
-            {
-                return Err(refused(format!(
-                    "member {name}: sha256 {got} ({bytes} bytes) differs from RECORD's"
-                )));
-            }
-            if let Some(rel) = served {
-                files.insert(
-                    rel.to_owned(),
-                    FileInfo {
-                        sha256: got,
-                        bytes,
-                        targets: Vec::new(),
-                    },
-                );
-            }
+    let mut staging = Staging::new(root, kind, &version, source, limits, "members")?;
+    let mut seen = 0usize;
+    for i in 0..zip.len() {
+        let mut m = zip.by_index(i).map_err(|e| refused(e.to_string()))?;
+        let name = m
+            .name()
+            .map_err(|e| refused(format!("member {i}: {e}")))?
+            .into_owned();
+        if m.is_dir() {
+            continue;
         }
-        for name in record.keys() {
-            if zip.index_for_name(name).is_none() {
-                return Err(refused(format!(
-                    "RECORD lists {name}, which the wheel lacks"
-                )));
-            }
+        library::check_relative(&name).map_err(|why| refused(format!("member {name:?}: {why}")))?;
+        if m.is_symlink() {
+            return Err(refused(format!("member {name}: a symbolic link")));
         }
-        finish(Staged {
-            root,
-            tmp: &tmp,
-            files,
-            kind,
-            version: &version,
-            source,
-            sha256,
-        })
-    })();
-    if tmp.exists() {
-        let _ = std::fs::remove_dir_all(&tmp);
+        let record_name = format!("{dist_info}/RECORD");
+        let want = record.get(&name);
+        if want.is_none() && name != record_name {
+            return Err(refused(format!("member {name} is not in RECORD")));
+        }
+        seen += 1;
+        if seen > limits.max_files {
+            return Err(LibraryError::TooLarge {
+                what: format!("{wheel_name}: its files"),
+                limit: limits.max_files as u64,
+            });
+        }
+        let served = name.strip_prefix(kind.root).filter(|r| !r.is_empty());
+        staging.add(&mut m, &format!("member {name}"), served, want)?;
     }
-    result
+    for name in record.keys() {
+        if zip.index_for_name(name).is_none() {
+            return Err(refused(format!(
+                "RECORD lists {name}, which the wheel lacks"
+            )));
+        }
+    }
+    staging.finish(sha256)
 }
 
 /// The wheel's kind, version and `.dist-info` directory, from its
@@ -346,58 +286,158 @@ pub(super) fn check_expected(
     }
 }
 
-/// An import staged in `tmp/files`, its members copied and checked
-/// against RECORD.
-pub(super) struct Staged<'a> {
-    pub root: &'a Path,
-    pub tmp: &'a Path,
-    pub files: BTreeMap<String, FileInfo>,
-    pub kind: &'static LibraryKind,
-    pub version: &'a str,
-    pub source: &'a Source<'a>,
-    /// Of the wheel, or of an installed copy's RECORD.
-    pub sha256: String,
+/// An import being staged in `<root>/tmp/import-<dist>-<version>.*/files`:
+/// each file copied in, bounded and held to RECORD as it is read. What is
+/// left of it when dropped (a refused import) is removed.
+pub(super) struct Staging<'a> {
+    root: &'a Path,
+    tmp: PathBuf,
+    kind: &'static LibraryKind,
+    version: &'a str,
+    source: &'a Source<'a>,
+    limits: &'a Limits,
+    /// What the source's files are called in a bound's message: `members`.
+    unit: &'static str,
+    files: BTreeMap<String, FileInfo>,
+    total: u64,
 }
 
-/// Hold a staged import to the library's own lists, read each file's
-/// targets, write its index and put it in place.
-pub(super) fn finish(st: Staged<'_>) -> Result<Index, LibraryError> {
-    let refused = |why: String| LibraryError::Refused {
-        file: st.source.name.to_owned(),
-        why,
-    };
-    let mut files = st.files;
-    let (kind, tmp) = (st.kind, st.tmp);
-    let files_dir = tmp.join("files");
-    if files.is_empty() {
-        return Err(refused(format!("no files under {}", kind.root)));
+impl Drop for Staging<'_> {
+    fn drop(&mut self) {
+        if self.tmp.exists() {
+            let _ = std::fs::remove_dir_all(&self.tmp);
+        }
     }
-    let missing = check_lists(&files_dir, &files).map_err(refused)?;
-    for (rel, info) in files.iter_mut() {
-        info.targets = targets(&files_dir.join(rel), rel).map_err(refused)?;
+}
+
+impl<'a> Staging<'a> {
+    pub(super) fn new(
+        root: &'a Path,
+        kind: &'static LibraryKind,
+        version: &'a str,
+        source: &'a Source<'a>,
+        limits: &'a Limits,
+        unit: &'static str,
+    ) -> Result<Self, LibraryError> {
+        let tmp = root.join("tmp").join(format!(
+            "import-{}-{version}.{}.{}",
+            kind.dist,
+            std::process::id(),
+            seq()
+        ));
+        let files_dir = tmp.join("files");
+        std::fs::create_dir_all(&files_dir).map_err(io_at(&files_dir))?;
+        Ok(Self {
+            root,
+            tmp,
+            kind,
+            version,
+            source,
+            limits,
+            unit,
+            files: BTreeMap::new(),
+            total: 0,
+        })
     }
-    let index = Index {
-        schema: SCHEMA,
-        dist: kind.dist.to_owned(),
-        version: st.version.to_owned(),
-        source: st.source.name.to_owned(),
-        origin: st.source.origin.map(str::to_owned),
-        sha256: st.sha256.clone(),
-        imported_at: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-        files,
-        missing,
-    };
-    let body = serde_json::to_vec(&index).map_err(|e| refused(e.to_string()))?;
-    let ipath = tmp.join(INDEX);
-    std::fs::write(&ipath, body).map_err(io_at(&ipath))?;
-    // One flush of the filesystem, not one per file: a wheel has
-    // thousands.
-    let d = std::fs::File::open(tmp).map_err(io_at(tmp))?;
-    nix::unistd::syncfs(&d).map_err(|e| io_at(tmp)(e.into()))?;
-    place(st.root, kind, st.version, tmp)?;
-    Ok(index)
+
+    fn refused(&self, why: String) -> LibraryError {
+        LibraryError::Refused {
+            file: self.source.name.to_owned(),
+            why,
+        }
+    }
+
+    /// Copy `from` (`what`, as messages name it) in: kept at `served`
+    /// below the kind's root, or only hashed when `None`; within what the
+    /// limits leave; and held to RECORD's `want` (sha256, length) if given.
+    pub(super) fn add(
+        &mut self,
+        from: impl Read,
+        what: &str,
+        served: Option<&str>,
+        want: Option<&(String, Option<u64>)>,
+    ) -> Result<(), LibraryError> {
+        let room = self
+            .limits
+            .max_file_bytes
+            .min(self.limits.max_bytes - self.total);
+        let copied = match served {
+            Some(rel) => {
+                let to = self.tmp.join("files").join(rel);
+                if let Some(parent) = to.parent() {
+                    std::fs::create_dir_all(parent).map_err(io_at(parent))?;
+                }
+                let out = create_readonly(&to).map_err(io_at(&to))?;
+                copy_hashed(from, &out, room)
+            }
+            None => copy_hashed(from, io::sink(), room),
+        };
+        let (got, bytes) = copied.map_err(|e| match e.kind() {
+            io::ErrorKind::FileTooLarge => LibraryError::TooLarge {
+                what: format!("{}: {what} or the {} together", self.source.name, self.unit),
+                limit: room,
+            },
+            _ => self.refused(format!("{what}: {e}")),
+        })?;
+        self.total += bytes;
+        if let Some((want_sha, want_len)) = want
+            && (*want_sha != got || want_len.is_some_and(|l| l != bytes))
+        {
+            return Err(self.refused(format!(
+                "{what}: sha256 {got} ({bytes} bytes) differs from RECORD's"
+            )));
+        }
+        if let Some(rel) = served {
+            self.files.insert(
+                rel.to_owned(),
+                FileInfo {
+                    sha256: got,
+                    bytes,
+                    targets: Vec::new(),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Hold the staged files to the library's own lists, read each file's
+    /// targets, write the index (`sha256`: of the wheel, or of an installed
+    /// copy's RECORD) and put the import in place.
+    pub(super) fn finish(mut self, sha256: String) -> Result<Index, LibraryError> {
+        let kind = self.kind;
+        let files_dir = self.tmp.join("files");
+        let mut files = std::mem::take(&mut self.files);
+        if files.is_empty() {
+            return Err(self.refused(format!("no files under {}", kind.root)));
+        }
+        let missing = check_lists(&files_dir, &files).map_err(|e| self.refused(e))?;
+        for (rel, info) in files.iter_mut() {
+            info.targets = targets(&files_dir.join(rel), rel).map_err(|e| self.refused(e))?;
+        }
+        let index = Index {
+            schema: SCHEMA,
+            dist: kind.dist.to_owned(),
+            version: self.version.to_owned(),
+            source: self.source.name.to_owned(),
+            origin: self.source.origin.map(str::to_owned),
+            sha256,
+            imported_at: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            files,
+            missing,
+        };
+        let body = serde_json::to_vec(&index).map_err(|e| self.refused(e.to_string()))?;
+        let ipath = self.tmp.join(INDEX);
+        std::fs::write(&ipath, body).map_err(io_at(&ipath))?;
+        // One flush of the filesystem, not one per file: a wheel has
+        // thousands.
+        let d = std::fs::File::open(&self.tmp).map_err(io_at(&self.tmp))?;
+        nix::unistd::syncfs(&d).map_err(|e| io_at(&self.tmp)(e.into()))?;
+        // `tmp` is then gone, or the version it replaced, for Drop.
+        place(self.root, kind, self.version, &self.tmp)?;
+        Ok(index)
+    }
 }
 
 fn read_member<R: Read + io::Seek>(
@@ -426,7 +466,7 @@ fn read_member<R: Read + io::Seek>(
     Ok(text)
 }
 
-pub(super) fn create_readonly(path: &Path) -> io::Result<std::fs::File> {
+fn create_readonly(path: &Path) -> io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
         .write(true)
