@@ -184,6 +184,74 @@ impl OciRemote {
         format!("{}:{key}", self.cfg.repository)
     }
 
+    /// Run `fetch` on the client's runtime within `budget`; past it, the
+    /// registry is unavailable, and `late` says why.
+    fn block_within<T>(
+        &self,
+        reference: &str,
+        budget: Duration,
+        late: String,
+        fetch: impl std::future::Future<Output = Result<T, RemoteError>>,
+    ) -> Result<T, RemoteError> {
+        self.runtime().block_on(async {
+            tokio::time::timeout(budget, fetch)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(RemoteError::Unavailable {
+                        reference: reference.to_owned(),
+                        message: late,
+                    })
+                })
+        })
+    }
+
+    /// The manifest tagged `tag` and its config blob, when it is an
+    /// artifact of `artifact_type` whose config is `config_type` (`what`
+    /// names it in a refusal), within the bounds of a config and a file
+    /// list: `Ok(None)` when the registry has no such tag.
+    async fn artifact(
+        &self,
+        tag: &str,
+        artifact_type: &str,
+        config_type: &str,
+        what: &str,
+    ) -> Result<Option<Artifact>, RemoteError> {
+        let shown = self.shown(tag);
+        let (bytes, digest) = match self.client.manifest(tag).await {
+            Ok(m) => m,
+            Err(HttpError::NotFound) => return Ok(None),
+            Err(e) => return Err(unavailable(&shown)(e)),
+        };
+        let m = {
+            let refused = refused(&shown, &digest);
+            let m: ImageManifest = serde_json::from_slice(&bytes)
+                .map_err(|e| refused(format!("not an image manifest (an index?): {e}")))?;
+            if m.artifact_type.as_deref() != Some(artifact_type)
+                || m.config.media_type != config_type
+            {
+                return Err(refused(format!(
+                    "artifact type {:?} and config {:?}, not {what}",
+                    m.artifact_type.as_deref().unwrap_or(""),
+                    m.config.media_type
+                )));
+            }
+            if m.config.size > MAX_CONFIG_BYTES || m.config.size < 0 || m.layers.len() > MAX_FILES {
+                return Err(refused("config or file list too large".into()));
+            }
+            m
+        };
+        let config = self
+            .client
+            .blob(&m.config.digest, m.config.size as u64)
+            .await
+            .map_err(blob_error(&shown, &digest))?;
+        Ok(Some(Artifact {
+            manifest: m,
+            digest,
+            config,
+        }))
+    }
+
     async fn fetch(
         &self,
         key: &str,
@@ -191,44 +259,18 @@ impl OciRemote {
         out: &Path,
         max_bytes: u64,
     ) -> Result<Option<Pulled>, RemoteError> {
+        let Some(Artifact {
+            manifest: m,
+            digest,
+            config,
+        }) = self
+            .artifact(key, ARTIFACT_TYPE, CONFIG_MEDIA_TYPE, "a gpuarch build")
+            .await?
+        else {
+            return Ok(None);
+        };
         let shown = self.shown(key);
-        let unavailable = |e: HttpError| RemoteError::Unavailable {
-            reference: shown.clone(),
-            message: e.to_string(),
-        };
-        let (bytes, digest) = match self.client.manifest(key).await {
-            Ok(m) => m,
-            Err(HttpError::NotFound) => return Ok(None),
-            Err(e) => return Err(unavailable(e)),
-        };
-        let refused = |reason: String| RemoteError::Refused {
-            reference: shown.clone(),
-            digest: digest.clone(),
-            reason,
-        };
-        let m: ImageManifest = serde_json::from_slice(&bytes)
-            .map_err(|e| refused(format!("not an image manifest (an index?): {e}")))?;
-        if m.artifact_type.as_deref() != Some(ARTIFACT_TYPE)
-            || m.config.media_type != CONFIG_MEDIA_TYPE
-        {
-            return Err(refused(format!(
-                "artifact type {:?} and config {:?}, not a gpuarch build",
-                m.artifact_type.as_deref().unwrap_or(""),
-                m.config.media_type
-            )));
-        }
-        if m.config.size > MAX_CONFIG_BYTES || m.config.size < 0 || m.layers.len() > MAX_FILES {
-            return Err(refused("config or file list too large".into()));
-        }
-        let blob_error = |e: HttpError| match e {
-            HttpError::Refused(r) => refused(r),
-            e => unavailable(e),
-        };
-        let config = self
-            .client
-            .blob(&m.config.digest, m.config.size as u64)
-            .await
-            .map_err(blob_error)?;
+        let refused = refused(&shown, &digest);
         let em: EntryManifest = serde_json::from_slice(&config)
             .map_err(|e| refused(format!("config is not an entry manifest: {e}")))?;
         let want = [
@@ -290,7 +332,7 @@ impl OciRemote {
             self.client
                 .blob_into(&layer.digest, info.bytes, &mut file)
                 .await
-                .map_err(blob_error)?;
+                .map_err(blob_error(&shown, &digest))?;
             file.sync_all()
                 .await
                 .map_err(|e| RemoteError::Unavailable {
@@ -303,6 +345,39 @@ impl OciRemote {
             origin: format!("{repo}@{digest}"),
             manifest: em,
         }))
+    }
+}
+
+/// A manifest, its digest and its config blob.
+struct Artifact {
+    manifest: ImageManifest,
+    digest: String,
+    config: Vec<u8>,
+}
+
+/// The registry did not answer `reference` as it should.
+fn unavailable(reference: &str) -> impl Fn(HttpError) -> RemoteError + '_ {
+    move |e| RemoteError::Unavailable {
+        reference: reference.to_owned(),
+        message: e.to_string(),
+    }
+}
+
+/// The registry answered `reference` with `digest`, which is refused.
+fn refused<'a>(reference: &'a str, digest: &'a str) -> impl Fn(String) -> RemoteError + 'a {
+    move |reason| RemoteError::Refused {
+        reference: reference.to_owned(),
+        digest: digest.to_owned(),
+        reason,
+    }
+}
+
+/// A blob of that artifact that failed: refused when it is not what its
+/// descriptor says, else the registry is unavailable.
+fn blob_error<'a>(reference: &'a str, digest: &'a str) -> impl Fn(HttpError) -> RemoteError + 'a {
+    move |e| match e {
+        HttpError::Refused(r) => refused(reference, digest)(r),
+        e => unavailable(reference)(e),
     }
 }
 
@@ -332,19 +407,15 @@ impl Remote for OciRemote {
     ) -> Result<Option<Pulled>, RemoteError> {
         let shown = self.shown(key);
         let budget = Duration::from_millis(self.cfg.pull_timeout_ms);
-        let r = self.runtime().block_on(async {
-            tokio::time::timeout(budget, self.fetch(key, meta, out, max_bytes))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(RemoteError::Unavailable {
-                        reference: shown.clone(),
-                        message: format!(
-                            "no artifact within {} ms (kernels.remote.pull_timeout_ms)",
-                            budget.as_millis()
-                        ),
-                    })
-                })
-        });
+        let r = self.block_within(
+            &shown,
+            budget,
+            format!(
+                "no artifact within {} ms (kernels.remote.pull_timeout_ms)",
+                budget.as_millis()
+            ),
+            self.fetch(key, meta, out, max_bytes),
+        );
         let r = r.and_then(|pulled| match pulled {
             None => Ok(None),
             Some(p) => match gpuarch_kernels::store::check_outputs(out, meta) {

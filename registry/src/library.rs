@@ -15,7 +15,9 @@ use std::time::Duration;
 use gpuarch_kernels::remote::{RemoteError, SHARED_WHEEL_SCHEMA, SharedWheel, library_tag};
 
 use crate::http::{self, HttpError};
-use crate::{Descriptor, ImageManifest, MAX_CONFIG_BYTES, OciRemote, TITLE};
+use crate::{
+    Artifact, Descriptor, ImageManifest, OciRemote, TITLE, blob_error, refused, unavailable,
+};
 
 /// The artifact type of a shared library wheel.
 pub const LIBRARY_ARTIFACT_TYPE: &str = "application/vnd.gpuarch.library.v1";
@@ -50,10 +52,6 @@ impl OciRemote {
     ) -> Result<String, RemoteError> {
         let tag = tag_of(&about.dist, &about.version)?;
         let shown = self.shown(&tag);
-        let unavailable = |e: HttpError| RemoteError::Unavailable {
-            reference: shown.clone(),
-            message: e.to_string(),
-        };
         let config = serde_json::to_vec(about).map_err(|e| RemoteError::Config(e.to_string()))?;
         let digest = self
             .runtime()
@@ -91,7 +89,7 @@ impl OciRemote {
                     .map_err(|e| HttpError::Unavailable(e.to_string()))?;
                 self.client.push_manifest(&tag, &bytes).await
             })
-            .map_err(unavailable)?;
+            .map_err(unavailable(&shown))?;
         Ok(format!("{}@{digest}", self.config().repository))
     }
 
@@ -105,19 +103,12 @@ impl OciRemote {
     ) -> Result<Option<(SharedWheel, String)>, RemoteError> {
         let tag = tag_of(dist, version)?;
         let shown = self.shown(&tag);
-        let r = self.runtime().block_on(async {
-            tokio::time::timeout(
-                budget,
-                self.fetch_wheel(&tag, dist, version, out, max_bytes),
-            )
-            .await
-            .unwrap_or_else(|_| {
-                Err(RemoteError::Unavailable {
-                    reference: shown.clone(),
-                    message: format!("no wheel within {} s", budget.as_secs()),
-                })
-            })
-        });
+        let r = self.block_within(
+            &shown,
+            budget,
+            format!("no wheel within {} s", budget.as_secs()),
+            self.fetch_wheel(&tag, dist, version, out, max_bytes),
+        );
         if !matches!(r, Ok(Some(_))) {
             let _ = out.set_len(0);
         }
@@ -132,50 +123,29 @@ impl OciRemote {
         out: &std::fs::File,
         max_bytes: u64,
     ) -> Result<Option<(SharedWheel, String)>, RemoteError> {
+        let Some(Artifact {
+            manifest: m,
+            digest,
+            config,
+        }) = self
+            .artifact(
+                tag,
+                LIBRARY_ARTIFACT_TYPE,
+                LIBRARY_CONFIG_MEDIA_TYPE,
+                "a gpuarch library wheel",
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
         let shown = self.shown(tag);
-        let unavailable = |e: HttpError| RemoteError::Unavailable {
-            reference: shown.clone(),
-            message: e.to_string(),
-        };
-        let (bytes, digest) = match self.client.manifest(tag).await {
-            Ok(m) => m,
-            Err(HttpError::NotFound) => return Ok(None),
-            Err(e) => return Err(unavailable(e)),
-        };
-        let refused = |reason: String| RemoteError::Refused {
-            reference: shown.clone(),
-            digest: digest.clone(),
-            reason,
-        };
-        let m: ImageManifest = serde_json::from_slice(&bytes)
-            .map_err(|e| refused(format!("not an image manifest (an index?): {e}")))?;
-        if m.artifact_type.as_deref() != Some(LIBRARY_ARTIFACT_TYPE)
-            || m.config.media_type != LIBRARY_CONFIG_MEDIA_TYPE
-        {
-            return Err(refused(format!(
-                "artifact type {:?} and config {:?}, not a gpuarch library wheel",
-                m.artifact_type.as_deref().unwrap_or(""),
-                m.config.media_type
-            )));
-        }
+        let refused = refused(&shown, &digest);
         let [layer] = m.layers.as_slice() else {
             return Err(refused(format!(
                 "{} layers; a wheel is one",
                 m.layers.len()
             )));
         };
-        if !(0..=MAX_CONFIG_BYTES).contains(&m.config.size) {
-            return Err(refused("config too large".into()));
-        }
-        let blob_error = |e: HttpError| match e {
-            HttpError::Refused(r) => refused(r),
-            e => unavailable(e),
-        };
-        let config = self
-            .client
-            .blob(&m.config.digest, m.config.size as u64)
-            .await
-            .map_err(blob_error)?;
         let about: SharedWheel = serde_json::from_slice(&config)
             .map_err(|e| refused(format!("config is not a shared wheel's: {e}")))?;
         if about.schema != SHARED_WHEEL_SCHEMA {
@@ -215,7 +185,7 @@ impl OciRemote {
         self.client
             .blob_into(&layer.digest, about.bytes, &mut file)
             .await
-            .map_err(blob_error)?;
+            .map_err(blob_error(&shown, &digest))?;
         file.sync_all()
             .await
             .map_err(|e| RemoteError::Unavailable {
