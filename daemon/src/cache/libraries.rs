@@ -56,25 +56,15 @@ impl Cache {
         name: String,
         file: std::fs::File,
         state: Arc<Mutex<JobStatus>>,
-        _place: ImportPlace,
+        place: ImportPlace,
     ) {
-        let Some(_permit) = self.import_turn(&state).await else {
-            return;
-        };
-        let me = self.clone();
-        let n = name.clone();
-        let result = tokio::task::spawn_blocking(move || me.import_library(&n, &file))
-            .await
-            .unwrap_or_else(|e| {
-                Err(LibraryError::Refused {
-                    file: name.clone(),
-                    why: format!("the import stopped: {e}"),
-                })
-            });
-        finish_library_job(
-            &state,
-            result.map_err(|why| format!("{name} not imported, nothing changed: {why}")),
-        );
+        let failed = format!("{name} not imported, nothing changed");
+        let stopped = format!("{failed}: {name}: the import stopped");
+        self.run_library_job(state, place, stopped, move |c| {
+            c.import_library(&name, &file)
+                .map_err(|why| format!("{failed}: {why}"))
+        })
+        .await;
     }
 
     /// Pull `dist` `version` from the registry and import it as a job,
@@ -84,23 +74,34 @@ impl Cache {
         dist: &'static str,
         version: String,
         state: Arc<Mutex<JobStatus>>,
+        place: ImportPlace,
+    ) {
+        self.run_library_job(state, place, "the pull stopped".into(), move |c| {
+            c.pull_library(dist, &version).map(|lines| Outcome {
+                lines,
+                not_pushed: None,
+            })
+        })
+        .await;
+    }
+
+    /// Run `work` off the runtime when it is the imports' turn, and end
+    /// the job with what it did (`stopped`, should it never return).
+    async fn run_library_job(
+        self: &Arc<Self>,
+        state: Arc<Mutex<JobStatus>>,
         _place: ImportPlace,
+        stopped: String,
+        work: impl FnOnce(&Self) -> Result<Outcome, String> + Send + 'static,
     ) {
         let Some(_permit) = self.import_turn(&state).await else {
             return;
         };
         let me = self.clone();
-        let v = version.clone();
-        let result = tokio::task::spawn_blocking(move || me.pull_library(dist, &v))
+        let result = tokio::task::spawn_blocking(move || work(&me))
             .await
-            .unwrap_or_else(|e| Err(format!("the pull stopped: {e}")));
-        finish_library_job(
-            &state,
-            result.map(|lines| Outcome {
-                lines,
-                not_pushed: None,
-            }),
-        );
+            .unwrap_or_else(|e| Err(format!("{stopped}: {e}")));
+        finish_library_job(&state, result);
     }
 
     /// The limits of an import into `root`: `kernels.max_bytes`, and never
