@@ -252,6 +252,28 @@ impl OciRemote {
         }))
     }
 
+    /// `layer` of the artifact `digest` into `file`, checked against its
+    /// descriptor as it arrives, then synced.
+    async fn layer_into(
+        &self,
+        shown: &str,
+        digest: &str,
+        layer: &Descriptor,
+        file: &mut tokio::fs::File,
+    ) -> Result<(), RemoteError> {
+        let size = u64::try_from(layer.size).map_err(|_| {
+            refused(shown, digest)(format!("layer {}: a negative size", layer.digest))
+        })?;
+        self.client
+            .blob_into(&layer.digest, size, file)
+            .await
+            .map_err(blob_error(shown, digest))?;
+        file.sync_all().await.map_err(|e| RemoteError::Unavailable {
+            reference: shown.to_owned(),
+            message: e.to_string(),
+        })
+    }
+
     async fn fetch(
         &self,
         key: &str,
@@ -329,16 +351,7 @@ impl OciRemote {
                     reference: shown.clone(),
                     message: format!("{}: {e}", out.join(name).display()),
                 })?;
-            self.client
-                .blob_into(&layer.digest, info.bytes, &mut file)
-                .await
-                .map_err(blob_error(&shown, &digest))?;
-            file.sync_all()
-                .await
-                .map_err(|e| RemoteError::Unavailable {
-                    reference: shown.clone(),
-                    message: e.to_string(),
-                })?;
+            self.layer_into(&shown, &digest, layer, &mut file).await?;
         }
         let repo = self.cfg.repository.clone();
         Ok(Some(Pulled {

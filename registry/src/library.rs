@@ -15,9 +15,7 @@ use std::time::Duration;
 use gpuarch_kernels::remote::{RemoteError, SHARED_WHEEL_SCHEMA, SharedWheel, library_tag};
 
 use crate::http::{self, HttpError};
-use crate::{
-    Artifact, Descriptor, ImageManifest, OciRemote, TITLE, blob_error, refused, unavailable,
-};
+use crate::{Artifact, Descriptor, ImageManifest, OciRemote, TITLE, refused, unavailable};
 
 /// The artifact type of a shared library wheel.
 pub const LIBRARY_ARTIFACT_TYPE: &str = "application/vnd.gpuarch.library.v1";
@@ -182,16 +180,7 @@ impl OciRemote {
                 reference: shown.clone(),
                 message: e.to_string(),
             })?);
-        self.client
-            .blob_into(&layer.digest, about.bytes, &mut file)
-            .await
-            .map_err(blob_error(&shown, &digest))?;
-        file.sync_all()
-            .await
-            .map_err(|e| RemoteError::Unavailable {
-                reference: shown.clone(),
-                message: e.to_string(),
-            })?;
+        self.layer_into(&shown, &digest, layer, &mut file).await?;
         let origin = format!("{}@{digest}", self.config().repository);
         Ok(Some((about, origin)))
     }
