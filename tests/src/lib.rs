@@ -209,13 +209,13 @@ pub fn artifacts() -> &'static Artifacts {
             "gpuarch-ctl",
             "-p",
             "gpuarch-hook",
+            "--bins",
         ];
-        let helpers = ["-p", "gpuarch-fake-nvml", "-p", "gpuarch-gpucheck"];
-        let build = |packages: &[&str]| {
+        let build = |profile: &str, packages: &[&str]| {
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
             let status = Command::new(cargo)
                 .current_dir(workspace_root())
-                .args(["build", "--quiet", "--locked", "--profile", &profile])
+                .args(["build", "--quiet", "--locked", "--profile", profile])
                 .arg("--target-dir")
                 .arg(&target_dir)
                 .args(packages)
@@ -226,23 +226,27 @@ pub fn artifacts() -> &'static Artifacts {
                 "building test artifacts {packages:?} failed"
             );
         };
-        if profile == "dev" {
-            // One build: the quickest for a debug run.
-            build(&[&shipped[..], &helpers[..]].concat());
-        } else {
+        // The whole workspace in debug: the same features as `cargo test
+        // --workspace`, so its dependencies are the ones that run just
+        // built, and there is no second build of them.
+        build("dev", &["--workspace"]);
+        let debug_dir = target_dir.join("debug");
+        if profile != "dev" {
             // The shipped binaries exactly as scripts/package builds them
             // (the same packages, so the same features): the very files
-            // the .deb holds, and no second build of them in CI.
-            build(&[&shipped[..], &["--bins"]].concat());
-            build(&helpers);
+            // the .deb holds, and no second build of them in CI. The fake
+            // NVML and gpu-check stay the debug ones: no host runs them,
+            // and a release build of them alone would build their
+            // dependencies once more with fewer features.
+            build(&profile, &shipped);
         }
         Artifacts {
-            fake_nvml: profile_dir.join("libfake_nvml.so"),
+            fake_nvml: debug_dir.join("libfake_nvml.so"),
             gpuarchctl: profile_dir.join("gpuarchctl"),
             gpuarchd: profile_dir.join("gpuarchd"),
             gpuarch_hook: profile_dir.join("gpuarch-hook"),
             gpuarch_runtime: profile_dir.join("gpuarch-runtime"),
-            gpu_check: profile_dir.join("gpuarch-gpu-check"),
+            gpu_check: debug_dir.join("gpuarch-gpu-check"),
         }
     })
 }
