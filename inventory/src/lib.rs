@@ -5,6 +5,8 @@
 //! [`NvmlInventory`] against the fake `libnvidia-ml.so` of tests/fake-nvml.
 #![forbid(unsafe_code)]
 
+pub mod task_prolog;
+
 pub use gpuarch_fs::{trust, write_atomic};
 
 use std::ffi::OsStr;

@@ -161,6 +161,8 @@ pub struct Artifacts {
     pub gpuarchd: PathBuf,
     pub gpuarch_hook: PathBuf,
     pub gpuarch_runtime: PathBuf,
+    /// The Slurm TaskProlog program (`/usr/lib/gpuarch/slurm-task-prolog`).
+    pub slurm_task_prolog: PathBuf,
     pub gpu_check: PathBuf,
 }
 
@@ -246,6 +248,7 @@ pub fn artifacts() -> &'static Artifacts {
             gpuarchd: profile_dir.join("gpuarchd"),
             gpuarch_hook: profile_dir.join("gpuarch-hook"),
             gpuarch_runtime: profile_dir.join("gpuarch-runtime"),
+            slurm_task_prolog: profile_dir.join("gpuarch-slurm-task-prolog"),
             gpu_check: debug_dir.join("gpuarch-gpu-check"),
         }
     })

@@ -1,7 +1,7 @@
 //! A real single-node Slurm (Debian's slurmctld, slurmd, srun, sbatch and
 //! munged) on private ports and directories, for tests/tests/slurm.rs: the
 //! node's gres.conf written by `gpuarchctl slurm gres`, the shipped
-//! TaskProlog wrapper, and gpuarchd on the fake NVML and a private bus.
+//! TaskProlog program, and gpuarchd on the fake NVML and a private bus.
 //!
 //! slurmd waits for each gres.conf `File=` to exist, and gpuarch writes
 //! `/dev/nvidiaN`. This machine has no GPU, and the tests never make device
@@ -18,7 +18,7 @@ use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
 use crate::daemon::{Node, Policy};
-use crate::{cannot_run, workspace_root};
+use crate::{artifacts, cannot_run, workspace_root};
 
 /// What a Slurm test needs.
 /// With an engine root (`GPUARCH_ENGINES`), Slurm's daemons and clients
@@ -166,8 +166,7 @@ impl Cluster {
             .map(|(_, n)| n.parse().unwrap())
             .collect();
 
-        // The shipped TaskProlog, pointed at this build and this bus; the
-        // config it reads names gpuarchd's snapshot for when it is down.
+        // The config the TaskProlog reads names gpuarchd's snapshot.
         let prolog_config = d.join("gpuarch.yaml");
         std::fs::write(
             &prolog_config,
@@ -177,20 +176,20 @@ impl Cluster {
             ),
         )
         .unwrap();
-        let shipped =
-            std::fs::read_to_string(workspace_root().join("packaging/slurm/slurm-task-prolog"))
-                .unwrap();
+        // The shipped TaskProlog program, beside the node's gpuarchctl
+        // (which it runs when the snapshot gives no Plan).
+        let shipped = node.path("gpuarch-slurm-task-prolog");
+        std::fs::copy(&artifacts().slurm_task_prolog, &shipped).unwrap();
+        // slurm.conf names a program without arguments or env: a wrapper
+        // points it at this bus and config.
         let prolog = d.join("task-prolog");
         std::fs::write(
             &prolog,
-            shipped.replace(
-                "exec /usr/bin/gpuarchctl",
-                &format!(
-                    "DBUS_SYSTEM_BUS_ADDRESS={} GPUARCH_CONFIG={} exec {}",
-                    node.address,
-                    prolog_config.display(),
-                    node.path("gpuarchctl").display()
-                ),
+            format!(
+                "#!/bin/sh\nDBUS_SYSTEM_BUS_ADDRESS={} GPUARCH_CONFIG={} exec {}\n",
+                node.address,
+                prolog_config.display(),
+                shipped.display()
             ),
         )
         .unwrap();

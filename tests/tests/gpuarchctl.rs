@@ -448,3 +448,137 @@ fn inspect_lists_a_files_targets_on_a_machine_without_a_gpu() {
     let o = run(&["--nvml-lib", "/nonexistent/libnvidia-ml.so.1", "inspect"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
+
+/// The shipped Slurm TaskProlog (`slurm-task-prolog`) with only the env
+/// given: Slurm's, and where the config and bus are.
+fn task_prolog(env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(&artifacts().slurm_task_prolog);
+    c.env_clear().env("PATH", "/usr/bin:/bin");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run gpuarch-slurm-task-prolog")
+}
+
+/// What Slurm runs for every task plans from gpuarchd's snapshot itself,
+/// and prints the same `export` lines as `gpuarchctl slurm task-prolog`
+/// planning from that snapshot; the step's own values are kept; a step
+/// without GPUs gets nothing.
+#[test]
+fn the_task_prolog_plans_from_the_snapshot_as_gpuarchctl_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "daemon:\n  snapshot: {}\n",
+            fixture("2080ti-3090").display()
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    // No bus: gpuarchctl falls back to the same snapshot.
+    let nobus = format!("unix:path={}", dir.path().join("nobus").display());
+    for gpus in ["1", "0", "0,1"] {
+        let env = [
+            ("SLURM_STEP_GPUS", gpus),
+            ("GPUARCH_CONFIG", config),
+            ("DBUS_SYSTEM_BUS_ADDRESS", nobus.as_str()),
+        ];
+        let lean = task_prolog(&env);
+        assert!(lean.status.success(), "{lean:?}");
+        let lines = stdout(&lean);
+        let mut c = Command::new(&artifacts().gpuarchctl);
+        c.args(["slurm", "task-prolog"])
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let ctl = c.output().unwrap();
+        assert_eq!(lines, ok(&ctl), "GPUs {gpus}");
+        assert!(stderr(&lean).is_empty(), "{}", stderr(&lean));
+        let want = if gpus == "1" {
+            "8.6"
+        } else if gpus == "0" {
+            "7.5"
+        } else {
+            "7.5;8.6"
+        };
+        assert!(
+            lines.lines().next() == Some(&format!("export TORCH_CUDA_ARCH_LIST={want}")),
+            "GPUs {gpus}: {lines}"
+        );
+        assert!(lines.lines().all(|l| l.starts_with("export ")), "{lines}");
+    }
+
+    let own = task_prolog(&[
+        ("SLURM_JOB_GPUS", "1"),
+        ("GPUARCH_CONFIG", config),
+        ("TORCH_CUDA_ARCH_LIST", "9.0"),
+    ]);
+    let lines = stdout(&own);
+    assert!(!lines.contains("TORCH_CUDA_ARCH_LIST"), "{lines}");
+    assert!(lines.contains("export GPUARCH_DTYPE=bfloat16\n"), "{lines}");
+
+    let none = task_prolog(&[("GPUARCH_CONFIG", config)]);
+    assert!(none.status.success());
+    assert_eq!(stdout(&none), "");
+}
+
+/// Where the snapshot gives no Plan, the TaskProlog hands over to
+/// `gpuarchctl slurm task-prolog` (gpuarchd, then the snapshot); with
+/// neither, the task starts unchanged: nothing printed, exit 0.
+#[test]
+fn without_a_snapshot_the_task_prolog_asks_gpuarchd_and_never_fails_the_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "daemon:\n  snapshot: {}\n",
+            dir.path().join("absent.json").display()
+        ),
+    )
+    .unwrap();
+    let nobus = format!("unix:path={}", dir.path().join("nobus").display());
+    let o = task_prolog(&[
+        ("SLURM_STEP_GPUS", "1"),
+        ("GPUARCH_CONFIG", config.to_str().unwrap()),
+        ("DBUS_SYSTEM_BUS_ADDRESS", &nobus),
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(stdout(&o), "");
+    // The log goes to /dev/log where syslog listens; else to stderr, where
+    // both programs' lines show the hand-over.
+    let syslog = std::os::unix::net::UnixDatagram::unbound()
+        .and_then(|s| s.connect("/dev/log"))
+        .is_ok();
+    if !syslog {
+        let err = stderr(&o);
+        assert!(err.contains("no Plan from the snapshot"), "{err}");
+        assert!(err.contains("asking gpuarchd"), "{err}");
+        assert!(
+            err.contains("gpuarchctl slurm task-prolog: gpuarchd did not answer"),
+            "{err}"
+        );
+    }
+    // A GPU the snapshot does not list is handed over too, and planned by
+    // neither.
+    let snap_config = dir.path().join("snap.yaml");
+    std::fs::write(
+        &snap_config,
+        format!(
+            "daemon:\n  snapshot: {}\n",
+            fixture("2080ti-3090").display()
+        ),
+    )
+    .unwrap();
+    let o = task_prolog(&[
+        ("SLURM_STEP_GPUS", "7"),
+        ("GPUARCH_CONFIG", snap_config.to_str().unwrap()),
+        ("DBUS_SYSTEM_BUS_ADDRESS", &nobus),
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(stdout(&o), "");
+}

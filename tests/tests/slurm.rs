@@ -1,7 +1,8 @@
 //! gpuarch under a real Slurm: a single-node cluster from
 //! Debian's packages whose gres.conf `gpuarchctl slurm gres` wrote for the
-//! 2080 Ti + 3090 fixture, with the shipped TaskProlog wrapper asking
-//! gpuarchd (fake NVML, private bus). The cluster starts once for this
+//! 2080 Ti + 3090 fixture, with the shipped TaskProlog planning from
+//! gpuarchd's snapshot (fake NVML, private bus), and asking gpuarchd where
+//! the snapshot gives no Plan. The cluster starts once for this
 //! test, its cases in turn.
 
 #![allow(clippy::unwrap_used)]
@@ -37,7 +38,7 @@ fn srun_steps_get_the_plan_of_their_gpus(c: &Cluster) {
     );
 
     // The snapshot away: what the step gets comes from gpuarchd's
-    // SlurmPlan, not the TaskProlog's fallback.
+    // SlurmPlan, through gpuarchctl, which the TaskProlog runs then.
     let snap = c.node.path("run/inventory.json");
     let kept = c.node.path("inventory.kept");
     std::fs::rename(&snap, &kept).unwrap();

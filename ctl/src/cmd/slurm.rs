@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use gpuarch_core::slurm;
+use gpuarch_inventory::task_prolog;
 use gpuarch_wire::dbus::InventoryProxy;
 
 use crate::cli::Cli;
-use crate::source::{BusError, Daemon, Offline, Source};
+use crate::source::{BusError, Daemon, Source};
 
 /// gres.conf for this node, printed or written atomically to `write`.
 pub fn gres(
@@ -39,39 +40,32 @@ pub fn gres(
 /// How long the TaskProlog waits for gpuarchd before the snapshot.
 const PROLOG_PATIENCE: Duration = Duration::from_secs(2);
 
-/// The step's GPUs as Slurm lists them, and which variable said so.
-fn step_gpus() -> Option<(String, &'static str)> {
-    ["SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"]
-        .into_iter()
-        .find_map(|k| {
-            std::env::var(k)
-                .ok()
-                .filter(|v| !v.trim().is_empty())
-                .map(|v| (v, k))
-        })
-}
-
-/// The TaskProlog: `export NAME=value` lines of the Plan for the step's
-/// GPUs. It never fails a job: on any error it prints nothing, says why in
-/// the log, and exits 0.
+/// `gpuarchctl slurm task-prolog`: `export NAME=value` lines of the Plan
+/// for the step's GPUs, asking gpuarchd first and then its snapshot. The
+/// shipped TaskProlog (`slurm-task-prolog`) plans from the snapshot itself
+/// and runs this only when that gives no Plan. It never fails a job: on
+/// any error it prints nothing, says why in the log, and exits 0.
 pub fn task_prolog(out: &mut String) -> u8 {
-    let Some((gpus, from)) = step_gpus() else {
+    let Some((gpus, from)) = task_prolog::step_gpus() else {
         return 0;
     };
-    if from == "CUDA_VISIBLE_DEVICES" {
-        // Without SLURM_STEP_GPUS or SLURM_JOB_GPUS the list may be
-        // renumbered from 0 (task/cgroup with ConstrainDevices=yes).
-        log(&format!(
-            "no SLURM_STEP_GPUS or SLURM_JOB_GPUS: planning for CUDA_VISIBLE_DEVICES={gpus}, taken as Slurm's global indices"
-        ));
+    if let Some(note) = task_prolog::note_for(&gpus, from) {
+        log(&note);
     }
+    // A config that cannot be read leaves the defaults: the snapshot's
+    // default path, the steps' own values kept.
+    let config = gpuarch_fs::config::read_config();
     let env = match from_daemon(&gpus) {
         Ok(env) => env,
         Err(why) => {
             log(&format!(
                 "gpuarchd did not answer ({why}); planning from the snapshot"
             ));
-            match offline(&gpus) {
+            let planned = match &config {
+                Ok(c) => task_prolog::plan_from_snapshot(&gpus, c),
+                Err(e) => Err(format!("the config: {e}")),
+            };
+            match planned {
                 Ok(env) => env,
                 Err(why) => {
                     log(&format!(
@@ -82,20 +76,8 @@ pub fn task_prolog(out: &mut String) -> u8 {
             }
         }
     };
-    // The step's own values are kept, as a container's are, unless the
-    // config overrides: Slurm applies these lines over the task's env.
-    let override_existing =
-        gpuarch_fs::config::read_config().is_ok_and(|c| c.env.override_existing);
-    for (k, v) in env {
-        if !override_existing && std::env::var_os(&k).is_some() {
-            continue;
-        }
-        if slurm::prolog_safe(&k, &v) {
-            let _ = writeln!(out, "export {k}={v}");
-        } else {
-            log(&format!("{k} not exported: its value needs quoting"));
-        }
-    }
+    let override_existing = config.is_ok_and(|c| c.env.override_existing);
+    task_prolog::exports(env, override_existing, out, log);
     0
 }
 
@@ -117,34 +99,7 @@ fn from_daemon(gpus: &str) -> Result<Vec<(String, String)>> {
     Ok(env)
 }
 
-/// The Plan from the snapshot gpuarchd last wrote, never NVML: a prolog
-/// must not wait on a driver.
-fn offline(gpus: &str) -> Result<Vec<(String, String)>> {
-    let config = gpuarch_fs::config::read_config().context("the config")?;
-    let snapshot = std::env::var_os("GPUARCH_INVENTORY")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| config.daemon.snapshot.clone());
-    let offline = Offline {
-        nvml_lib: None,
-        inventory: Some(snapshot),
-    };
-    let (inv, _) = offline.inventory()?;
-    let plan = slurm::plan(gpus, &inv, &config.env)?;
-    Ok(plan.env)
-}
-
-/// One line for the admin: to syslog (`/dev/log`, the journal reads it),
-/// else stderr. Never stdout, which Slurm reads for `export` lines.
+/// One line for the admin, as gpuarchctl.
 fn log(msg: &str) {
-    use std::os::unix::net::UnixDatagram;
-    let line = format!(
-        "<12>gpuarchctl[{}]: slurm task-prolog: {msg}",
-        std::process::id()
-    );
-    let sent = UnixDatagram::unbound()
-        .and_then(|s| s.send_to(line.as_bytes(), "/dev/log"))
-        .is_ok();
-    if !sent {
-        eprintln!("gpuarchctl slurm task-prolog: {msg}");
-    }
+    task_prolog::log("gpuarchctl", msg);
 }

@@ -1,0 +1,77 @@
+//! The Slurm TaskProlog (installed as `/usr/lib/gpuarch/slurm-task-prolog`;
+//! slurm.conf `TaskProlog=` names it): `export NAME=value` lines of the
+//! Plan for the step's GPUs, on stdout, where Slurm reads them.
+//!
+//! Slurm runs it as the job's owner before every task, so it is kept to
+//! what the hook does: the config and gpuarchd's snapshot, read here, no
+//! arguments, no D-Bus. Where the snapshot gives no Plan (none yet, or a
+//! GPU it does not list) it runs `gpuarchctl slurm task-prolog`, which asks
+//! gpuarchd. It never fails a job: any error is logged and the task starts
+//! unchanged.
+
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use gpuarch_inventory::task_prolog;
+
+/// What runs when the snapshot gives no Plan: gpuarchctl beside this
+/// program (a build tree), else the package's.
+const GPUARCHCTL: &str = "/usr/bin/gpuarchctl";
+
+fn log(msg: &str) {
+    task_prolog::log("gpuarch-slurm-task-prolog", msg);
+}
+
+fn main() -> ExitCode {
+    let Some((gpus, from)) = task_prolog::step_gpus() else {
+        return ExitCode::SUCCESS;
+    };
+    let planned = gpuarch_fs::config::read_config()
+        .map_err(|e| format!("the config: {e}"))
+        .and_then(|config| {
+            let env = task_prolog::plan_from_snapshot(&gpus, &config)?;
+            Ok((env, config.env.override_existing))
+        });
+    let (env, override_existing) = match planned {
+        Ok(p) => p,
+        Err(why) => {
+            log(&format!(
+                "no Plan from the snapshot ({why}); asking gpuarchd"
+            ));
+            return ask_gpuarchd();
+        }
+    };
+    if let Some(note) = task_prolog::note_for(&gpus, from) {
+        log(&note);
+    }
+    let mut out = String::new();
+    task_prolog::exports(env, override_existing, &mut out, log);
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        log(&format!("cannot write the export lines: {e}"));
+    }
+    ExitCode::SUCCESS
+}
+
+/// Become `gpuarchctl slurm task-prolog`; if it cannot be run, the task
+/// starts unchanged.
+fn ask_gpuarchd() -> ExitCode {
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|p| Some(p.parent()?.join("gpuarchctl")))
+        .filter(|p| p.is_file());
+    let ctl = beside.unwrap_or_else(|| PathBuf::from(GPUARCHCTL));
+    let e = std::process::Command::new(&ctl)
+        .args(["slurm", "task-prolog"])
+        .exec();
+    log(&format!(
+        "cannot run {}: {e}; the task starts unchanged",
+        ctl.display()
+    ));
+    ExitCode::SUCCESS
+}
