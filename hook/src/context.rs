@@ -9,8 +9,6 @@ use gpuarch_core::oci;
 use gpuarch_core::snapshot::Snapshot;
 use serde_json::Value;
 
-use crate::budget;
-
 /// What one invocation knows besides the container: the host's GPUs, the
 /// config, and how to call the hook back inside the container.
 #[derive(Debug, Clone)]
@@ -93,42 +91,20 @@ pub enum ContextError {
     #[error(transparent)]
     Inventory(#[from] gpuarch_inventory::InventoryError),
     #[error("NVML: {0}")]
-    Budget(budget::BudgetError),
+    Nvml(#[from] crate::nvml::NvmlError),
 }
 
-impl From<budget::BudgetError> for ContextError {
-    fn from(e: budget::BudgetError) -> Self {
-        Self::Budget(e)
-    }
-}
-
-/// Build the context: the inventory from the daemon's snapshot (or
-/// `GPUARCH_INVENTORY`), else NVML. No D-Bus.
+/// The inventory: gpuarchd's snapshot (`GPUARCH_INVENTORY`, else the
+/// config's `daemon.snapshot`), read right here; else NVML, read by
+/// gpuarchctl in a process of its own (crate::nvml) and given up on after
+/// `hook.timeout_ms`. No D-Bus, no thread: a thread costs a container
+/// start about 0.45 ms of CPU and as much wall time on a VM (its start and
+/// the wake-up of the one that waits for it).
 pub fn load_context(config: Config, hook_path: Option<PathBuf>) -> Result<Context, ContextError> {
-    let (inventory, _) = gpuarch_inventory::read_inventory(None, None, &config.daemon.snapshot)?;
-    Ok(Context::new(inventory, config, hook_path))
-}
-
-/// [`load_context`] for work that runs on the calling thread: the snapshot
-/// is a file of gpuarchd's, read right here; NVML, which can hang, is asked
-/// on a thread of its own and given up on after `hook.timeout_ms`. A
-/// thread costs a container start about 0.45 ms of CPU and as much wall
-/// time on a VM (its start and the wake-up of the thread that waits for
-/// it), so only what can hang gets one.
-pub fn load_context_within(
-    config: Config,
-    hook_path: Option<PathBuf>,
-) -> Result<Context, ContextError> {
     use gpuarch_inventory::GpuInventory;
     let inventory = match gpuarch_inventory::snapshot_source(None, &config.daemon.snapshot) {
         Some(path) => gpuarch_inventory::SnapshotFile::new(path).snapshot()?,
-        None => {
-            let budget = std::time::Duration::from_millis(config.hook.timeout_ms);
-            let snapshot = config.daemon.snapshot.clone();
-            budget::within(budget, move || {
-                gpuarch_inventory::read_nvml(&snapshot).map(|(s, _)| s)
-            })??
-        }
+        None => crate::nvml::read(std::time::Duration::from_millis(config.hook.timeout_ms))?,
     };
     Ok(Context::new(inventory, config, hook_path))
 }

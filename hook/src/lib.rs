@@ -23,13 +23,13 @@ pub mod kernels;
 pub mod ldconfig;
 pub mod library;
 pub mod log;
+pub mod nvml;
 pub mod rootfs;
 pub mod shim;
 pub mod stage;
 
 pub use context::{
-    Context, HOOK_ENV_VARS, SAFE_PATH, load_config, load_context, load_context_within,
-    read_at_most, read_config_file,
+    Context, HOOK_ENV_VARS, SAFE_PATH, load_config, load_context, read_at_most, read_config_file,
 };
 pub use edit::{HookError, edit, precreate};
 

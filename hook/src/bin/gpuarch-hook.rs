@@ -19,20 +19,41 @@ use gpuarch_hook::stage::{self, Stage, State};
 use gpuarch_hook::{budget, log};
 
 fn main() -> ExitCode {
-    let matches = match gpuarch_hook::cli::hook_command().try_get_matches() {
-        Ok(m) => m,
-        Err(e) => {
-            // --help and --version print to stdout and exit 0; misuse exits 2.
-            let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+    // Engines call exactly `gpuarch-hook STAGE`: that is read without
+    // building clap's command (about a tenth of precreate's own work);
+    // anything else (--help, --version, a mistake) goes through clap.
+    let stage = {
+        let mut args = std::env::args_os().skip(1);
+        match (args.next(), args.next()) {
+            (Some(a), None) => match a.to_str() {
+                Some("precreate") => Some(None),
+                Some(stage::CREATE_CONTAINER) => Some(Some(Stage::CreateContainer)),
+                Some(stage::PRESTART) => Some(Some(Stage::Prestart)),
+                _ => None,
+            },
+            _ => None,
         }
     };
+    let stage = match stage {
+        Some(s) => s,
+        None => match gpuarch_hook::cli::hook_command().try_get_matches() {
+            Ok(m) => match m.subcommand_name() {
+                Some("precreate") => None,
+                Some(stage::CREATE_CONTAINER) => Some(Stage::CreateContainer),
+                Some(stage::PRESTART) => Some(Stage::Prestart),
+                _ => return ExitCode::from(2),
+            },
+            Err(e) => {
+                // --help and --version print to stdout and exit 0; misuse exits 2.
+                let _ = e.print();
+                return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+            }
+        },
+    };
     log::init("gpuarch-hook");
-    match matches.subcommand_name() {
-        Some("precreate") => precreate(),
-        Some(stage::CREATE_CONTAINER) => in_container(Stage::CreateContainer),
-        Some(stage::PRESTART) => in_container(Stage::Prestart),
-        _ => ExitCode::from(2),
+    match stage {
+        None => precreate(),
+        Some(which) => in_container(which),
     }
 }
 
@@ -57,9 +78,9 @@ fn precreate() -> ExitCode {
         Some(e) => Err(e),
         None => {
             // The config is in memory and bounded; only NVML can hang, and
-            // it alone runs under the budget.
+            // it alone runs under the budget, in a process of its own.
             let hook_path = std::env::current_exe().ok();
-            gpuarch_hook::load_context_within(cfg, hook_path)
+            gpuarch_hook::load_context(cfg, hook_path)
                 .map_err(|e| e.to_string())
                 .and_then(|ctx| gpuarch_hook::precreate(&bytes, &ctx).map_err(|e| e.to_string()))
         }

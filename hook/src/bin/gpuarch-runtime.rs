@@ -58,9 +58,10 @@ fn main() -> ExitCode {
                 let hook = myself.with_file_name("gpuarch-hook");
                 let hook = hook.is_file().then_some(hook);
                 // Only NVML can hang here (the bundle is the engine's, the
-                // rest gpuarch's own files): it alone runs under the budget.
+                // rest gpuarch's own files): it alone runs under the budget,
+                // in a process of its own.
                 let env_files = cfg.runtime.env_files;
-                gpuarch_hook::load_context_within(cfg, hook)
+                gpuarch_hook::load_context(cfg, hook)
                     .map_err(|e| e.to_string())
                     .and_then(|mut ctx| {
                         ctx.env_files = env_files;
