@@ -233,22 +233,31 @@ pub fn artifacts() -> &'static Artifacts {
         // built, and there is no second build of them.
         build("dev", &["--workspace"]);
         let debug_dir = target_dir.join("debug");
-        if profile != "dev" {
-            // The shipped binaries exactly as scripts/package builds them
-            // (the same packages, so the same features): the very files
-            // the .deb holds, and no second build of them in CI. The fake
-            // NVML and gpu-check stay the debug ones: no host runs them,
-            // and a release build of them alone would build their
-            // dependencies once more with fewer features.
+        // Where the static programs are (scripts/package): a release run
+        // times what a host runs.
+        let mut static_dir = profile_dir.clone();
+        if profile == "release" {
+            // The shipped binaries exactly as scripts/package builds them:
+            // the very files the .deb holds, and no second build of them
+            // in CI. The fake NVML and gpu-check stay the debug ones: no
+            // host runs them, and a release build of them alone would build
+            // their dependencies once more with fewer features.
+            let status = Command::new(workspace_root().join("scripts/package"))
+                .arg("--build-only")
+                .status()
+                .expect("run scripts/package --build-only");
+            assert!(status.success(), "scripts/package --build-only failed");
+            static_dir = profile_dir.join("static");
+        } else if profile != "dev" {
             build(&profile, &shipped);
         }
         Artifacts {
             fake_nvml: debug_dir.join("libfake_nvml.so"),
             gpuarchctl: profile_dir.join("gpuarchctl"),
             gpuarchd: profile_dir.join("gpuarchd"),
-            gpuarch_hook: profile_dir.join("gpuarch-hook"),
-            gpuarch_runtime: profile_dir.join("gpuarch-runtime"),
-            slurm_task_prolog: profile_dir.join("gpuarch-slurm-task-prolog"),
+            gpuarch_hook: static_dir.join("gpuarch-hook"),
+            gpuarch_runtime: static_dir.join("gpuarch-runtime"),
+            slurm_task_prolog: static_dir.join("gpuarch-slurm-task-prolog"),
             gpu_check: debug_dir.join("gpuarch-gpu-check"),
         }
     })
