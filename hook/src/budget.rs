@@ -1,6 +1,7 @@
 //! Every invocation has a time budget: the work runs on a thread, and when
 //! the budget is spent the caller goes on without it (fail open or strict)
-//! and the process exits, taking a stuck NVML call or filesystem with it.
+//! and the process exits, taking a stuck filesystem call with it (and,
+//! through `PR_SET_PDEATHSIG`, a gpuarchctl reading NVML: crate::nvml).
 
 use std::sync::mpsc;
 use std::time::Duration;
