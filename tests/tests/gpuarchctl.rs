@@ -38,6 +38,18 @@ fn ctl_plain(args: &[&str], env: &[(&str, &str)]) -> Output {
     c.output().expect("run gpuarchctl")
 }
 
+/// A config in `dir` (as `name`) whose only setting moves gpuarchd's
+/// snapshot to `snapshot`, off the host's /run/gpuarch.
+fn config_with_snapshot(dir: &Path, name: &str, snapshot: &Path) -> std::path::PathBuf {
+    let cfg = dir.join(name);
+    std::fs::write(
+        &cfg,
+        format!("daemon:\n  snapshot: {}\n", snapshot.display()),
+    )
+    .unwrap();
+    cfg
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -415,15 +427,7 @@ fn inspect_lists_a_files_targets_on_a_machine_without_a_gpu() {
     }
     let dir = tempfile::tempdir().unwrap();
     // The config only moves the snapshot off the host's /run/gpuarch.
-    let cfg = dir.path().join("config.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "daemon:\n  snapshot: {}\n",
-            dir.path().join("none.json").display()
-        ),
-    )
-    .unwrap();
+    let cfg = config_with_snapshot(dir.path(), "config.yaml", &dir.path().join("none.json"));
     let cubin = workspace_root().join("kernels/tests/fixtures/nvcc13/sm_120.cubin");
     let run = |args: &[&str]| {
         Command::new(&artifacts().gpuarchctl)
@@ -467,15 +471,7 @@ fn task_prolog(env: &[(&str, &str)]) -> Output {
 #[test]
 fn the_task_prolog_plans_from_the_snapshot_as_gpuarchctl_does() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("config.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "daemon:\n  snapshot: {}\n",
-            fixture("2080ti-3090").display()
-        ),
-    )
-    .unwrap();
+    let config = config_with_snapshot(dir.path(), "config.yaml", &fixture("2080ti-3090"));
     let config = config.to_str().unwrap();
     // No bus: gpuarchctl falls back to the same snapshot.
     let nobus = format!("unix:path={}", dir.path().join("nobus").display());
@@ -532,15 +528,7 @@ fn the_task_prolog_plans_from_the_snapshot_as_gpuarchctl_does() {
 #[test]
 fn without_a_snapshot_the_task_prolog_asks_gpuarchd_and_never_fails_the_task() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("config.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "daemon:\n  snapshot: {}\n",
-            dir.path().join("absent.json").display()
-        ),
-    )
-    .unwrap();
+    let config = config_with_snapshot(dir.path(), "config.yaml", &dir.path().join("absent.json"));
     let nobus = format!("unix:path={}", dir.path().join("nobus").display());
     let o = task_prolog(&[
         ("SLURM_STEP_GPUS", "1"),
@@ -565,15 +553,7 @@ fn without_a_snapshot_the_task_prolog_asks_gpuarchd_and_never_fails_the_task() {
     }
     // A GPU the snapshot does not list is handed over too, and planned by
     // neither.
-    let snap_config = dir.path().join("snap.yaml");
-    std::fs::write(
-        &snap_config,
-        format!(
-            "daemon:\n  snapshot: {}\n",
-            fixture("2080ti-3090").display()
-        ),
-    )
-    .unwrap();
+    let snap_config = config_with_snapshot(dir.path(), "snap.yaml", &fixture("2080ti-3090"));
     let o = task_prolog(&[
         ("SLURM_STEP_GPUS", "7"),
         ("GPUARCH_CONFIG", snap_config.to_str().unwrap()),
