@@ -26,8 +26,8 @@ pub const GPUARCHCTL: &str = "/usr/bin/gpuarchctl";
 /// Why NVML gave no inventory.
 #[derive(Debug, thiserror::Error)]
 pub enum NvmlError {
-    #[error("gave up after {0:?} (hook.timeout_ms in the config)")]
-    Elapsed(Duration),
+    #[error(transparent)]
+    Budget(#[from] crate::budget::BudgetError),
     #[error("cannot run {}: {error}", ctl.display())]
     Run { ctl: PathBuf, error: String },
     #[error("{}", .0.trim())]
@@ -80,7 +80,7 @@ pub fn read(budget: Duration) -> Result<Snapshot, NvmlError> {
     let out = collect(&mut child, deadline);
     let _ = child.kill();
     let status = child.wait().map_err(|e| run_err(e.to_string()))?;
-    let (stdout, stderr) = out.ok_or(NvmlError::Elapsed(budget))?;
+    let (stdout, stderr) = out.ok_or(crate::budget::BudgetError::Elapsed(budget))?;
     if !status.success() {
         let why = String::from_utf8_lossy(&stderr);
         let why = why.strip_prefix("gpuarchctl: ").unwrap_or(&why);

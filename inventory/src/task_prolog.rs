@@ -13,8 +13,6 @@ use std::path::PathBuf;
 use gpuarch_core::config::Config;
 use gpuarch_core::slurm;
 
-use crate::GpuInventory as _;
-
 /// Where the step's GPUs are read, in order: Slurm's own lists first.
 pub const STEP_GPU_VARS: [&str; 3] = ["SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"];
 
@@ -47,9 +45,7 @@ pub fn plan_from_snapshot(gpus: &str, config: &Config) -> Result<Vec<(String, St
     let path = std::env::var_os("GPUARCH_INVENTORY")
         .map(PathBuf::from)
         .unwrap_or_else(|| config.daemon.snapshot.clone());
-    let inv = crate::SnapshotFile::new(path)
-        .snapshot()
-        .map_err(|e| e.to_string())?;
+    let inv = crate::read_snapshot(&path).map_err(|e| e.to_string())?;
     let plan = slurm::plan(gpus, &inv, &config.env).map_err(|e| e.to_string())?;
     Ok(plan.env)
 }

@@ -233,10 +233,10 @@ pub fn artifacts() -> &'static Artifacts {
         // built, and there is no second build of them.
         build("dev", &["--workspace"]);
         let debug_dir = target_dir.join("debug");
-        // Where the static programs are (scripts/package): a release run
-        // times what a host runs.
-        let mut static_dir = profile_dir.clone();
-        if profile == "release" {
+        // Where the hook, the shim and the TaskProlog are: a release run
+        // takes the static ones scripts/package ships, and times what a
+        // host runs.
+        let static_dir = if profile == "release" {
             // The shipped binaries exactly as scripts/package builds them:
             // the very files the .deb holds, and no second build of them
             // in CI. The fake NVML and gpu-check stay the debug ones: no
@@ -247,10 +247,13 @@ pub fn artifacts() -> &'static Artifacts {
                 .status()
                 .expect("run scripts/package --build-only");
             assert!(status.success(), "scripts/package --build-only failed");
-            static_dir = profile_dir.join("static");
-        } else if profile != "dev" {
-            build(&profile, &shipped);
-        }
+            profile_dir.join("static")
+        } else {
+            if profile != "dev" {
+                build(&profile, &shipped);
+            }
+            profile_dir.clone()
+        };
         Artifacts {
             fake_nvml: debug_dir.join("libfake_nvml.so"),
             gpuarchctl: profile_dir.join("gpuarchctl"),

@@ -18,29 +18,31 @@ use std::time::Duration;
 use gpuarch_hook::stage::{self, Stage, State};
 use gpuarch_hook::{budget, log};
 
+/// What a stage name asks for: `None` for precreate, else the
+/// in-container stage; `Err` for a name that is no stage.
+fn stage_of(name: &str) -> Result<Option<Stage>, ()> {
+    match name {
+        "precreate" => Ok(None),
+        stage::CREATE_CONTAINER => Ok(Some(Stage::CreateContainer)),
+        stage::PRESTART => Ok(Some(Stage::Prestart)),
+        _ => Err(()),
+    }
+}
+
 fn main() -> ExitCode {
     // Engines call exactly `gpuarch-hook STAGE`: that is read without
     // building clap's command (about a tenth of precreate's own work);
     // anything else (--help, --version, a mistake) goes through clap.
-    let stage = {
-        let mut args = std::env::args_os().skip(1);
-        match (args.next(), args.next()) {
-            (Some(a), None) => match a.to_str() {
-                Some("precreate") => Some(None),
-                Some(stage::CREATE_CONTAINER) => Some(Some(Stage::CreateContainer)),
-                Some(stage::PRESTART) => Some(Some(Stage::Prestart)),
-                _ => None,
-            },
-            _ => None,
-        }
+    let mut args = std::env::args_os().skip(1);
+    let fast = match (args.next(), args.next()) {
+        (Some(a), None) => a.to_str().and_then(|n| stage_of(n).ok()),
+        _ => None,
     };
-    let stage = match stage {
+    let stage = match fast {
         Some(s) => s,
         None => match gpuarch_hook::cli::hook_command().try_get_matches() {
-            Ok(m) => match m.subcommand_name() {
-                Some("precreate") => None,
-                Some(stage::CREATE_CONTAINER) => Some(Stage::CreateContainer),
-                Some(stage::PRESTART) => Some(Stage::Prestart),
+            Ok(m) => match m.subcommand_name().map(stage_of) {
+                Some(Ok(s)) => s,
                 _ => return ExitCode::from(2),
             },
             Err(e) => {

@@ -11,14 +11,9 @@
 
 use std::io::Write;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use gpuarch_inventory::task_prolog;
-
-/// What runs when the snapshot gives no Plan: gpuarchctl beside this
-/// program (a build tree), else the package's.
-const GPUARCHCTL: &str = "/usr/bin/gpuarchctl";
 
 fn log(msg: &str) {
     task_prolog::log("gpuarch-slurm-task-prolog", msg);
@@ -58,14 +53,11 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Become `gpuarchctl slurm task-prolog`; if it cannot be run, the task
-/// starts unchanged.
+/// Become `gpuarchctl slurm task-prolog` (the one beside this program, a
+/// build tree's, else the package's); if it cannot be run, the task starts
+/// unchanged.
 fn ask_gpuarchd() -> ExitCode {
-    let beside = std::env::current_exe()
-        .ok()
-        .and_then(|p| Some(p.parent()?.join("gpuarchctl")))
-        .filter(|p| p.is_file());
-    let ctl = beside.unwrap_or_else(|| PathBuf::from(GPUARCHCTL));
+    let ctl = gpuarch_hook::nvml::gpuarchctl();
     let e = std::process::Command::new(&ctl)
         .args(["slurm", "task-prolog"])
         .exec();
