@@ -190,6 +190,37 @@ pub fn artifacts_profile() -> String {
     }
 }
 
+/// `cmd` without what Cargo sets for a running test alone (the package's
+/// name, version and manifest dir, the test's tmpdir and binaries):
+/// build scripts that declare them (ring's) would see them change and
+/// rebuild ring and all above it on every switch between a test's cargo
+/// and the one that ran it, in debug and in release. What the user set
+/// (`CARGO_HOME`, `CARGO_TARGET_DIR`, `CARGO_PROFILE_*` and the like)
+/// stays.
+fn without_test_env(cmd: &mut Command) -> &mut Command {
+    const SET_FOR_TESTS: [&str; 9] = [
+        "OUT_DIR",
+        "CARGO_MANIFEST_DIR",
+        "CARGO_MANIFEST_PATH",
+        "CARGO_MANIFEST_LINKS",
+        "CARGO_CRATE_NAME",
+        "CARGO_BIN_NAME",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+    ];
+    for (key, _) in std::env::vars_os() {
+        let Some(key) = key.to_str() else { continue };
+        if SET_FOR_TESTS.contains(&key)
+            || key.starts_with("CARGO_PKG_")
+            || key.starts_with("CARGO_BIN_EXE_")
+        {
+            cmd.env_remove(key);
+        }
+    }
+    cmd
+}
+
 /// Build (once per test process) and locate the fake NVML and the binaries,
 /// in [`artifacts_profile`].
 pub fn artifacts() -> &'static Artifacts {
@@ -215,7 +246,7 @@ pub fn artifacts() -> &'static Artifacts {
         ];
         let build = |profile: &str, packages: &[&str]| {
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-            let status = Command::new(cargo)
+            let status = without_test_env(&mut Command::new(cargo))
                 .current_dir(workspace_root())
                 .args(["build", "--quiet", "--locked", "--profile", profile])
                 .arg("--target-dir")
@@ -242,10 +273,11 @@ pub fn artifacts() -> &'static Artifacts {
             // in CI. The fake NVML and gpu-check stay the debug ones: no
             // host runs them, and a release build of them alone would build
             // their dependencies once more with fewer features.
-            let status = Command::new(workspace_root().join("scripts/package"))
-                .arg("--build-only")
-                .status()
-                .expect("run scripts/package --build-only");
+            let status =
+                without_test_env(&mut Command::new(workspace_root().join("scripts/package")))
+                    .arg("--build-only")
+                    .status()
+                    .expect("run scripts/package --build-only");
             assert!(status.success(), "scripts/package --build-only failed");
             profile_dir.join("static")
         } else {
