@@ -284,7 +284,13 @@ fn huge_arguments_are_refused_cheaply() {
         );
         assert!(r["calls"] > 0, "{r:?}");
         assert_eq!(r.get(INVALID_ARGS), Some(&r["calls"]), "{policy:?}: {r:?}");
-        assert!(worst < Duration::from_secs(1), "observer waited {worst:?}");
+        // Here the observer's call can sit behind four 32 MiB messages on
+        // gpuarchd's socket, each of which the bus validates and gpuarchd
+        // reads whole before it: a cost in bytes, not in handling, that
+        // took 0.76 s alone on two cores (debug build) and
+        // 1.05 s in a loaded CI run. 2 s still tells it
+        // from the dispatcher held for 25 s.
+        assert!(worst < Duration::from_secs(2), "observer waited {worst:?}");
         assert!(
             hwm < hwm0 + 4 * 32 * 1024,
             "gpuarchd's peak grew from {hwm0} to {hwm} KiB: more than 4 messages of 32 MiB"
