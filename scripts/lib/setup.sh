@@ -33,18 +33,6 @@ ensure_rust() {
     fi
 }
 
-# cargo for what is not the workspace's debug build (release binaries, the
-# fuzz targets, cargo install): without the clippy-driver that scripts/test
-# builds the workspace through (where it lints as it compiles), which
-# would rebuild the shipped binaries with lints on and fail a tool from
-# crates.io on its own warnings. Another wrapper the caller set stays.
-plain_cargo() {
-    case "${RUSTC_WORKSPACE_WRAPPER:-}" in
-    *clippy-driver) env -u RUSTC_WORKSPACE_WRAPPER -u CLIPPY_ARGS cargo "$@" ;;
-    *) cargo "$@" ;;
-    esac
-}
-
 # NVRTC, the CUDA headers, ptxas and cuobjdump from NVIDIA's PyPI wheels,
 # unpacked into .local/cuda/nvidia (the layout of a wheel install), for the
 # kernel builds of the demo and the tests. Pinned, so a build key stays put.
@@ -137,7 +125,7 @@ ensure_cargo_tool() {
         return 0
     fi
     echo "installing $crate $version" >&2
-    plain_cargo install --locked --quiet "$crate" --version "$version"
+    cargo install --locked --quiet "$crate" --version "$version"
 }
 ensure_cargo_deb() { ensure_cargo_tool cargo-deb 3.8.0; }
 ensure_cargo_fuzz() { ensure_cargo_tool cargo-fuzz 0.13.2; }
