@@ -170,7 +170,7 @@ pub struct Artifacts {
 /// running test, unless `GPUARCH_TEST_PROFILE` names another. CI runs the
 /// load test's debug harness on the release binaries the package step has
 /// just built, rather than building the harness and its dependencies a
-/// second time with release's thin LTO.
+/// second time in release.
 pub fn artifacts_profile() -> String {
     if let Ok(p) = std::env::var("GPUARCH_TEST_PROFILE")
         && !p.is_empty()
