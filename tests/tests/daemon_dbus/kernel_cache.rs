@@ -910,9 +910,9 @@ fn a_wheel_imported_on_one_node_is_pulled_and_served_on_every_other() {
         .join("flashinfer_cubin-0.6.13-py3-none-any.whl");
     Wheel::flashinfer("0.6.13").write(&wheel);
     let version_dir = |n: &Node, v: &str| n.path(&format!("cache/libraries/flashinfer-cubin/{v}"));
-    // What the pulls left in the staging dir: nothing, once the jobs
-    // after them (each job lays out every library again, in the
-    // background) are done; a leak stays, and is named.
+    // What the pulls left in the staging dir: nothing. A CI run once found
+    // an entry there just after a prewarm returned, and the check did not
+    // say which; what is still there 10 s on is a leak, and is named.
     let tmp_left = |n: &Node| {
         let tmp = n.path("cache/libraries/tmp");
         let left = || -> Vec<String> {
@@ -924,10 +924,10 @@ fn a_wheel_imported_on_one_node_is_pulled_and_served_on_every_other() {
                 },
             )
         };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(10);
         let mut now = left();
-        while !now.is_empty() && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(100));
+        while !now.is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
             now = left();
         }
         now
