@@ -259,10 +259,12 @@ pub fn artifacts() -> &'static Artifacts {
                 "building test artifacts {packages:?} failed"
             );
         };
-        // The whole workspace in debug: the same features as `cargo test
-        // --workspace`, so its dependencies are the ones that run just
-        // built, and there is no second build of them.
-        build("dev", &["--workspace"]);
+        // The whole workspace in debug, with its tests: --tests makes cargo
+        // resolve features with the dev-dependencies, as `cargo test
+        // --workspace` does, so its dependencies are the ones that run just
+        // built. Without it, memchr and serde_core (and so 349 units) were
+        // built a second time with other features.
+        build("dev", &["--workspace", "--lib", "--bins", "--tests"]);
         let debug_dir = target_dir.join("debug");
         // Where the hook, the shim and the TaskProlog are: a release run
         // takes the static ones scripts/package ships, and times what a
