@@ -117,6 +117,21 @@ ensure_torch_image() {
     export GPUARCH_TORCH_CUDA_HOME="$site/nvidia/cu13"
 }
 
+# The workspace's debug build, as every script and the tests' artifacts()
+# (tests/src/lib.rs) make it: with --tests, so that cargo resolves features
+# with the dev-dependencies, as `cargo test` does. One build then serves all
+# of them; a plain `cargo build --workspace` resolved memchr and serde_core
+# without them and built 349 units a second time (100 CPU-s).
+build_debug_workspace() {
+    cargo build --locked --workspace --lib --bins --tests "$@"
+}
+
+# The .deb to test: GPUARCH_DEB where scripts/test made it already, else a
+# fresh scripts/package. Prints its path.
+package_deb() {
+    if [ -n "${GPUARCH_DEB:-}" ]; then echo "$GPUARCH_DEB"; else ./scripts/package; fi
+}
+
 # A cargo subcommand from crates.io at a pinned version: ensure_cargo_tool
 # CRATE VERSION (cargo-deb for scripts/package, cargo-fuzz for scripts/fuzz).
 # Built unoptimized: each is a driver whose work is done by others (xz in
@@ -190,7 +205,7 @@ engine_root() {
 # tarball that each of them unpacks into a fresh directory of its own, so
 # every run still starts from a root the package never touched; scripts/test
 # makes it in the background, beside the build. ensure_deb_root SUITE;
-# exports GPUARCH_DEB_ROOT_TAR. About 40 s to make, 3 s to unpack.
+# exports GPUARCH_DEB_ROOT_TAR. About 24 s to make here, 4 s to unpack.
 DEB_ROOT_PACKAGES=systemd,dbus,man-db,podman,runc,busybox-static
 ensure_deb_root() {
     local suite=$1 dir="$PWD/.local/roots"

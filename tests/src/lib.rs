@@ -259,8 +259,9 @@ pub fn artifacts() -> &'static Artifacts {
                 "building test artifacts {packages:?} failed"
             );
         };
-        // The whole workspace in debug, with its tests: --tests makes cargo
-        // resolve features with the dev-dependencies, as `cargo test
+        // The whole workspace in debug, with its tests, as the scripts build
+        // it (build_debug_workspace, scripts/lib/setup.sh): --tests makes
+        // cargo resolve features with the dev-dependencies, as `cargo test
         // --workspace` does, so its dependencies are the ones that run just
         // built. Without it, memchr and serde_core (and so 349 units) were
         // built a second time with other features.
