@@ -186,6 +186,12 @@ pub struct Software {
     /// is known of what is absent.
     #[serde(default)]
     pub read: Vec<String>,
+    /// The environments the image's interpreters would import from that
+    /// were not read, each with why (`/opt/x/bin/python3: no lib/python3.*
+    /// under /opt/x`). Where one is, a consumer not found may still be
+    /// there: its absence is not proven.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unread: Vec<String>,
     /// The exact versions, as their `.dist-info` directories name them, of
     /// the distributions a prebuilt library is gated on
     /// (`crate::library`: `flashinfer-python`, `flashinfer-cubin`), by
@@ -194,24 +200,48 @@ pub struct Software {
     pub exact: BTreeMap<String, String>,
 }
 
+/// What [`Software::read`] holds for an image read and found to have no
+/// Python environment.
+pub const NO_PYTHON: &str = "(no Python environment)";
+
 /// The variable that NVIDIA's and PyTorch's images set to their torch
 /// release.
 pub const PYTORCH_VERSION: &str = "PYTORCH_VERSION";
 
 impl Software {
-    /// Whether the image's Python environments were read, so a consumer not
-    /// in [`Software::dists`] is known to be absent.
+    /// Whether some of the image's Python environments were read.
     pub fn was_read(&self) -> bool {
         !self.read.is_empty()
+    }
+
+    /// Whether every environment the image's interpreters would import
+    /// from was read, so a consumer not in [`Software::dists`] is known to
+    /// be absent.
+    pub fn absence_proven(&self) -> bool {
+        self.was_read() && self.unread.is_empty()
+    }
+
+    /// Whether the image was read and holds no Python environment at all
+    /// (then nothing in it reads a Python hint; what it installs at start
+    /// decides).
+    pub fn no_python(&self) -> bool {
+        self.read.len() == 1 && self.read[0] == NO_PYTHON && self.unread.is_empty()
+    }
+
+    /// Whether `d` is known to be absent from Python environments the image
+    /// has (not merely from an image with no Python at all).
+    pub fn lacks(&self, d: Dist) -> bool {
+        !self.may_have(d) && !self.no_python()
     }
 
     pub fn get(&self, d: Dist) -> Option<Release> {
         self.dists.get(&d).copied()
     }
 
-    /// Whether `d` is, or may be, in the image.
+    /// Whether `d` is, or may be, in the image: found, or its absence not
+    /// proven.
     pub fn may_have(&self, d: Dist) -> bool {
-        !self.was_read() || self.dists.contains_key(&d)
+        !self.absence_proven() || self.dists.contains_key(&d)
     }
 
     /// Add what the image's env says (`PYTORCH_VERSION`) of a consumer not

@@ -81,7 +81,8 @@ fn main() {
         "mounts": (0..20).map(|i| serde_json::json!({"destination": format!("/mnt/{i}"), "type": "bind", "source": format!("/srv/{i}"), "options": ["rbind", "ro"]})).collect::<Vec<_>>(),
     })
     .to_string();
-    let (sw, notes) = image::read(&Root::open(&rootfs).unwrap(), Some(&cache));
+    let view = gpuarch_core::oci::ContainerView::from_json(config.as_bytes()).unwrap();
+    let (sw, notes) = image::read(&Root::open(&rootfs).unwrap(), &view, Some(&cache));
     assert!(notes.is_empty(), "{notes:?}");
     assert_eq!(sw.dists.len(), 1, "{sw:?}");
     let rounds = 5;
@@ -91,14 +92,14 @@ fn main() {
         });
         let hit = time(2000, || {
             let root = Root::open(&rootfs).unwrap();
-            black_box(image::read(&root, Some(&cache)));
+            black_box(image::read(&root, &view, Some(&cache)));
         });
         let miss = time(300, || {
             for e in std::fs::read_dir(&cache).unwrap() {
                 std::fs::remove_file(e.unwrap().path()).unwrap();
             }
             let root = Root::open(&rootfs).unwrap();
-            black_box(image::read(&root, Some(&cache)));
+            black_box(image::read(&root, &view, Some(&cache)));
         });
         let r = |d: Duration| d.as_secs_f64() / baseline.as_secs_f64();
         println!(

@@ -86,6 +86,33 @@ impl Root {
         openat2(self.fd.as_fd(), rel, how)
     }
 
+    /// Another handle on the same rootfs (for a reader on another thread).
+    pub fn try_clone(&self) -> std::io::Result<Self> {
+        Ok(Self {
+            fd: self.fd.try_clone()?,
+        })
+    }
+
+    /// The status of `rel`, symlinks on the way (and at its end) resolved
+    /// inside the rootfs. Nothing is opened for reading.
+    pub fn stat(&self, rel: &Path) -> Result<nix::sys::stat::FileStat, Errno> {
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+            .resolve(IN_ROOT);
+        let fd = openat2(self.fd.as_fd(), rel, how)?;
+        nix::sys::stat::fstat(fd.as_fd())
+    }
+
+    /// The target of symlink `rel` (its directory resolved inside the
+    /// rootfs; the link itself not followed). `EINVAL` when it is not a
+    /// link.
+    pub fn read_link(&self, rel: &Path) -> Result<PathBuf, Errno> {
+        let name = rel.file_name().ok_or(Errno::EINVAL)?;
+        let parent = rel.parent().unwrap_or(Path::new(""));
+        let dir = self.open_dir(parent)?;
+        nix::fcntl::readlinkat(dir.as_fd(), name).map(PathBuf::from)
+    }
+
     /// The first `max` bytes of regular file `rel`. Anything else (a FIFO,
     /// which would block, a device node, whose open may act on a device)
     /// is refused before it is opened for reading: it is looked up as a

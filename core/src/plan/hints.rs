@@ -168,6 +168,12 @@ fn xformers_hopper(
         ));
         return;
     }
+    if sw.may_have(Dist::DeepSpeed) {
+        notes.push(format!(
+            "TORCH_CUDA_ARCH_LIST has 9.0, not 9.0a: not every environment of the image was read, so a DeepSpeed (which rejects 9.0a) may be there; xformers {x} built here would trap in its FlashAttention 3 paths"
+        ));
+        return;
+    }
     // sm_90a came with CUDA 12.0.
     if tk.is_some_and(|t| t.version < CudaVersion::new(12, 0)) || !torch_names.accepts(hopper, true)
     {
@@ -362,7 +368,7 @@ pub fn hints_for(
         ),
         (
             EnvVar::AttnImplementation,
-            if flash_attention_2_runs(caps) {
+            if flash_attention_2_runs(caps) && !sw.lacks(Dist::FlashAttn) {
                 "flash_attention_2"
             } else {
                 "sdpa"
@@ -395,9 +401,16 @@ pub(super) fn feature_note(var: EnvVar, value: &str, f: Feature, gpus: &[Assigne
 /// `GPUARCH_ATTN_IMPLEMENTATION`'s note: [`feature_note`], and the GPU
 /// that no flash-attn build runs on where FlashAttention-2's capability is
 /// not what keeps it out.
-pub(super) fn attn_note(value: &str, gpus: &[AssignedGpu]) -> String {
+pub(super) fn attn_note(value: &str, gpus: &[AssignedGpu], sw: &Software) -> String {
     let var = EnvVar::AttnImplementation;
     let f = Feature::FlashAttention2;
+    let caps: Vec<ComputeCapability> = gpus.iter().map(|g| g.compute_capability).collect();
+    if flash_attention_2_runs(&caps) && sw.lacks(Dist::FlashAttn) {
+        return format!(
+            "{var}={value}: FlashAttention-2 runs on every assigned GPU, but the image has no flash-attn (read from {})",
+            sw.read.join(", ")
+        );
+    }
     match gpus
         .iter()
         .find(|g| flash_attn_fit(g.compute_capability).is_none())
@@ -424,7 +437,15 @@ pub(super) fn software_note(sw: &Software, view: &ContainerView) -> String {
     } else {
         String::new()
     };
-    if sw.was_read() && sw.read.iter().all(|r| r.starts_with('(')) {
+    let unread = if sw.unread.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; not read, so a consumer not found may still be there: {}",
+            sw.unread.join("; ")
+        )
+    };
+    if sw.was_read() && sw.read.iter().all(|r| r.starts_with('(')) && unread.is_empty() {
         // Read, and no environment there: "(no Python environment)".
         format!(
             "the image's consumers: {found}{from_env} {}",
@@ -432,7 +453,7 @@ pub(super) fn software_note(sw: &Software, view: &ContainerView) -> String {
         )
     } else if sw.was_read() {
         format!(
-            "the image's consumers: {found}{from_env}, read from {}",
+            "the image's consumers: {found}{from_env}, read from {}{unread}",
             sw.read.join(", ")
         )
     } else if env {

@@ -354,7 +354,7 @@ fn plan_selection(sel: Selection, view: &ContainerView, inv: &Snapshot, cfg: &En
             EnvVar::Dtype | EnvVar::AccelerateMixedPrecision => {
                 Some(feature_note(var, &value, Feature::Bf16, &gpus))
             }
-            EnvVar::AttnImplementation => Some(attn_note(&value, &gpus)),
+            EnvVar::AttnImplementation => Some(attn_note(&value, &gpus, &sw)),
             EnvVar::Tf32 => Some(feature_note(var, &value, Feature::Tf32, &gpus)),
             EnvVar::Fp8 => Some(feature_note(var, &value, Feature::Fp8, &gpus)),
             _ => None,

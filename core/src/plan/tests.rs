@@ -422,6 +422,83 @@ fn xformers_gets_9_0a_on_hopper_unless_deepspeed_would_reject_it() {
     assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("8.6"));
 }
 
+/// `one_gpu`, with environments the image's interpreters would import
+/// from that were not read.
+fn one_gpu_partly_read(cc: &str, dists: &[(Dist, &str)]) -> Plan {
+    use crate::select::tests::dev;
+    let mut h = host();
+    h.devices = vec![dev(0, 0, "GPU-x", "NVIDIA GPU", cc, 0x01)];
+    let mut v = nvd("0");
+    for (d, r) in dists {
+        v.software
+            .dists
+            .insert(*d, crate::software::Release::parse(r).unwrap());
+    }
+    v.software
+        .read
+        .push("/usr/local/lib/python3.12/dist-packages".into());
+    v.software
+        .unread
+        .push("\"/opt/x/bin/python3\": no lib/python3.* under \"/opt/x\"".into());
+    plan(&v, &h, &cfg())
+}
+
+#[test]
+fn an_absence_not_proven_never_makes_a_value_a_release_might_reject() {
+    // xformers read, DeepSpeed perhaps in the environment not read: 9.0,
+    // which DeepSpeed parses, not 9.0a.
+    let p = one_gpu_partly_read("9.0", &[(Dist::Xformers, "0.0.33"), (Dist::Torch, "2.9.1")]);
+    assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("9.0"));
+    let notes = p.notes.join("\n");
+    assert!(
+        notes.contains("a DeepSpeed (which rejects 9.0a) may be there"),
+        "{notes}"
+    );
+    assert!(
+        notes.contains(
+            "not read, so a consumer not found may still be there: \"/opt/x/bin/python3\""
+        ),
+        "{notes}"
+    );
+    // A Turing: DeepSpeed not seen, not proven absent: its ops that cannot
+    // run there are switched off.
+    let p = one_gpu_partly_read("7.5", &[(Dist::Torch, "2.9.1")]);
+    assert_eq!(p.env_get("DS_BUILD_FP_QUANTIZER"), Some("0"));
+}
+
+#[test]
+fn the_attention_hint_follows_the_images_flash_attn() {
+    let attn = |p: &Plan| p.env_get("GPUARCH_ATTN_IMPLEMENTATION").map(str::to_owned);
+    // Read, and no flash-attn: sdpa, and the note says why.
+    let p = one_gpu("8.6", &[(Dist::Torch, "2.9.1")], true);
+    assert_eq!(attn(&p).as_deref(), Some("sdpa"));
+    assert!(
+        p.notes.iter().any(|n| n
+            == "GPUARCH_ATTN_IMPLEMENTATION=sdpa: FlashAttention-2 runs on every assigned GPU, but the image has no flash-attn (read from /usr/lib/python3/dist-packages)"),
+        "{:?}",
+        p.notes
+    );
+    // flash-attn there, the image not read, or not every environment read.
+    let fa2 = Some("flash_attention_2".to_owned());
+    assert_eq!(
+        attn(&one_gpu("8.6", &[(Dist::FlashAttn, "2.8.3")], true)),
+        fa2
+    );
+    assert_eq!(attn(&one_gpu("8.6", &[], false)), fa2);
+    assert_eq!(attn(&one_gpu_partly_read("8.6", &[])), fa2);
+    // No Python at all: what it installs at start decides; the GPUs' hint.
+    let mut h = host();
+    h.devices.truncate(2);
+    let mut v = nvd("1");
+    v.software.read.push(crate::software::NO_PYTHON.into());
+    assert_eq!(attn(&plan(&v, &h, &cfg())), fa2);
+    // A Turing never gets it, whatever the image.
+    assert_eq!(
+        attn(&one_gpu("7.5", &[(Dist::FlashAttn, "2.8.3")], true)).as_deref(),
+        Some("sdpa")
+    );
+}
+
 #[test]
 fn deepspeed_ops_that_cannot_run_are_switched_off() {
     let ds = |p: &Plan| -> Vec<String> {

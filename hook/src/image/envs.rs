@@ -1,0 +1,380 @@
+//! Where an image's Python would import from: the site directories of the
+//! interpreters its process finds, found as Python itself finds them, and
+//! of the places Python is usually installed.
+//!
+//! From the container's process (its env and user):
+//! - each `python3` and `python` on its `PATH`: a venv where `pyvenv.cfg`
+//!   is beside its `bin` (and the base's too where the venv includes the
+//!   system site), else the prefix its link chain ends in (`bin/..`);
+//! - `VIRTUAL_ENV` and `CONDA_PREFIX`, as prefixes;
+//! - each directory of `PYTHONPATH`;
+//! - the user site: `PYTHONUSERBASE`, else `~/.local` of `HOME`, else of
+//!   the home `/etc/passwd` gives the process's uid.
+//!
+//! Then the usual prefixes (`/usr`, `/usr/local`, conda's base and its
+//! `envs/*`, `/opt/venv`, `/venv`, uv's `/app/.venv`) and `/root/.local`.
+//! A prefix's sites are `lib/python3*/{site,dist}-packages` and the same
+//! under `lib64` (RHEL); Debian's `/usr/lib/python3/dist-packages` too.
+//!
+//! Every path is resolved inside the rootfs ([`Root`]). An interpreter
+//! whose environment cannot be found or read is recorded as unread: then
+//! no consumer's absence is proven (`Software::unread`).
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Component, Path};
+
+use gpuarch_core::oci::ContainerView;
+use nix::errno::Errno;
+
+use super::{Budget, Stop};
+use crate::rootfs::Root;
+
+/// Most entries of `PATH` and of `PYTHONPATH` looked at.
+const MAX_PATH_ENTRIES: usize = 32;
+/// Most site directories read.
+pub const MAX_SITES: usize = 64;
+/// Most links followed from an interpreter's name to its file.
+const MAX_LINKS: usize = 16;
+/// Most bytes of `pyvenv.cfg` and of `/etc/passwd` read.
+const MAX_SMALL_FILE: usize = 64 << 10;
+/// The `PATH` a process gets where its env sets none (runc's, Docker's).
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Prefixes Python is usually installed at, beside what the process names.
+const USUAL_PREFIXES: [&str; 8] = [
+    "usr",
+    "usr/local",
+    "opt/conda",
+    "opt/miniconda3",
+    "opt/miniforge3",
+    "opt/venv",
+    "venv",
+    "app/.venv",
+];
+/// Conda installations whose `envs/*` are environments.
+const CONDA_BASES: [&str; 3] = ["opt/conda", "opt/miniconda3", "opt/miniforge3"];
+
+/// A site directory found: its path inside the image and a handle on it.
+pub struct Site {
+    pub rel: String,
+    pub dir: OwnedFd,
+}
+
+/// What [`discover`] found.
+#[derive(Default)]
+pub struct Found {
+    pub sites: Vec<Site>,
+    /// Environments an interpreter would import from that were not read,
+    /// and why.
+    pub unread: Vec<String>,
+}
+
+/// A prefix to look for sites under, and the interpreter that made it
+/// required (one whose sites must be found, or the read is incomplete).
+struct Prefix {
+    rel: String,
+    by: Option<String>,
+}
+
+/// `path` made relative to the image's `/`, `..` taken lexically (the
+/// result is only ever opened inside the rootfs). None for a relative
+/// path, which names nothing the image fixes.
+fn rel_of(path: &Path) -> Option<String> {
+    if !path.is_absolute() {
+        return None;
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(n) => parts.push(n.to_str()?),
+            Component::ParentDir => {
+                parts.pop();
+            }
+            _ => {}
+        }
+    }
+    Some(parts.join("/"))
+}
+
+fn parent(rel: &str) -> &str {
+    rel.rsplit_once('/').map_or("", |(p, _)| p)
+}
+
+/// A path of the image as a note shows it: quoted, control characters
+/// escaped, at most 160 characters.
+fn shown(rel: &str) -> String {
+    let s: String = format!("/{rel}").chars().take(160).collect();
+    format!("{s:?}")
+}
+
+/// The file an interpreter's name leads to, following its links inside the
+/// image (relative ones from the link's directory).
+fn resolve(root: &Root, rel: &str) -> String {
+    let mut at = rel.to_owned();
+    for _ in 0..MAX_LINKS {
+        let Ok(target) = root.read_link(Path::new(&at)) else {
+            break;
+        };
+        let next = if target.is_absolute() {
+            rel_of(&target)
+        } else {
+            rel_of(&Path::new("/").join(parent(&at)).join(&target))
+        };
+        match next {
+            Some(n) => at = n,
+            None => break,
+        }
+    }
+    at
+}
+
+/// Whether `rel` exists in the image and is not a directory.
+fn is_file(root: &Root, rel: &str) -> bool {
+    root.stat(Path::new(rel))
+        .is_ok_and(|st| st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFDIR)
+}
+
+/// `home` of a venv's `pyvenv.cfg`, where it includes the system site.
+fn venv_base(root: &Root, venv: &str) -> Option<Option<String>> {
+    let text = root
+        .read_regular(Path::new(&format!("{venv}/pyvenv.cfg")), MAX_SMALL_FILE)
+        .ok()?;
+    let text = String::from_utf8_lossy(&text);
+    let get = |key: &str| {
+        text.lines().find_map(|l| {
+            let (k, v) = l.split_once('=')?;
+            (k.trim() == key).then(|| v.trim().to_owned())
+        })
+    };
+    let system = get("include-system-site-packages").is_some_and(|v| v == "true");
+    Some(
+        get("home")
+            .filter(|_| system)
+            .and_then(|h| rel_of(Path::new(&h)))
+            .map(|bin| parent(&bin).to_owned()),
+    )
+}
+
+/// The home directory of `uid` in the image's `/etc/passwd`.
+fn passwd_home(root: &Root, uid: u32) -> Option<String> {
+    let text = root
+        .read_regular(Path::new("etc/passwd"), MAX_SMALL_FILE)
+        .ok()?;
+    let text = String::from_utf8_lossy(&text);
+    text.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.len() >= 7 && f[2].parse::<u32>().ok() == Some(uid))
+            .then(|| rel_of(Path::new(f[5])))
+            .flatten()
+    })
+}
+
+/// Names in directory `dir`, each passed to `each`, under the budget.
+pub fn names(dir: &OwnedFd, budget: &mut Budget, mut each: impl FnMut(&str)) -> Result<(), Stop> {
+    let Ok(fd) = nix::unistd::dup(dir.as_fd()) else {
+        return Ok(());
+    };
+    let Ok(mut d) = nix::dir::Dir::from_fd(fd) else {
+        return Ok(());
+    };
+    for e in d.iter() {
+        let Ok(e) = e else { break };
+        budget.take()?;
+        if let Ok(name) = e.file_name().to_str() {
+            each(name);
+        }
+    }
+    Ok(())
+}
+
+/// Subdirectory names of `rel` that start with `prefix`, sorted.
+fn subdirs(root: &Root, rel: &str, prefix: &str, budget: &mut Budget) -> Result<Vec<String>, Stop> {
+    let Ok(dir) = root.open_dir_read(Path::new(rel)) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    names(&dir, budget, |n| {
+        if n.starts_with(prefix) && n != "." && n != ".." && out.len() < MAX_SITES {
+            out.push(n.to_owned());
+        }
+    })?;
+    out.sort();
+    Ok(out)
+}
+
+/// The interpreters on `PATH` and the prefixes they make required.
+fn interpreters(root: &Root, view: &ContainerView, prefixes: &mut Vec<Prefix>) {
+    let path = view.env_get("PATH").unwrap_or(DEFAULT_PATH);
+    for dir in path.split(':').take(MAX_PATH_ENTRIES) {
+        let Some(dir) = rel_of(Path::new(dir)) else {
+            continue;
+        };
+        for name in ["python3", "python"] {
+            let exe = format!("{dir}/{name}");
+            // A link is taken as it is: a venv's may lead to its base's
+            // interpreter in a layer not read here.
+            if !is_file(root, &exe) && root.read_link(Path::new(&exe)).is_err() {
+                continue;
+            }
+            let by = Some(shown(&exe));
+            let lexical = parent(&dir).to_owned();
+            match venv_base(root, &lexical) {
+                Some(base) => {
+                    prefixes.push(Prefix {
+                        rel: lexical,
+                        by: by.clone(),
+                    });
+                    if let Some(base) = base {
+                        prefixes.push(Prefix { rel: base, by });
+                    }
+                }
+                None => {
+                    let real = resolve(root, &exe);
+                    prefixes.push(Prefix {
+                        rel: parent(parent(&real)).to_owned(),
+                        by,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// The user site's base: `PYTHONUSERBASE`, else `HOME/.local`, else the
+/// passwd home's `.local`.
+fn user_base(root: &Root, view: &ContainerView) -> Option<String> {
+    if let Some(b) = view.env_get("PYTHONUSERBASE") {
+        return rel_of(Path::new(b));
+    }
+    let home = match view.env_get("HOME") {
+        Some(h) => rel_of(Path::new(h)),
+        None => passwd_home(root, view.user.map_or(0, |(uid, _)| uid)),
+    }?;
+    Some(if home.is_empty() {
+        ".local".to_owned()
+    } else {
+        format!("{home}/.local")
+    })
+}
+
+/// The site directories of the image's Python environments for the process
+/// of `view`, under the budget.
+pub fn discover(root: &Root, view: &ContainerView, budget: &mut Budget) -> Result<Found, Stop> {
+    let mut found = Found::default();
+    let mut prefixes = Vec::new();
+    interpreters(root, view, &mut prefixes);
+    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
+        if let Some(rel) = view.env_get(var).and_then(|v| rel_of(Path::new(v))) {
+            prefixes.push(Prefix { rel, by: None });
+        }
+    }
+    prefixes.extend(USUAL_PREFIXES.iter().map(|p| Prefix {
+        rel: (*p).to_owned(),
+        by: None,
+    }));
+    for base in CONDA_BASES {
+        for env in subdirs(root, &format!("{base}/envs"), "", budget)? {
+            prefixes.push(Prefix {
+                rel: format!("{base}/envs/{env}"),
+                by: None,
+            });
+        }
+    }
+    let mut sites: Vec<String> = Vec::new();
+    // Directories given as they are: PYTHONPATH's, then the user sites.
+    let mut direct: Vec<String> = Vec::new();
+    if let Some(pp) = view.env_get("PYTHONPATH") {
+        for entry in pp.split(':').take(MAX_PATH_ENTRIES) {
+            let Some(rel) = rel_of(Path::new(entry)) else {
+                continue;
+            };
+            match root.stat(Path::new(&rel)) {
+                Ok(st) if st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFDIR => direct.push(rel),
+                Ok(_) => found.unread.push(format!(
+                    "PYTHONPATH's {}: not a directory (a zip is not read)",
+                    shown(&rel)
+                )),
+                Err(_) => {}
+            }
+        }
+    }
+    let mut user_bases = vec!["root/.local".to_owned()];
+    user_bases.extend(user_base(root, view));
+    for base in user_bases {
+        for lib in ["lib", "lib64"] {
+            for py in subdirs(root, &format!("{base}/{lib}"), "python3", budget)? {
+                direct.push(format!("{base}/{lib}/{py}/site-packages"));
+            }
+        }
+    }
+    for p in &prefixes {
+        let mut any = false;
+        for lib in ["lib", "lib64"] {
+            let at = if p.rel.is_empty() {
+                lib.to_owned()
+            } else {
+                format!("{}/{lib}", p.rel)
+            };
+            for py in subdirs(root, &at, "python3", budget)? {
+                any = true;
+                for site in ["site-packages", "dist-packages"] {
+                    sites.push(format!("{at}/{py}/{site}"));
+                }
+            }
+        }
+        if p.rel == "usr" {
+            any = true;
+            sites.push("usr/lib/python3/dist-packages".to_owned());
+        }
+        if let Some(by) = &p.by
+            && !any
+        {
+            found
+                .unread
+                .push(format!("{by}: no lib/python3.* under {}", shown(&p.rel)));
+        }
+    }
+    sites.extend(direct);
+    // Once each, however many names lead there (`python3` beside
+    // `python3.12`, a symlinked `lib`, a venv's `lib64 -> lib`).
+    let mut seen = std::collections::HashSet::new();
+    for rel in sites {
+        if found.sites.len() >= MAX_SITES {
+            found
+                .unread
+                .push(format!("over {MAX_SITES} site directories"));
+            break;
+        }
+        let dir = match root.open_dir_read(Path::new(&rel)) {
+            Ok(d) => d,
+            Err(Errno::ENOENT | Errno::ENOTDIR) => continue,
+            Err(e) => {
+                found.unread.push(format!("{}: {e}", shown(&rel)));
+                continue;
+            }
+        };
+        let Ok(st) = nix::sys::stat::fstat(dir.as_fd()) else {
+            continue;
+        };
+        if seen.insert((st.st_dev, st.st_ino)) {
+            found.sites.push(Site { rel, dir });
+        }
+    }
+    found.unread.sort();
+    found.unread.dedup();
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_taken_inside_the_image() {
+        assert_eq!(rel_of(Path::new("/a/b/../c")).as_deref(), Some("a/c"));
+        assert_eq!(rel_of(Path::new("/../../etc")).as_deref(), Some("etc"));
+        assert_eq!(rel_of(Path::new("/")).as_deref(), Some(""));
+        assert_eq!(rel_of(Path::new("rel/x")), None);
+        assert_eq!(parent("a/b/c"), "a/b");
+        assert_eq!(parent("a"), "");
+    }
+}

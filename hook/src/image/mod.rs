@@ -1,0 +1,341 @@
+//! Which of gpuarch's consumers an image holds: the `*.dist-info` (and
+//! `*.egg-info`) entries of its Python environments, read from its rootfs
+//! through a handle confined to it ([`Root`]), bounded in entries, bytes
+//! and time, and cached per image.
+//!
+//! The environments are those the container's Python would import from,
+//! found as Python finds them ([`envs`]): the interpreters on the
+//! process's `PATH` (venvs, conda envs, prefixes), `VIRTUAL_ENV`,
+//! `CONDA_PREFIX`, `PYTHONPATH`, the user site of the process's user, and
+//! the usual prefixes, `lib64` included. A consumer's release is the
+//! `Version:` of its `METADATA` (`PKG-INFO` for an egg), else its entry's
+//! name. Where an interpreter's environment could not be read, the
+//! result says so (`Software::unread`), and no consumer's absence counts
+//! as proven.
+//!
+//! The read runs on a thread of its own and is waited for at most
+//! [`WAIT`]: a directory whose first read alone takes longer (an overlay
+//! merging half a million entries) leaves the image not read, and the
+//! start goes on.
+//!
+//! The cache is keyed by what identifies the environments' contents: each
+//! one's path, inode, modification and change times, and what was not
+//! read. Images that share the layer holding them share an entry; a
+//! container that installs a package changes them, and is read again. An
+//! image's author sets none of those three (mtime is set by the layer's
+//! tar, ctime and the inode by the host when it is unpacked), so no image
+//! can name another's entry.
+
+mod envs;
+
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use gpuarch_core::oci::ContainerView;
+use gpuarch_core::software::{self, Dist, Release, Software};
+use sha2::{Digest, Sha256};
+
+use crate::rootfs::Root;
+use envs::{Site, names};
+
+/// Most directory entries read for one image, in all.
+pub const MAX_ENTRIES: usize = 1 << 18;
+/// Most `METADATA` files read for one image; past them a consumer's
+/// release is its entry's name.
+pub const MAX_METADATA_READS: usize = 64;
+/// Longest the reader works; past it the image counts as not read.
+pub const DEADLINE: Duration = Duration::from_millis(40);
+/// Longest a start waits for the reader, whatever one system call of it
+/// costs.
+pub const WAIT: Duration = Duration::from_millis(50);
+/// Most bytes of a `METADATA` read: its headers come first.
+const MAX_METADATA: usize = 64 << 10;
+/// Most entries the cache directory keeps before it is emptied.
+pub const MAX_CACHED: usize = 4096;
+/// Most bytes of a cache entry read.
+const MAX_CACHE_ENTRY: u64 = 64 << 10;
+
+/// Why the image was not read, for the Plan's notes.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Stop {
+    #[error("over {0} directory entries")]
+    Entries(usize),
+    #[error("over {} ms", DEADLINE.as_millis())]
+    Time,
+}
+
+pub(crate) struct Budget {
+    entries: usize,
+    max: usize,
+    until: Instant,
+}
+
+impl Budget {
+    fn new(max: usize, deadline: Duration) -> Self {
+        Self {
+            entries: 0,
+            max,
+            until: Instant::now() + deadline,
+        }
+    }
+
+    /// One more directory entry.
+    fn take(&mut self) -> Result<(), Stop> {
+        self.entries += 1;
+        if self.entries > self.max {
+            return Err(Stop::Entries(self.max));
+        }
+        self.in_time()
+    }
+
+    fn in_time(&self) -> Result<(), Stop> {
+        if Instant::now() > self.until {
+            return Err(Stop::Time);
+        }
+        Ok(())
+    }
+}
+
+/// The cache key of these sites: their paths, inodes, and modification and
+/// change times, and what was not read.
+fn key(sites: &[Site], unread: &[String]) -> String {
+    let mut h = Sha256::new();
+    // 3: environments found from the process; what was not read.
+    h.update(b"gpuarch-image-software-3\0");
+    for e in sites {
+        let Ok(st) = nix::sys::stat::fstat(e.dir.as_fd()) else {
+            continue;
+        };
+        h.update(e.rel.as_bytes());
+        h.update(b"\0");
+        // Not st_dev: an overlay's is new with each container's mount.
+        for n in [
+            st.st_ino as i64,
+            st.st_mtime,
+            st.st_mtime_nsec,
+            st.st_ctime,
+            st.st_ctime_nsec,
+        ] {
+            h.update(n.to_le_bytes());
+        }
+    }
+    for u in unread {
+        h.update(b"unread\0");
+        h.update(u.as_bytes());
+        h.update(b"\0");
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `Version:` of a core-metadata file's headers.
+fn metadata_version(text: &[u8]) -> Option<Release> {
+    let text = String::from_utf8_lossy(text);
+    text.lines()
+        .take_while(|l| !l.is_empty())
+        .find_map(|l| l.strip_prefix("Version:"))
+        .and_then(Release::parse)
+}
+
+/// The consumers in these sites, under the budget.
+fn scan(
+    root: &Root,
+    sites: &[Site],
+    budget: &mut Budget,
+    notes: &mut Vec<String>,
+) -> Result<Software, Stop> {
+    let mut sw = Software::default();
+    let mut torches: Vec<(Release, String)> = Vec::new();
+    let mut metadata_reads = 0;
+    for site in sites {
+        let mut found = Vec::new();
+        names(&site.dir, budget, |n| {
+            if let Some(d) = software::dist_info(n) {
+                found.push((d, n.to_owned()));
+            }
+            if let Some((dist, version)) = gpuarch_core::library::gated_dist_info(n) {
+                sw.exact.entry(dist).or_insert(version);
+            }
+        })?;
+        sw.read.push(format!("/{}", site.rel));
+        for ((dist, by_name), entry) in found {
+            let meta = if entry.ends_with(".dist-info") {
+                format!("{}/{entry}/METADATA", site.rel)
+            } else {
+                format!("{}/{entry}/PKG-INFO", site.rel)
+            };
+            let release = if metadata_reads < MAX_METADATA_READS {
+                budget.in_time()?;
+                metadata_reads += 1;
+                root.read_regular(Path::new(&meta), MAX_METADATA)
+                    .ok()
+                    .and_then(|t| metadata_version(&t))
+                    .unwrap_or(by_name)
+            } else {
+                by_name
+            };
+            if dist == Dist::Torch {
+                torches.push((release, format!("/{}/{entry}", site.rel)));
+            }
+            sw.dists.entry(dist).or_insert(release);
+        }
+    }
+    torches.sort();
+    torches.dedup_by(|a, b| a.0 == b.0);
+    if torches.len() > 1 {
+        sw.dists.remove(&Dist::Torch);
+        notes.push(format!(
+            "the image holds torch {}: the arch lists suit every torch release",
+            torches
+                .iter()
+                .map(|(r, at)| format!("{r} ({at:?})"))
+                .collect::<Vec<_>>()
+                .join(" and ")
+        ));
+    }
+    Ok(sw)
+}
+
+/// What the image at `root` holds for the process of `view` (its env and
+/// user), from `cache` (a directory that exists) when it has the entry,
+/// else read and then cached. The notes say what could not be read or
+/// cached. Never fails: an image that cannot be read is one nothing is
+/// known of.
+pub fn read(root: &Root, view: &ContainerView, cache: Option<&Path>) -> (Software, Vec<String>) {
+    read_within(root, view, cache, MAX_ENTRIES, DEADLINE, WAIT)
+}
+
+fn not_read(why: impl std::fmt::Display) -> (Software, Vec<String>) {
+    (
+        Software::default(),
+        vec![format!(
+            "the image's Python environments were not read: {why}"
+        )],
+    )
+}
+
+fn read_within(
+    root: &Root,
+    view: &ContainerView,
+    cache: Option<&Path>,
+    max: usize,
+    deadline: Duration,
+    wait: Duration,
+) -> (Software, Vec<String>) {
+    let Ok(root) = root.try_clone() else {
+        return not_read("no file descriptor left");
+    };
+    // Only what finds the environments: the process's env and user.
+    let process = ContainerView {
+        env: view.env.clone(),
+        user: view.user,
+        ..ContainerView::default()
+    };
+    let cache = cache.map(Path::to_owned);
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let reader = std::thread::Builder::new()
+        .name("image-read".to_owned())
+        .spawn(move || {
+            let _ = tx.send(read_here(&root, &process, cache.as_deref(), max, deadline));
+        });
+    if let Err(e) = reader {
+        return not_read(format!("no thread to read it: {e}"));
+    }
+    match rx.recv_timeout(wait) {
+        Ok(read) => read,
+        // The reader is left to finish its system call and end; the start
+        // does not wait for it.
+        Err(_) => not_read(format!(
+            "over {} ms (one directory read alone took longer)",
+            wait.as_millis()
+        )),
+    }
+}
+
+fn read_here(
+    root: &Root,
+    view: &ContainerView,
+    cache: Option<&Path>,
+    max: usize,
+    deadline: Duration,
+) -> (Software, Vec<String>) {
+    let mut notes = Vec::new();
+    let mut budget = Budget::new(max, deadline);
+    let found = match envs::discover(root, view, &mut budget) {
+        Ok(f) => f,
+        Err(stop) => return not_read(stop),
+    };
+    if found.sites.is_empty() && found.unread.is_empty() {
+        // Nothing to read, and a known absence: no environment at all.
+        return (
+            Software {
+                read: vec![software::NO_PYTHON.to_owned()],
+                ..Software::default()
+            },
+            notes,
+        );
+    }
+    let entry = cache
+        .filter(|c| c.is_dir())
+        .map(|c| c.join(format!("{}.json", key(&found.sites, &found.unread))));
+    if let Some(sw) = entry.as_deref().and_then(cached) {
+        return (sw, notes);
+    }
+    let mut sw = match scan(root, &found.sites, &mut budget, &mut notes) {
+        Ok(sw) => sw,
+        Err(stop) => return not_read(stop),
+    };
+    sw.unread = found.unread;
+    if let Some(entry) = entry
+        && let Err(e) = store(&entry, &sw)
+    {
+        notes.push(format!("the image's consumers not cached: {e}"));
+    }
+    (sw, notes)
+}
+
+fn cached(entry: &Path) -> Option<Software> {
+    let f = std::fs::File::open(entry).ok()?;
+    let bytes = crate::context::read_at_most(f, MAX_CACHE_ENTRY).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+fn store(entry: &Path, sw: &Software) -> std::io::Result<()> {
+    let dir = entry.parent().unwrap_or(Path::new("."));
+    let count = std::fs::read_dir(dir)?.take(MAX_CACHED + 1).count();
+    if count > MAX_CACHED {
+        for e in std::fs::read_dir(dir)?.flatten() {
+            if e.file_name().to_string_lossy().ends_with(".json") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    let bytes = serde_json::to_vec(sw).map_err(std::io::Error::other)?;
+    gpuarch_fs::write_atomic(entry, &bytes)
+}
+
+/// The rootfs of a config, where it can be found from here: `root.path`,
+/// absolute or relative to `bundle`.
+pub fn rootfs_of(config: &serde_json::Value, bundle: Option<&Path>) -> Option<PathBuf> {
+    let path = Path::new(config.get("root")?.get("path")?.as_str()?);
+    if path.is_absolute() {
+        Some(path.to_owned())
+    } else {
+        bundle.map(|b| b.join(path))
+    }
+}
+
+/// Read the consumers of the image at `root` into `view` (through the
+/// handle confined to it, cached in `cache`); the notes.
+pub fn read_into(
+    view: &mut gpuarch_core::oci::ContainerView,
+    root: &Root,
+    cache: &Path,
+) -> Vec<String> {
+    let (sw, notes) = read(root, view, Some(cache));
+    view.software = sw;
+    notes
+}
+
+#[cfg(test)]
+mod tests;

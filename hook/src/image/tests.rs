@@ -1,0 +1,541 @@
+use super::*;
+
+fn write(root: &Path, rel: &str, text: &str) {
+    let p = root.join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, text).unwrap();
+}
+
+fn link(root: &Path, rel: &str, target: &str) {
+    let p = root.join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(target, p).unwrap();
+}
+
+/// A process with this env, running as root.
+fn process(env: &[(&str, &str)]) -> ContainerView {
+    ContainerView {
+        user: Some((0, 0)),
+        ..ContainerView::with_env(env.iter().map(|(k, v)| (*k, *v)))
+    }
+}
+
+fn plain() -> ContainerView {
+    process(&[])
+}
+
+#[test]
+fn consumers_come_from_metadata_in_every_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path();
+    write(
+        r,
+        "usr/local/lib/python3.12/dist-packages/torch-2.9.1+cu128.dist-info/METADATA",
+        "Metadata-Version: 2.1\nName: torch\nVersion: 2.9.1+cu128\n\nVersion: 9.9\n",
+    );
+    write(
+        r,
+        "opt/conda/lib/python3.11/site-packages/flashinfer_python-0.6.5.dist-info/METADATA",
+        "Name: flashinfer-python\nVersion: 0.6.5\n",
+    );
+    // The name says 0.0.1; METADATA is what pip reads.
+    write(
+        r,
+        "usr/lib/python3/dist-packages/xformers-0.0.1.dist-info/METADATA",
+        "Name: xformers\nVersion: 0.0.33.post2\n",
+    );
+    // No METADATA: the entry's name.
+    std::fs::create_dir_all(r.join("usr/lib/python3.12/site-packages/deepspeed-0.19.8.dist-info"))
+        .unwrap();
+    write(
+        r,
+        "usr/lib/python3.12/site-packages/numpy-2.1.0.dist-info/METADATA",
+        "Version: 2.1.0\n",
+    );
+    let root = Root::open(r).unwrap();
+    let (sw, notes) = read(&root, &plain(), None);
+    assert!(notes.is_empty(), "{notes:?}");
+    let got: Vec<String> = sw.dists.iter().map(|(d, v)| format!("{d} {v}")).collect();
+    assert_eq!(
+        got,
+        [
+            "torch 2.9.1",
+            "flashinfer-python 0.6.5",
+            "xformers 0.0.33",
+            "deepspeed 0.19.8"
+        ]
+    );
+    assert_eq!(sw.read.len(), 4, "{:?}", sw.read);
+}
+
+#[test]
+fn two_torches_make_torch_unknown_and_no_environment_is_known_absence() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path();
+    for (env, v) in [
+        ("usr/lib/python3.10/site-packages", "2.7.1"),
+        ("opt/venv/lib/python3.12/site-packages", "2.9.1"),
+    ] {
+        write(
+            r,
+            &format!("{env}/torch-{v}.dist-info/METADATA"),
+            &format!("Version: {v}\n"),
+        );
+    }
+    let (sw, notes) = read(&Root::open(r).unwrap(), &plain(), None);
+    assert_eq!(sw.get(Dist::Torch), None);
+    assert!(sw.was_read());
+    assert!(
+        notes[0].contains(
+            "torch 2.7.1 (\"/usr/lib/python3.10/site-packages/torch-2.7.1.dist-info\") and 2.9.1"
+        ),
+        "{notes:?}"
+    );
+    let empty = tempfile::tempdir().unwrap();
+    let (sw, _) = read(&Root::open(empty.path()).unwrap(), &plain(), None);
+    assert!(sw.was_read() && sw.dists.is_empty() && !sw.may_have(Dist::DeepSpeed));
+}
+
+#[test]
+fn a_hostile_image_neither_blocks_nor_leads_outside_nor_costs_without_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path().join("rootfs");
+    let env = "usr/lib/python3.12/site-packages";
+    // METADATA a FIFO: opening it to read would wait for a writer.
+    let d = r.join(env).join("torch-2.7.1.dist-info");
+    std::fs::create_dir_all(&d).unwrap();
+    nix::unistd::mkfifo(
+        &d.join("METADATA"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    // METADATA an absolute link: it resolves inside the image, to the
+    // image's file, never the host's beside it.
+    let d = r.join(env).join("deepspeed-0.1.0.dist-info");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(dir.path().join("host-metadata"), "Version: 6.6.6\n").unwrap();
+    std::os::unix::fs::symlink(dir.path().join("host-metadata"), d.join("METADATA")).unwrap();
+    // An environment that is a link out of the image: followed inside.
+    std::fs::create_dir_all(r.join("opt/conda/lib/python3.11")).unwrap();
+    std::os::unix::fs::symlink(
+        "/../../../../",
+        r.join("opt/conda/lib/python3.11/site-packages"),
+    )
+    .unwrap();
+    let root = Root::open(&r).unwrap();
+    let t = Instant::now();
+    let (sw, notes) = read(&root, &plain(), None);
+    assert!(t.elapsed() < Duration::from_secs(1));
+    assert_eq!(
+        sw.get(Dist::Torch),
+        Some(Release::new(2, 7, 1)),
+        "by its name"
+    );
+    assert_eq!(
+        sw.get(Dist::DeepSpeed),
+        Some(Release::new(0, 1, 0)),
+        "not the host's 6.6.6"
+    );
+    assert!(notes.is_empty(), "{notes:?}");
+    // Entries past the bound: the image counts as not read.
+    for i in 0..64 {
+        std::fs::create_dir_all(r.join(env).join(format!("pkg{i}"))).unwrap();
+    }
+    let (sw, notes) = read_within(&root, &plain(), None, 32, DEADLINE, WAIT);
+    assert!(!sw.was_read() && sw.dists.is_empty());
+    assert!(
+        notes[0].contains("not read: over 32 directory entries"),
+        "{notes:?}"
+    );
+}
+
+#[test]
+fn the_cache_answers_until_an_environment_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let r = dir.path();
+    let env = "usr/lib/python3.12/site-packages";
+    write(
+        r,
+        &format!("{env}/torch-2.7.1.dist-info/METADATA"),
+        "Version: 2.7.1\n",
+    );
+    let root = Root::open(r).unwrap();
+    let (first, _) = read(&root, &plain(), Some(cache.path()));
+    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 1);
+    // A changed METADATA alone is not seen: the entry answers.
+    write(
+        r,
+        &format!("{env}/torch-2.7.1.dist-info/METADATA"),
+        "Version: 2.9.1\n",
+    );
+    assert_eq!(read(&root, &plain(), Some(cache.path())).0, first);
+    // A package installed changes the environment: read again.
+    std::thread::sleep(Duration::from_millis(20));
+    write(
+        r,
+        &format!("{env}/deepspeed-0.19.8.dist-info/METADATA"),
+        "Version: 0.19.8\n",
+    );
+    let (again, _) = read(&root, &plain(), Some(cache.path()));
+    assert_eq!(again.get(Dist::Torch), Some(Release::new(2, 9, 1)));
+    assert!(again.get(Dist::DeepSpeed).is_some());
+    // A missing cache directory is not created.
+    let gone = cache.path().join("gone");
+    let _ = read(&root, &plain(), Some(&gone));
+    assert!(!gone.exists());
+}
+
+/// A dist-info with real METADATA headers.
+fn dist(root: &Path, site: &str, name: &str, version: &str) {
+    write(
+        root,
+        &format!(
+            "{site}/{}-{version}.dist-info/METADATA",
+            name.replace('-', "_")
+        ),
+        &format!("Metadata-Version: 2.4\nName: {name}\nVersion: {version}\nSummary: x\n\n"),
+    );
+}
+
+/// What one image's read found: "dist version" each, and whether absence
+/// is proven.
+fn found(r: &Path, view: &ContainerView) -> (Vec<String>, bool, Software) {
+    let (sw, notes) = read(&Root::open(r).unwrap(), view, None);
+    assert!(notes.is_empty(), "{notes:?}");
+    let got = sw.dists.iter().map(|(d, v)| format!("{d} {v}")).collect();
+    (got, sw.absence_proven(), sw)
+}
+
+/// A Python at `prefix` (its stdlib dir and `bin/python3 -> python3.N`).
+fn python(r: &Path, prefix: &str, minor: u32) {
+    let pre = if prefix.is_empty() {
+        String::new()
+    } else {
+        format!("{prefix}/")
+    };
+    write(r, &format!("{pre}bin/python3.{minor}"), "ELF");
+    link(r, &format!("{pre}bin/python3"), &format!("python3.{minor}"));
+    write(r, &format!("{pre}lib/python3.{minor}/os.py"), "");
+}
+
+const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+#[test]
+fn uvs_app_venv_is_read_through_its_interpreter_on_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path();
+    python(r, "usr/local", 12);
+    // uv: bin/python -> the base's interpreter, python3 -> python.
+    link(r, "app/.venv/bin/python", "/usr/local/bin/python3");
+    link(r, "app/.venv/bin/python3", "python");
+    write(
+        r,
+        "app/.venv/pyvenv.cfg",
+        "home = /usr/local/bin\nimplementation = CPython\nuv = 0.9.5\nversion_info = 3.12.12\ninclude-system-site-packages = false\n",
+    );
+    let site = "app/.venv/lib/python3.12/site-packages";
+    dist(r, site, "torch", "2.9.1");
+    dist(r, site, "deepspeed", "0.18.9");
+    let path = format!("/app/.venv/bin:{PATH}");
+    let (got, proven, sw) = found(r, &process(&[("PATH", &path)]));
+    assert_eq!(got, ["torch 2.9.1", "deepspeed 0.18.9"]);
+    assert!(proven, "{sw:?}");
+    assert!(sw.read.contains(&format!("/{site}")), "{:?}", sw.read);
+}
+
+#[test]
+fn a_venv_under_opt_found_through_path_as_on_the_h100_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path();
+    python(r, "usr", 12);
+    link(r, "opt/torch/.venv/bin/python3", "/usr/bin/python3");
+    write(
+        r,
+        "opt/torch/.venv/pyvenv.cfg",
+        "home = /usr/bin\ninclude-system-site-packages = true\nversion = 3.12.3\n",
+    );
+    dist(
+        r,
+        "opt/torch/.venv/lib/python3.12/site-packages",
+        "torch",
+        "2.11.0+cu130",
+    );
+    // The system site the venv includes.
+    dist(r, "usr/lib/python3/dist-packages", "accelerate", "1.10.1");
+    let path = format!("/opt/torch/.venv/bin:{PATH}");
+    let view = process(&[("PATH", &path), ("VIRTUAL_ENV", "/opt/torch/.venv")]);
+    let (got, proven, _) = found(r, &view);
+    assert_eq!(got, ["torch 2.11.0", "accelerate 1.10.1"]);
+    assert!(proven);
+}
+
+#[test]
+fn user_sites_of_root_and_of_a_user_whose_home_is_in_passwd() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path();
+    python(r, "usr", 11);
+    dist(
+        r,
+        "root/.local/lib/python3.11/site-packages",
+        "deepspeed",
+        "0.17.6",
+    );
+    write(
+        r,
+        "etc/passwd",
+        "root:x:0:0:root:/root:/bin/bash\nml:x:1000:1000::/home/ml:/bin/sh\n",
+    );
+    dist(
+        r,
+        "home/ml/.local/lib/python3.11/site-packages",
+        "xformers",
+        "0.0.33.post2",
+    );
+    // Root, HOME unset: /root/.local, not ml's.
+    let (got, proven, _) = found(r, &process(&[("PATH", PATH)]));
+    assert_eq!(got, ["deepspeed 0.17.6"]);
+    assert!(proven);
+    // uid 1000 without HOME: its home from the image's /etc/passwd.
+    let ml = ContainerView {
+        user: Some((1000, 1000)),
+        ..process(&[("PATH", PATH)])
+    };
+    let (got, _, _) = found(r, &ml);
+    assert_eq!(got, ["xformers 0.0.33", "deepspeed 0.17.6"]);
+    // PYTHONUSERBASE wins over both.
+    dist(
+        r,
+        "srv/pyuser/lib/python3.11/site-packages",
+        "flash-attn",
+        "2.8.3",
+    );
+    let (got, _, _) = found(
+        r,
+        &process(&[("PATH", PATH), ("PYTHONUSERBASE", "/srv/pyuser")]),
+    );
+    assert!(got.contains(&"flash-attn 2.8.3".to_owned()), "{got:?}");
+}
+
+#[test]
+fn a_conda_named_env_conda_base_and_rhel_lib64() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path();
+    python(r, "opt/conda", 11);
+    python(r, "opt/conda/envs/train", 11);
+    dist(
+        r,
+        "opt/conda/envs/train/lib/python3.11/site-packages",
+        "flash-attn",
+        "2.8.3",
+    );
+    dist(
+        r,
+        "opt/conda/lib/python3.11/site-packages",
+        "bitsandbytes",
+        "0.48.1",
+    );
+    let path = format!("/opt/conda/envs/train/bin:/opt/conda/bin:{PATH}");
+    let view = process(&[("PATH", &path), ("CONDA_PREFIX", "/opt/conda/envs/train")]);
+    let (got, proven, _) = found(r, &view);
+    assert_eq!(got, ["flash-attn 2.8.3", "bitsandbytes 0.48.1"]);
+    assert!(proven);
+    // An env not on PATH is still one of conda's envs/*.
+    let (got, _, _) = found(r, &process(&[("PATH", PATH)]));
+    assert!(got.contains(&"flash-attn 2.8.3".to_owned()), "{got:?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path();
+    // UBI: /usr/bin/python3 -> python3.9, pip's installs under lib64.
+    python(r, "usr", 9);
+    std::fs::create_dir_all(r.join("usr/lib64/python3.9")).unwrap();
+    dist(
+        r,
+        "usr/local/lib64/python3.9/site-packages",
+        "torch",
+        "2.7.1",
+    );
+    dist(r, "usr/local/lib/python3.9/site-packages", "vllm", "0.10.1");
+    let (got, proven, _) = found(r, &process(&[("PATH", PATH)]));
+    assert_eq!(got, ["torch 2.7.1", "vllm 0.10.1"]);
+    assert!(proven);
+}
+
+#[test]
+fn debians_and_ngcs_dist_packages_and_pythonpath() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path();
+    python(r, "usr", 12);
+    dist(r, "usr/lib/python3/dist-packages", "accelerate", "1.8.1");
+    dist(
+        r,
+        "usr/local/lib/python3.12/dist-packages",
+        "torch",
+        "2.8.0a0+5228986c39.nv25.6",
+    );
+    dist(r, "workspace/libs", "flashinfer-python", "0.6.5");
+    let view = process(&[
+        ("PATH", PATH),
+        ("PYTHONPATH", "/workspace/libs:relative:/gone"),
+    ]);
+    let (got, proven, _) = found(r, &view);
+    assert_eq!(
+        got,
+        ["torch 2.8.0", "flashinfer-python 0.6.5", "accelerate 1.8.1"]
+    );
+    assert!(proven);
+}
+
+#[test]
+fn an_interpreter_whose_environment_is_not_found_proves_no_absence() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path();
+    python(r, "usr", 12);
+    dist(r, "usr/lib/python3/dist-packages", "xformers", "0.0.33");
+    // A Python on PATH with no lib/python3.* where its prefix is.
+    write(r, "opt/custom/bin/python3", "ELF");
+    // PYTHONPATH naming a zip.
+    write(r, "srv/deps.zip", "PK");
+    let path = format!("/opt/custom/bin:{PATH}");
+    let view = process(&[("PATH", &path), ("PYTHONPATH", "/srv/deps.zip")]);
+    let (got, proven, sw) = found(r, &view);
+    assert_eq!(got, ["xformers 0.0.33"]);
+    assert!(!proven);
+    assert!(sw.may_have(Dist::DeepSpeed), "not seen is not absent");
+    assert_eq!(
+        sw.unread,
+        [
+            "\"/opt/custom/bin/python3\": no lib/python3.* under \"/opt/custom\"",
+            "PYTHONPATH's \"/srv/deps.zip\": not a directory (a zip is not read)",
+        ]
+    );
+}
+
+#[test]
+fn a_real_pip_install_into_a_venv_is_read() {
+    // A venv made by this machine's Python and a wheel pip installs into
+    // it, as an image's build would.
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path();
+    let venv = r.join("opt/env");
+    let python = ["python3", "/usr/bin/python3"].into_iter().find(|p| {
+        std::process::Command::new(p)
+            .args(["-m", "venv", "--help"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    let Some(python) = python else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI: no python3 with venv to make a real environment"
+        );
+        eprintln!("skipped: no python3 with venv");
+        return;
+    };
+    let ok = std::process::Command::new(python)
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    // A wheel of a consumer's name, built here (no network), installed by
+    // the venv's own pip machinery: the base's pip targeting the venv.
+    let wheel_dir = tempfile::tempdir().unwrap();
+    let wheel = wheel_dir.path().join("accelerate-1.10.1-py3-none-any.whl");
+    let mut zip = String::new();
+    zip.push_str("import zipfile,sys\n");
+    zip.push_str("z=zipfile.ZipFile(sys.argv[1],'w')\n");
+    zip.push_str("z.writestr('accelerate/__init__.py','')\n");
+    zip.push_str("z.writestr('accelerate-1.10.1.dist-info/METADATA','Metadata-Version: 2.1\\nName: accelerate\\nVersion: 1.10.1\\n')\n");
+    zip.push_str("z.writestr('accelerate-1.10.1.dist-info/WHEEL','Wheel-Version: 1.0\\nGenerator: t\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')\n");
+    zip.push_str("z.writestr('accelerate-1.10.1.dist-info/RECORD','')\n");
+    let made = std::process::Command::new(python)
+        .args(["-c", &zip])
+        .arg(&wheel)
+        .status()
+        .unwrap()
+        .success();
+    assert!(made);
+    let venv_python = venv.join("bin/python3");
+    let pip = std::process::Command::new(python)
+        .args(["-m", "pip", "--python"])
+        .arg(&venv_python)
+        .args(["install", "--no-index", "--no-deps", "-q"])
+        .arg(&wheel)
+        .output()
+        .unwrap();
+    if !pip.status.success() {
+        // pip older than 22.3 has no --python: install with the base's pip
+        // into the venv's site.
+        let site = std::process::Command::new(&venv_python)
+            .args([
+                "-c",
+                "import sysconfig;print(sysconfig.get_paths()['purelib'])",
+            ])
+            .output()
+            .unwrap();
+        let site = String::from_utf8(site.stdout).unwrap();
+        let ok = std::process::Command::new(python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--no-index",
+                "--no-deps",
+                "-q",
+                "--target",
+            ])
+            .arg(site.trim())
+            .arg(&wheel)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "{}", String::from_utf8_lossy(&pip.stderr));
+    }
+    // The venv's interpreter links to this machine's Python, outside the
+    // image: found by its pyvenv.cfg, never followed out.
+    let view = process(&[("PATH", &format!("/opt/env/bin:{PATH}"))]);
+    let (sw, notes) = read(&Root::open(r).unwrap(), &view, None);
+    assert_eq!(
+        sw.get(Dist::Accelerate),
+        Some(Release::new(1, 10, 1)),
+        "{sw:?} {notes:?}"
+    );
+    assert!(
+        sw.read
+            .iter()
+            .any(|s| s.starts_with("/opt/env/lib/python3")),
+        "{:?}",
+        sw.read
+    );
+}
+
+#[test]
+fn a_directory_whose_read_never_ends_in_time_leaves_the_image_not_read() {
+    // 20,000 consumer-named dist-info dirs, each with METADATA: within the
+    // wait, then not read.
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path();
+    let site = "usr/local/lib/python3.12/dist-packages";
+    for i in 0..20_000 {
+        dist(r, site, "torch", &format!("2.{}.{}", i / 100, i % 100));
+    }
+    let root = Root::open(r).unwrap();
+    let t = Instant::now();
+    let (sw, notes) = read(&root, &plain(), None);
+    let took = t.elapsed();
+    assert!(took < WAIT + Duration::from_millis(10), "{took:?}");
+    // Read in time (few METADATA opened) or not read at all: never more.
+    if sw.was_read() {
+        assert!(sw.get(Dist::Torch).is_none(), "many torches: none known");
+    } else {
+        assert!(notes[0].contains("not read"), "{notes:?}");
+    }
+    // A reader that cannot finish in time is not waited for.
+    let (sw, notes) = read_within(&root, &plain(), None, MAX_ENTRIES, DEADLINE, Duration::ZERO);
+    assert!(
+        !sw.was_read() && notes[0].contains("over 0 ms"),
+        "{notes:?}"
+    );
+}
