@@ -132,7 +132,7 @@ fn annotation<'a>(view: &'a ContainerView, keys: &[&str]) -> Option<&'a str> {
 
 /// An image whose torch names every architecture (the table's newest): the
 /// cache is named by what the GPUs are, not by the names the image's own
-/// torch takes (an image whose torch is not known gets `9.0+PTX` for every
+/// torch takes (an image whose torch is not known may get `9.0+PTX` for every
 /// Blackwell, which must not make them share a cache).
 fn names_every_gpu() -> crate::software::Software {
     use crate::software::{Dist, Software, torch_releases};

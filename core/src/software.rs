@@ -332,13 +332,54 @@ pub fn torch_names(release: Release) -> Vec<&'static str> {
     }
 }
 
+/// The SASS that each torch release's own wheels carry, over all of its
+/// CUDA builds (x86_64 and aarch64), from the first release with that
+/// list: pytorch's `.ci/manywheel/build_cuda.sh`. They carry no PTX a
+/// newer major could JIT-compile: on a GPU of a major none of them has,
+/// torch's own kernels do not run ("sm_120 is not compatible with the
+/// current PyTorch installation", then "no kernel image is available":
+/// pytorch/pytorch#150733, #167244), whatever `TORCH_CUDA_ARCH_LIST` says.
+const TORCH_WHEELS: &[(Release, &[&str])] = &[
+    (
+        Release::new(2, 4, 0),
+        &["3.7", "5.0", "6.0", "7.0", "7.5", "8.0", "8.6", "9.0"],
+    ),
+    (
+        Release::new(2, 7, 0),
+        &[
+            "3.7", "5.0", "6.0", "7.0", "7.5", "8.0", "8.6", "9.0", "10.0", "12.0",
+        ],
+    ),
+    (
+        Release::new(2, 9, 0),
+        &[
+            "5.0", "6.0", "7.0", "7.5", "8.0", "8.6", "9.0", "10.0", "11.0", "12.0",
+        ],
+    ),
+];
+
+/// Whether torch `release`'s own wheels run on a GPU that its toolkit calls
+/// `cap`: SASS of its major, of a minor no newer.
+pub fn torch_runs_on(release: Release, cap: ComputeCapability) -> bool {
+    let Some((_, sass)) = TORCH_WHEELS.iter().rev().find(|(r, _)| *r <= release) else {
+        return true;
+    };
+    sass.iter()
+        .filter_map(|n| ComputeCapability::parse_reported(n).ok())
+        .any(|s| s.major == cap.major && s.minor <= cap.minor)
+}
+
 /// Which torch releases a Plan's `TORCH_CUDA_ARCH_LIST` must suit: the
-/// image's, when known; else every release of the table.
+/// image's, when known; else, for each GPU, every release of the table
+/// whose own kernels run there ([`TorchNames::for_gpu`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TorchNames {
     /// The image's release, if known.
     pub release: Option<Release>,
     names: Vec<&'static str>,
+    /// Where not known: the oldest release these suit, for a GPU whose
+    /// older releases' kernels do not run ([`TorchNames::for_gpu`]).
+    runs_from: Option<Release>,
 }
 
 impl TorchNames {
@@ -347,6 +388,7 @@ impl TorchNames {
             Some(r) => Self {
                 release: Some(r),
                 names: torch_names(r),
+                runs_from: None,
             },
             None => {
                 let all: Vec<Vec<&'static str>> = torch_releases().map(torch_names).collect();
@@ -358,8 +400,38 @@ impl TorchNames {
                 Self {
                     release: None,
                     names,
+                    runs_from: None,
                 }
             }
+        }
+    }
+
+    /// The names for a GPU that toolkits call `named`. Where the image's
+    /// torch is not known: those of every release in the table whose own
+    /// wheels run on that GPU ([`torch_runs_on`]). A torch whose kernels
+    /// cannot run there fails with the variable unset as with it set, so
+    /// suiting it would only cost the others their native code: a B200
+    /// gets `10.0`, which torch 2.4 and 2.5 reject, and their wheels hold
+    /// nothing for sm_100 either.
+    pub fn for_gpu(&self, named: ComputeCapability) -> Self {
+        if self.release.is_some() {
+            return self.clone();
+        }
+        let lists: Vec<Vec<&'static str>> = torch_releases()
+            .filter(|r| torch_runs_on(*r, named))
+            .map(torch_names)
+            .collect();
+        let Some(first) = lists.first() else {
+            return self.clone();
+        };
+        Self {
+            release: None,
+            names: first
+                .iter()
+                .copied()
+                .filter(|n| lists.iter().all(|l| l.contains(n)))
+                .collect(),
+            runs_from: torch_releases().find(|r| torch_runs_on(*r, named)),
         }
     }
 
@@ -377,13 +449,23 @@ impl TorchNames {
     pub fn who(&self) -> String {
         match self.release {
             Some(r) => format!("torch {r} in the image"),
-            None => format!(
-                "every torch from {} (the image's is not known)",
-                TORCH_OLDEST
-            ),
+            None => match self.runs_from {
+                Some(r) if r > TORCH_OLDEST => format!(
+                    "every torch from {r} (the image's is not known; older ones have no kernels for this GPU)"
+                ),
+                _ => format!(
+                    "every torch from {} (the image's is not known)",
+                    TORCH_OLDEST
+                ),
+            },
         }
     }
 }
+
+/// The first DeepSpeed release checked (scripts/consumers, each minor's
+/// last patch) whose op builder parses a two-digit major such as `10.0`:
+/// 0.12.6 to 0.15.4 index the name's characters and raise.
+pub const DEEPSPEED_TWO_DIGIT: Release = Release::new(0, 16, 9);
 
 /// DeepSpeed's ops whose builders keep only some architectures of
 /// `TORCH_CUDA_ARCH_LIST` (`filter_ccs` in `op_builder/*.py`): the
@@ -466,6 +548,30 @@ mod tests {
         let t = TorchNames::of(&sw);
         assert!(t.accepts(ComputeCapability::new(10, 1), false));
         assert!(t.who().contains("torch 2.7.0 in the image"), "{}", t.who());
+    }
+
+    #[test]
+    fn torchs_own_wheels_run_on_blackwell_from_2_7_and_on_thor_from_2_9() {
+        let c = ComputeCapability::new;
+        let r = Release::new;
+        assert!(!torch_runs_on(r(2, 6, 0), c(10, 0)));
+        assert!(torch_runs_on(r(2, 7, 1), c(10, 0)));
+        assert!(torch_runs_on(r(2, 7, 1), c(10, 3)), "sm_100 SASS runs on 10.3");
+        assert!(torch_runs_on(r(2, 7, 1), c(12, 1)));
+        assert!(!torch_runs_on(r(2, 8, 0), c(11, 0)));
+        assert!(torch_runs_on(r(2, 9, 1), c(11, 0)));
+        assert!(torch_runs_on(r(2, 4, 1), c(8, 9)), "8.6 SASS runs on an Ada");
+        // Not known: per GPU, the releases whose kernels run there.
+        let any = TorchNames::of(&Software::default());
+        assert!(!any.accepts(c(10, 0), false));
+        let b200 = any.for_gpu(c(10, 0));
+        assert!(b200.accepts(c(10, 0), false));
+        assert!(b200.who().contains("every torch from 2.7.0"), "{}", b200.who());
+        assert!(!any.for_gpu(c(10, 3)).accepts(c(10, 3), false), "2.7 rejects 10.3");
+        assert!(any.for_gpu(c(11, 0)).accepts(c(11, 0), false));
+        // Known: that release's, whatever its wheels run on.
+        let t25 = TorchNames::of(&Software::default().with_env(|_| Some("2.5.1".into())));
+        assert!(!t25.for_gpu(c(10, 0)).accepts(c(10, 0), false));
     }
 
     #[test]

@@ -324,9 +324,17 @@ fn a_gb10_under_cuda_12_8_gets_12_0_and_the_reason() {
     ));
     assert_eq!(p["env"]["TORCH_CUDA_ARCH_LIST"], "12.1", "{p}");
     assert_eq!(p["env"]["FLASHINFER_CUDA_ARCH_LIST"], "12.1a", "{p}");
-    // Neither known: what torch 2.4's own default gives there too.
+    // Neither known: a DeepSpeed that cannot parse 12.x may be there; what
+    // torch 2.4's own default gives there too.
     let p = json(&ctl("blackwell-mix", &["plan", "--devices", "0", "--json"]));
     assert_eq!(p["env"]["TORCH_CUDA_ARCH_LIST"], "9.0+PTX", "{p}");
+    // An image of torch alone (no DeepSpeed): what every torch whose own
+    // kernels run on a GB10 takes (2.7 on, which names 12.0, not 12.1).
+    let p = json(&ctl(
+        "blackwell-mix",
+        &["plan", "--devices", "0", "--software", "flash-attn==2.8.3", "--json"],
+    ));
+    assert_eq!(p["env"]["TORCH_CUDA_ARCH_LIST"], "12.0", "{p}");
 
     let o = ctl_plain(&["arch", "toolkit", "12.8.1", "--on", "12.1"], &[]);
     assert!(

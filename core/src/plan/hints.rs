@@ -83,15 +83,26 @@ fn arch_lists(
                 named.digits()
             ));
         }
-        // Why the torch entry is not the GPU's own name.
-        let why = match (&from, builds(named)) {
-            (Some(from), false) => format!("{from} cannot build sm_{}", named.digits()),
-            _ => format!("{} does not take {named}", torch_names.who()),
-        };
         let entry = |cap, ptx| TorchEntry {
             cap,
             arch_specific: false,
             ptx,
+        };
+        // Why the torch entry is not the GPU's own name.
+        let torch_names = if deepspeed_parses_two_digits(sw) {
+            torch_names.for_gpu(named)
+        } else {
+            if named.major >= 10 {
+                notes.push(format!(
+                    "TORCH_CUDA_ARCH_LIST does not name {named}: a DeepSpeed may be in the image (its absence is not proven, or its release is before {}), and those releases' op builder cannot parse a two-digit major",
+                    software::DEEPSPEED_TWO_DIGIT
+                ));
+            }
+            torch_names.clone()
+        };
+        let why = match (&from, builds(named)) {
+            (Some(from), false) => format!("{from} cannot build sm_{}", named.digits()),
+            _ => format!("{} does not take {named}", torch_names.who()),
         };
         match toolkit::best_where(cap, named, |c| builds(c) && torch_names.accepts(c, false)) {
             toolkit::Build::Exact(c) => torch.push(entry(c, false)),
@@ -141,6 +152,17 @@ fn arch_lists(
     flashinfer.sort();
     flashinfer.dedup();
     (torch, flashinfer.into_iter().map(|(_, e)| e).collect())
+}
+
+/// Whether every DeepSpeed the image may hold parses a two-digit major
+/// (`10.0`) in `TORCH_CUDA_ARCH_LIST`: none is there, or the one there is
+/// new enough. Releases 0.12 to 0.15 read `10.0` as major `1`, minor `.`,
+/// and an ahead-of-time build raises, where unset it builds.
+fn deepspeed_parses_two_digits(sw: &Software) -> bool {
+    match sw.get(Dist::DeepSpeed) {
+        Some(r) => r >= software::DEEPSPEED_TWO_DIGIT,
+        None => !sw.may_have(Dist::DeepSpeed),
+    }
 }
 
 /// xformers builds its FlashAttention 3 kernels with wgmma only for `9.0a`

@@ -215,7 +215,8 @@ fn arch_lists_are_built_for_the_containers_own_toolkit_and_torch() {
                 "the image's consumers: torch 2.7.1 (torch from PYTORCH_VERSION)",
             ],
         ),
-        // No torch known: a name torch 2.4 takes too, as PTX.
+        // Nothing known: a DeepSpeed before 0.16 may be there, which cannot
+        // parse 12.0; a name every torch takes, as PTX.
         (
             &[nvd("0"), cuda("12.8.1")],
             Some("9.0+PTX"),
@@ -223,6 +224,7 @@ fn arch_lists_are_built_for_the_containers_own_toolkit_and_torch() {
             &[
                 "TORCH_CUDA_ARCH_LIST has 9.0+PTX for 12.1",
                 "the image's consumers are not known",
+                "a DeepSpeed may be in the image",
             ],
         ),
         (
@@ -291,6 +293,44 @@ fn arch_lists_are_built_for_the_containers_own_toolkit_and_torch() {
             assert!(notes.contains(n), "{env:?}: no {n:?} in\n{notes}");
         }
     }
+    // Two B200s, torch not known: their own 10.0 wherever no DeepSpeed
+    // that cannot parse it may be there, with any toolkit that builds it
+    // or none known; the older torches that reject 10.0 have no kernels
+    // for a B200 anyway.
+    let mut h = host();
+    h.devices = vec![
+        crate::select::tests::dev(0, 0, "GPU-b200-0", "NVIDIA B200", "10.0", 0x01),
+        crate::select::tests::dev(1, 1, "GPU-b200-1", "NVIDIA B200", "10.0", 0x02),
+    ];
+    let b200 = |env: &[(&str, &str)], ds: Option<&str>, read: bool| {
+        let mut v = ContainerView::with_env(env.to_vec());
+        if let Some(ds) = ds {
+            v.software.dists.insert(
+                Dist::DeepSpeed,
+                crate::software::Release::parse(ds).unwrap(),
+            );
+        }
+        if read {
+            v.software.read.push("/app/.venv/lib/python3.12/site-packages".into());
+        }
+        let p = plan(&v, &h, &cfg());
+        (p.env_get("TORCH_CUDA_ARCH_LIST").map(str::to_owned), p.notes.join("\n"))
+    };
+    for env in [
+        &[nvd("0,1"), cuda("12.8.1")][..],
+        &[nvd("0,1"), cuda("13.0.2")],
+        &[nvd("0,1")],
+    ] {
+        assert_eq!(b200(env, None, true).0.as_deref(), Some("10.0"), "{env:?}");
+        assert_eq!(b200(env, Some("0.19.8"), true).0.as_deref(), Some("10.0"), "{env:?}");
+        let (list, notes) = b200(env, Some("0.15.4"), true);
+        assert_eq!(list.as_deref(), Some("9.0+PTX"), "{env:?}");
+        assert!(notes.contains("cannot parse a two-digit major"), "{notes}");
+        assert_eq!(b200(env, None, false).0.as_deref(), Some("9.0+PTX"), "{env:?}");
+    }
+    // Under a toolkit that cannot build it, as before: Hopper PTX.
+    let (list, _) = b200(&[nvd("0,1"), cuda("12.6.3")], None, true);
+    assert_eq!(list.as_deref(), Some("9.0+PTX"));
     // CUDA 13 dropped Volta: left out, the rest kept; from the config.
     let with_default = EnvConfig {
         cuda_version: Some(crate::arch::CudaVersion::new(13, 0)),
