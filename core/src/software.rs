@@ -556,18 +556,31 @@ mod tests {
         let r = Release::new;
         assert!(!torch_runs_on(r(2, 6, 0), c(10, 0)));
         assert!(torch_runs_on(r(2, 7, 1), c(10, 0)));
-        assert!(torch_runs_on(r(2, 7, 1), c(10, 3)), "sm_100 SASS runs on 10.3");
+        assert!(
+            torch_runs_on(r(2, 7, 1), c(10, 3)),
+            "sm_100 SASS runs on 10.3"
+        );
         assert!(torch_runs_on(r(2, 7, 1), c(12, 1)));
         assert!(!torch_runs_on(r(2, 8, 0), c(11, 0)));
         assert!(torch_runs_on(r(2, 9, 1), c(11, 0)));
-        assert!(torch_runs_on(r(2, 4, 1), c(8, 9)), "8.6 SASS runs on an Ada");
+        assert!(
+            torch_runs_on(r(2, 4, 1), c(8, 9)),
+            "8.6 SASS runs on an Ada"
+        );
         // Not known: per GPU, the releases whose kernels run there.
         let any = TorchNames::of(&Software::default());
         assert!(!any.accepts(c(10, 0), false));
         let b200 = any.for_gpu(c(10, 0));
         assert!(b200.accepts(c(10, 0), false));
-        assert!(b200.who().contains("every torch from 2.7.0"), "{}", b200.who());
-        assert!(!any.for_gpu(c(10, 3)).accepts(c(10, 3), false), "2.7 rejects 10.3");
+        assert!(
+            b200.who().contains("every torch from 2.7.0"),
+            "{}",
+            b200.who()
+        );
+        assert!(
+            !any.for_gpu(c(10, 3)).accepts(c(10, 3), false),
+            "2.7 rejects 10.3"
+        );
         assert!(any.for_gpu(c(11, 0)).accepts(c(11, 0), false));
         // Known: that release's, whatever its wheels run on.
         let t25 = TorchNames::of(&Software::default().with_env(|_| Some("2.5.1".into())));

@@ -103,6 +103,18 @@ impl Root {
         nix::sys::stat::fstat(fd.as_fd())
     }
 
+    /// A path-only handle on directory `rel`, resolved inside the rootfs:
+    /// to look up names in with [`Root::has_entry`].
+    pub fn lookup_dir(&self, rel: &Path) -> Result<OwnedFd, Errno> {
+        self.open_dir(rel)
+    }
+
+    /// Whether directory `dir` (from [`Root::lookup_dir`]) has an entry
+    /// `name` (a link is not followed: one `fstatat`).
+    pub fn has_entry(dir: &OwnedFd, name: &str) -> bool {
+        nix::sys::stat::fstatat(dir.as_fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).is_ok()
+    }
+
     /// The target of symlink `rel` (its directory resolved inside the
     /// rootfs; the link itself not followed). `EINVAL` when it is not a
     /// link.

@@ -332,7 +332,14 @@ fn a_gb10_under_cuda_12_8_gets_12_0_and_the_reason() {
     // kernels run on a GB10 takes (2.7 on, which names 12.0, not 12.1).
     let p = json(&ctl(
         "blackwell-mix",
-        &["plan", "--devices", "0", "--software", "flash-attn==2.8.3", "--json"],
+        &[
+            "plan",
+            "--devices",
+            "0",
+            "--software",
+            "flash-attn==2.8.3",
+            "--json",
+        ],
     ));
     assert_eq!(p["env"]["TORCH_CUDA_ARCH_LIST"], "12.0", "{p}");
 

@@ -311,10 +311,15 @@ fn arch_lists_are_built_for_the_containers_own_toolkit_and_torch() {
             );
         }
         if read {
-            v.software.read.push("/app/.venv/lib/python3.12/site-packages".into());
+            v.software
+                .read
+                .push("/app/.venv/lib/python3.12/site-packages".into());
         }
         let p = plan(&v, &h, &cfg());
-        (p.env_get("TORCH_CUDA_ARCH_LIST").map(str::to_owned), p.notes.join("\n"))
+        (
+            p.env_get("TORCH_CUDA_ARCH_LIST").map(str::to_owned),
+            p.notes.join("\n"),
+        )
     };
     for env in [
         &[nvd("0,1"), cuda("12.8.1")][..],
@@ -322,11 +327,19 @@ fn arch_lists_are_built_for_the_containers_own_toolkit_and_torch() {
         &[nvd("0,1")],
     ] {
         assert_eq!(b200(env, None, true).0.as_deref(), Some("10.0"), "{env:?}");
-        assert_eq!(b200(env, Some("0.19.8"), true).0.as_deref(), Some("10.0"), "{env:?}");
+        assert_eq!(
+            b200(env, Some("0.19.8"), true).0.as_deref(),
+            Some("10.0"),
+            "{env:?}"
+        );
         let (list, notes) = b200(env, Some("0.15.4"), true);
         assert_eq!(list.as_deref(), Some("9.0+PTX"), "{env:?}");
         assert!(notes.contains("cannot parse a two-digit major"), "{notes}");
-        assert_eq!(b200(env, None, false).0.as_deref(), Some("9.0+PTX"), "{env:?}");
+        assert_eq!(
+            b200(env, None, false).0.as_deref(),
+            Some("9.0+PTX"),
+            "{env:?}"
+        );
     }
     // Under a toolkit that cannot build it, as before: Hopper PTX.
     let (list, _) = b200(&[nvd("0,1"), cuda("12.6.3")], None, true);

@@ -127,12 +127,6 @@ fn resolve(root: &Root, rel: &str) -> String {
     at
 }
 
-/// Whether `rel` exists in the image and is not a directory.
-fn is_file(root: &Root, rel: &str) -> bool {
-    root.stat(Path::new(rel))
-        .is_ok_and(|st| st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFDIR)
-}
-
 /// `home` of a venv's `pyvenv.cfg`, where it includes the system site.
 fn venv_base(root: &Root, venv: &str) -> Option<Option<String>> {
     let text = root
@@ -208,13 +202,16 @@ fn interpreters(root: &Root, view: &ContainerView, prefixes: &mut Vec<Prefix>) {
         let Some(dir) = rel_of(Path::new(dir)) else {
             continue;
         };
+        let Ok(handle) = root.lookup_dir(Path::new(&dir)) else {
+            continue;
+        };
         for name in ["python3", "python"] {
-            let exe = format!("{dir}/{name}");
             // A link is taken as it is: a venv's may lead to its base's
             // interpreter in a layer not read here.
-            if !is_file(root, &exe) && root.read_link(Path::new(&exe)).is_err() {
+            if !Root::has_entry(&handle, name) {
                 continue;
             }
+            let exe = format!("{dir}/{name}");
             let by = Some(shown(&exe));
             let lexical = parent(&dir).to_owned();
             match venv_base(root, &lexical) {
