@@ -377,8 +377,9 @@ pub struct TorchNames {
     /// The image's release, if known.
     pub release: Option<Release>,
     names: Vec<&'static str>,
-    /// Where not known: the oldest release these suit, for a GPU whose
-    /// older releases' kernels do not run ([`TorchNames::for_gpu`]).
+    /// Where not known: the oldest release these suit (later than the
+    /// table's oldest for a GPU whose older releases' kernels do not run,
+    /// [`TorchNames::for_gpu`]).
     runs_from: Option<Release>,
 }
 
@@ -390,20 +391,27 @@ impl TorchNames {
                 names: torch_names(r),
                 runs_from: None,
             },
-            None => {
-                let all: Vec<Vec<&'static str>> = torch_releases().map(torch_names).collect();
-                let names = all[0]
-                    .iter()
-                    .copied()
-                    .filter(|n| all.iter().all(|l| l.contains(n)))
-                    .collect();
-                Self {
-                    release: None,
-                    names,
-                    runs_from: None,
-                }
-            }
+            None => Self::common(torch_releases()).unwrap_or_else(|| Self {
+                release: None,
+                names: Vec::new(),
+                runs_from: None,
+            }),
         }
+    }
+
+    /// The names every one of `releases` takes; None for no release.
+    fn common(mut releases: impl Iterator<Item = Release>) -> Option<Self> {
+        let first = releases.next()?;
+        let mut names = torch_names(first);
+        for r in releases {
+            let theirs = torch_names(r);
+            names.retain(|n| theirs.contains(n));
+        }
+        Some(Self {
+            release: None,
+            names,
+            runs_from: Some(first),
+        })
     }
 
     /// The names for a GPU that toolkits call `named`. Where the image's
@@ -417,22 +425,8 @@ impl TorchNames {
         if self.release.is_some() {
             return self.clone();
         }
-        let lists: Vec<Vec<&'static str>> = torch_releases()
-            .filter(|r| torch_runs_on(*r, named))
-            .map(torch_names)
-            .collect();
-        let Some(first) = lists.first() else {
-            return self.clone();
-        };
-        Self {
-            release: None,
-            names: first
-                .iter()
-                .copied()
-                .filter(|n| lists.iter().all(|l| l.contains(n)))
-                .collect(),
-            runs_from: torch_releases().find(|r| torch_runs_on(*r, named)),
-        }
+        Self::common(torch_releases().filter(|r| torch_runs_on(*r, named)))
+            .unwrap_or_else(|| self.clone())
     }
 
     /// Whether `cap` (arch-specific with `a`) is a name these take.

@@ -65,7 +65,10 @@ impl Root {
         Ok(Self { fd })
     }
 
-    fn open_dir(&self, rel: &Path) -> Result<OwnedFd, Errno> {
+    /// A path-only handle on directory `rel`, resolved inside the rootfs:
+    /// to resolve further names from, or look one up with
+    /// [`Root::has_entry`].
+    pub fn open_dir(&self, rel: &Path) -> Result<OwnedFd, Errno> {
         let how = OpenHow::new()
             .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
             .resolve(IN_ROOT);
@@ -103,13 +106,7 @@ impl Root {
         nix::sys::stat::fstat(fd.as_fd())
     }
 
-    /// A path-only handle on directory `rel`, resolved inside the rootfs:
-    /// to look up names in with [`Root::has_entry`].
-    pub fn lookup_dir(&self, rel: &Path) -> Result<OwnedFd, Errno> {
-        self.open_dir(rel)
-    }
-
-    /// Whether directory `dir` (from [`Root::lookup_dir`]) has an entry
+    /// Whether directory `dir` (from [`Root::open_dir`]) has an entry
     /// `name` (a link is not followed: one `fstatat`).
     pub fn has_entry(dir: &OwnedFd, name: &str) -> bool {
         nix::sys::stat::fstatat(dir.as_fd(), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).is_ok()

@@ -310,37 +310,26 @@ fn a_gb10_under_cuda_12_8_gets_12_0_and_the_reason() {
             && notes.contains("cannot build sm_121: TORCH_CUDA_ARCH_LIST has 12.0 for 12.1"),
         "{notes}"
     );
-    // No toolkit named, torch 2.9 in the image: the GPU's own capability.
-    let p = json(&ctl(
-        "blackwell-mix",
-        &[
-            "plan",
-            "--devices",
-            "0",
-            "--software",
-            "torch==2.9.1",
-            "--json",
-        ],
-    ));
+    // The GB10 with no toolkit named, and these consumers in the image.
+    let gb10 = |software: &[&str]| {
+        let mut args = vec!["plan", "--devices", "0", "--json"];
+        for s in software {
+            args.extend(["--software", *s]);
+        }
+        json(&ctl("blackwell-mix", &args))
+    };
+    // Torch 2.9 in the image: the GPU's own capability.
+    let p = gb10(&["torch==2.9.1"]);
     assert_eq!(p["env"]["TORCH_CUDA_ARCH_LIST"], "12.1", "{p}");
     assert_eq!(p["env"]["FLASHINFER_CUDA_ARCH_LIST"], "12.1a", "{p}");
     // Neither known: a DeepSpeed that cannot parse 12.x may be there; what
     // torch 2.4's own default gives there too.
-    let p = json(&ctl("blackwell-mix", &["plan", "--devices", "0", "--json"]));
+    let p = gb10(&[]);
     assert_eq!(p["env"]["TORCH_CUDA_ARCH_LIST"], "9.0+PTX", "{p}");
-    // An image of torch alone (no DeepSpeed): what every torch whose own
-    // kernels run on a GB10 takes (2.7 on, which names 12.0, not 12.1).
-    let p = json(&ctl(
-        "blackwell-mix",
-        &[
-            "plan",
-            "--devices",
-            "0",
-            "--software",
-            "flash-attn==2.8.3",
-            "--json",
-        ],
-    ));
+    // An image known to hold flash-attn and no DeepSpeed, its torch not
+    // known: what every torch whose own kernels run on a GB10 takes (2.7
+    // on, which names 12.0, not 12.1).
+    let p = gb10(&["flash-attn==2.8.3"]);
     assert_eq!(p["env"]["TORCH_CUDA_ARCH_LIST"], "12.0", "{p}");
 
     let o = ctl_plain(&["arch", "toolkit", "12.8.1", "--on", "12.1"], &[]);

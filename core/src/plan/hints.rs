@@ -73,6 +73,7 @@ fn arch_lists(
     let from = tk.map(|t| format!("CUDA {} ({})", t.version, t.source));
     let mut torch: Vec<TorchEntry> = Vec::new();
     let mut flashinfer = Vec::new();
+    let native_ok = deepspeed_parses_two_digits(sw);
     for &cap in distinct {
         let named = tk.map_or(cap, |t| toolkit::alias(cap, t.version));
         if let Some(from) = &from
@@ -89,7 +90,7 @@ fn arch_lists(
             ptx,
         };
         // Why the torch entry is not the GPU's own name.
-        let torch_names = if deepspeed_parses_two_digits(sw) {
+        let torch_names = if native_ok {
             torch_names.for_gpu(named)
         } else {
             if named.major >= 10 {
@@ -238,6 +239,12 @@ fn flash_attn_fit(cap: ComputeCapability) -> Option<(ComputeCapability, Option<(
         .iter()
         .all(|n| fit(*n) == Some(first))
         .then_some(first)
+}
+
+/// Whether FlashAttention-2 would run on every GPU but the image's
+/// environments, all read, hold no flash-attn to run it.
+fn flash_attn_missing(caps: &[ComputeCapability], sw: &Software) -> bool {
+    flash_attention_2_runs(caps) && sw.lacks(Dist::FlashAttn)
 }
 
 /// Whether FlashAttention-2 runs on every GPU: the capability it needs,
@@ -390,7 +397,7 @@ pub fn hints_for(
         ),
         (
             EnvVar::AttnImplementation,
-            if flash_attention_2_runs(caps) && !sw.lacks(Dist::FlashAttn) {
+            if flash_attention_2_runs(caps) && !flash_attn_missing(caps, sw) {
                 "flash_attention_2"
             } else {
                 "sdpa"
@@ -427,7 +434,7 @@ pub(super) fn attn_note(value: &str, gpus: &[AssignedGpu], sw: &Software) -> Str
     let var = EnvVar::AttnImplementation;
     let f = Feature::FlashAttention2;
     let caps: Vec<ComputeCapability> = gpus.iter().map(|g| g.compute_capability).collect();
-    if flash_attention_2_runs(&caps) && sw.lacks(Dist::FlashAttn) {
+    if flash_attn_missing(&caps, sw) {
         return format!(
             "{var}={value}: FlashAttention-2 runs on every assigned GPU, but the image has no flash-attn (read from {})",
             sw.read.join(", ")

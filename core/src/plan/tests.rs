@@ -417,6 +417,16 @@ fn flash_attention_hints_agree_with_what_flash_attn_builds() {
 
 /// A node of one GPU of capability `cc`, in an image holding `dists`.
 fn one_gpu(cc: &str, dists: &[(Dist, &str)], read: bool) -> Plan {
+    let read: &[&str] = if read {
+        &["/usr/lib/python3/dist-packages"]
+    } else {
+        &[]
+    };
+    one_gpu_in(cc, dists, read, &[])
+}
+
+/// [`one_gpu`], its image's environments `read` and `unread`.
+fn one_gpu_in(cc: &str, dists: &[(Dist, &str)], read: &[&str], unread: &[&str]) -> Plan {
     use crate::select::tests::dev;
     let mut h = host();
     h.devices = vec![dev(0, 0, "GPU-x", "NVIDIA GPU", cc, 0x01)];
@@ -426,11 +436,8 @@ fn one_gpu(cc: &str, dists: &[(Dist, &str)], read: bool) -> Plan {
             .dists
             .insert(*d, crate::software::Release::parse(r).unwrap());
     }
-    if read {
-        v.software
-            .read
-            .push("/usr/lib/python3/dist-packages".into());
-    }
+    v.software.read = read.iter().map(|s| (*s).to_owned()).collect();
+    v.software.unread = unread.iter().map(|s| (*s).to_owned()).collect();
     plan(&v, &h, &cfg())
 }
 
@@ -475,25 +482,15 @@ fn xformers_gets_9_0a_on_hopper_unless_deepspeed_would_reject_it() {
     assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("8.6"));
 }
 
-/// `one_gpu`, with environments the image's interpreters would import
-/// from that were not read.
+/// [`one_gpu`], with an environment the image's interpreters would
+/// import from that was not read.
 fn one_gpu_partly_read(cc: &str, dists: &[(Dist, &str)]) -> Plan {
-    use crate::select::tests::dev;
-    let mut h = host();
-    h.devices = vec![dev(0, 0, "GPU-x", "NVIDIA GPU", cc, 0x01)];
-    let mut v = nvd("0");
-    for (d, r) in dists {
-        v.software
-            .dists
-            .insert(*d, crate::software::Release::parse(r).unwrap());
-    }
-    v.software
-        .read
-        .push("/usr/local/lib/python3.12/dist-packages".into());
-    v.software
-        .unread
-        .push("\"/opt/x/bin/python3\": no lib/python3.* under \"/opt/x\"".into());
-    plan(&v, &h, &cfg())
+    one_gpu_in(
+        cc,
+        dists,
+        &["/usr/local/lib/python3.12/dist-packages"],
+        &["\"/opt/x/bin/python3\": no lib/python3.* under \"/opt/x\""],
+    )
 }
 
 #[test]

@@ -202,38 +202,57 @@ fn interpreters(root: &Root, view: &ContainerView, prefixes: &mut Vec<Prefix>) {
         let Some(dir) = rel_of(Path::new(dir)) else {
             continue;
         };
-        let Ok(handle) = root.lookup_dir(Path::new(&dir)) else {
+        let Ok(handle) = root.open_dir(Path::new(&dir)) else {
             continue;
         };
-        for name in ["python3", "python"] {
-            // A link is taken as it is: a venv's may lead to its base's
-            // interpreter in a layer not read here.
-            if !Root::has_entry(&handle, name) {
-                continue;
+        // A link is taken as it is: a venv's may lead to its base's
+        // interpreter in a layer not read here.
+        let exes: Vec<String> = ["python3", "python"]
+            .into_iter()
+            .filter(|name| Root::has_entry(&handle, name))
+            .map(|name| format!("{dir}/{name}"))
+            .collect();
+        let Some(first) = exes.first() else {
+            continue;
+        };
+        // A venv is its directory's, whichever name runs it.
+        let lexical = parent(&dir).to_owned();
+        if let Some(base) = venv_base(root, &lexical) {
+            let by = Some(shown(first));
+            prefixes.push(Prefix {
+                rel: lexical,
+                by: by.clone(),
+            });
+            if let Some(base) = base {
+                prefixes.push(Prefix { rel: base, by });
             }
-            let exe = format!("{dir}/{name}");
-            let by = Some(shown(&exe));
-            let lexical = parent(&dir).to_owned();
-            match venv_base(root, &lexical) {
-                Some(base) => {
-                    prefixes.push(Prefix {
-                        rel: lexical,
-                        by: by.clone(),
-                    });
-                    if let Some(base) = base {
-                        prefixes.push(Prefix { rel: base, by });
-                    }
-                }
-                None => {
-                    let real = resolve(root, &exe);
-                    prefixes.push(Prefix {
-                        rel: parent(parent(&real)).to_owned(),
-                        by,
-                    });
-                }
-            }
+            continue;
+        }
+        for exe in &exes {
+            let real = resolve(root, exe);
+            prefixes.push(Prefix {
+                rel: parent(parent(&real)).to_owned(),
+                by: Some(shown(exe)),
+            });
         }
     }
+}
+
+/// `prefixes` with each path once, in first-seen order; one that an
+/// interpreter made required stays required.
+fn once_each(prefixes: Vec<Prefix>) -> Vec<Prefix> {
+    let mut out: Vec<Prefix> = Vec::with_capacity(prefixes.len());
+    for p in prefixes {
+        match out.iter_mut().find(|q| q.rel == p.rel) {
+            Some(q) => {
+                if q.by.is_none() {
+                    q.by = p.by;
+                }
+            }
+            None => out.push(p),
+        }
+    }
+    out
 }
 
 /// The user site's base: `PYTHONUSERBASE`, else `HOME/.local`, else the
@@ -303,7 +322,9 @@ pub fn discover(root: &Root, view: &ContainerView, budget: &mut Budget) -> Resul
             }
         }
     }
-    for p in &prefixes {
+    // `/usr/bin/python3` and `/bin/python3` both lead to `/usr`, also a
+    // usual prefix: its `lib` is listed once.
+    for p in &once_each(prefixes) {
         let mut any = false;
         for lib in ["lib", "lib64"] {
             let at = if p.rel.is_empty() {
