@@ -20,14 +20,13 @@
 //! whose environment cannot be found or read is recorded as unread: then
 //! no consumer's absence is proven (`Software::unread`).
 
-use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path};
 
 use gpuarch_core::oci::ContainerView;
 use nix::errno::Errno;
 
+use super::tree::Tree;
 use super::{Budget, Stop};
-use crate::rootfs::Root;
 
 /// Most entries of `PATH` and of `PYTHONPATH` looked at.
 const MAX_PATH_ENTRIES: usize = 32;
@@ -54,15 +53,14 @@ const USUAL_PREFIXES: [&str; 8] = [
 const CONDA_BASES: [&str; 3] = ["opt/conda", "opt/miniconda3", "opt/miniforge3"];
 
 /// A site directory found: its path inside the image and a handle on it.
-pub struct Site {
+pub struct Site<D> {
     pub rel: String,
-    pub dir: OwnedFd,
+    pub dir: D,
 }
 
 /// What [`discover`] found.
-#[derive(Default)]
-pub struct Found {
-    pub sites: Vec<Site>,
+pub struct Found<D> {
+    pub sites: Vec<Site<D>>,
     /// Environments an interpreter would import from that were not read,
     /// and why.
     pub unread: Vec<String>,
@@ -78,7 +76,7 @@ struct Prefix {
 /// `path` made relative to the image's `/`, `..` taken lexically (the
 /// result is only ever opened inside the rootfs). None for a relative
 /// path, which names nothing the image fixes.
-fn rel_of(path: &Path) -> Option<String> {
+pub(crate) fn rel_of(path: &Path) -> Option<String> {
     if !path.is_absolute() {
         return None;
     }
@@ -108,10 +106,10 @@ fn shown(rel: &str) -> String {
 
 /// The file an interpreter's name leads to, following its links inside the
 /// image (relative ones from the link's directory).
-fn resolve(root: &Root, rel: &str) -> String {
+fn resolve<T: Tree>(root: &T, rel: &str) -> String {
     let mut at = rel.to_owned();
     for _ in 0..MAX_LINKS {
-        let Ok(target) = root.read_link(Path::new(&at)) else {
+        let Ok(target) = root.read_link(&at) else {
             break;
         };
         let next = if target.is_absolute() {
@@ -128,9 +126,9 @@ fn resolve(root: &Root, rel: &str) -> String {
 }
 
 /// `home` of a venv's `pyvenv.cfg`, where it includes the system site.
-fn venv_base(root: &Root, venv: &str) -> Option<Option<String>> {
+fn venv_base<T: Tree>(root: &T, venv: &str) -> Option<Option<String>> {
     let text = root
-        .read_regular(Path::new(&format!("{venv}/pyvenv.cfg")), MAX_SMALL_FILE)
+        .read_regular(&format!("{venv}/pyvenv.cfg"), MAX_SMALL_FILE)
         .ok()?;
     let text = String::from_utf8_lossy(&text);
     let get = |key: &str| {
@@ -149,10 +147,8 @@ fn venv_base(root: &Root, venv: &str) -> Option<Option<String>> {
 }
 
 /// The home directory of `uid` in the image's `/etc/passwd`.
-fn passwd_home(root: &Root, uid: u32) -> Option<String> {
-    let text = root
-        .read_regular(Path::new("etc/passwd"), MAX_SMALL_FILE)
-        .ok()?;
+fn passwd_home<T: Tree>(root: &T, uid: u32) -> Option<String> {
+    let text = root.read_regular("etc/passwd", MAX_SMALL_FILE).ok()?;
     let text = String::from_utf8_lossy(&text);
     text.lines().find_map(|l| {
         let f: Vec<&str> = l.split(':').collect();
@@ -162,32 +158,19 @@ fn passwd_home(root: &Root, uid: u32) -> Option<String> {
     })
 }
 
-/// Names in directory `dir`, each passed to `each`, under the budget.
-pub fn names(dir: &OwnedFd, budget: &mut Budget, mut each: impl FnMut(&str)) -> Result<(), Stop> {
-    let Ok(fd) = nix::unistd::dup(dir.as_fd()) else {
-        return Ok(());
-    };
-    let Ok(mut d) = nix::dir::Dir::from_fd(fd) else {
-        return Ok(());
-    };
-    for e in d.iter() {
-        let Ok(e) = e else { break };
-        budget.take()?;
-        if let Ok(name) = e.file_name().to_str() {
-            each(name);
-        }
-    }
-    Ok(())
-}
-
 /// Subdirectory names of `rel` that start with `prefix`, sorted.
-fn subdirs(root: &Root, rel: &str, prefix: &str, budget: &mut Budget) -> Result<Vec<String>, Stop> {
-    let Ok(dir) = root.open_dir_read(Path::new(rel)) else {
+fn subdirs<T: Tree>(
+    root: &T,
+    rel: &str,
+    prefix: &str,
+    budget: &mut Budget,
+) -> Result<Vec<String>, Stop> {
+    let Ok(dir) = root.dir(rel) else {
         return Ok(Vec::new());
     };
     let mut out = Vec::new();
-    names(&dir, budget, |n| {
-        if n.starts_with(prefix) && n != "." && n != ".." && out.len() < MAX_SITES {
+    root.names(&dir, budget, &mut |n| {
+        if n.starts_with(prefix) && out.len() < MAX_SITES {
             out.push(n.to_owned());
         }
     })?;
@@ -196,20 +179,20 @@ fn subdirs(root: &Root, rel: &str, prefix: &str, budget: &mut Budget) -> Result<
 }
 
 /// The interpreters on `PATH` and the prefixes they make required.
-fn interpreters(root: &Root, view: &ContainerView, prefixes: &mut Vec<Prefix>) {
+fn interpreters<T: Tree>(root: &T, view: &ContainerView, prefixes: &mut Vec<Prefix>) {
     let path = view.env_get("PATH").unwrap_or(DEFAULT_PATH);
     for dir in path.split(':').take(MAX_PATH_ENTRIES) {
         let Some(dir) = rel_of(Path::new(dir)) else {
             continue;
         };
-        let Ok(handle) = root.open_dir(Path::new(&dir)) else {
+        let Ok(handle) = root.dir(&dir) else {
             continue;
         };
         // A link is taken as it is: a venv's may lead to its base's
         // interpreter in a layer not read here.
         let exes: Vec<String> = ["python3", "python"]
             .into_iter()
-            .filter(|name| Root::has_entry(&handle, name))
+            .filter(|name| root.has_entry(&handle, name))
             .map(|name| format!("{dir}/{name}"))
             .collect();
         let Some(first) = exes.first() else {
@@ -257,7 +240,7 @@ fn once_each(prefixes: Vec<Prefix>) -> Vec<Prefix> {
 
 /// The user site's base: `PYTHONUSERBASE`, else `HOME/.local`, else the
 /// passwd home's `.local`.
-fn user_base(root: &Root, view: &ContainerView) -> Option<String> {
+fn user_base<T: Tree>(root: &T, view: &ContainerView) -> Option<String> {
     if let Some(b) = view.env_get("PYTHONUSERBASE") {
         return rel_of(Path::new(b));
     }
@@ -274,8 +257,15 @@ fn user_base(root: &Root, view: &ContainerView) -> Option<String> {
 
 /// The site directories of the image's Python environments for the process
 /// of `view`, under the budget.
-pub fn discover(root: &Root, view: &ContainerView, budget: &mut Budget) -> Result<Found, Stop> {
-    let mut found = Found::default();
+pub fn discover<T: Tree>(
+    root: &T,
+    view: &ContainerView,
+    budget: &mut Budget,
+) -> Result<Found<T::Dir>, Stop> {
+    let mut found = Found {
+        sites: Vec::new(),
+        unread: Vec::new(),
+    };
     let mut prefixes = Vec::new();
     interpreters(root, view, &mut prefixes);
     for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
@@ -303,9 +293,9 @@ pub fn discover(root: &Root, view: &ContainerView, budget: &mut Budget) -> Resul
             let Some(rel) = rel_of(Path::new(entry)) else {
                 continue;
             };
-            match root.stat(Path::new(&rel)) {
-                Ok(st) if st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFDIR => direct.push(rel),
-                Ok(_) => found.unread.push(format!(
+            match root.is_dir(&rel) {
+                Ok(true) => direct.push(rel),
+                Ok(false) => found.unread.push(format!(
                     "PYTHONPATH's {}: not a directory (a zip is not read)",
                     shown(&rel)
                 )),
@@ -362,7 +352,7 @@ pub fn discover(root: &Root, view: &ContainerView, budget: &mut Budget) -> Resul
                 .push(format!("over {MAX_SITES} site directories"));
             break;
         }
-        let dir = match root.open_dir_read(Path::new(&rel)) {
+        let dir = match root.dir(&rel) {
             Ok(d) => d,
             Err(Errno::ENOENT | Errno::ENOTDIR) => continue,
             Err(e) => {
@@ -370,10 +360,8 @@ pub fn discover(root: &Root, view: &ContainerView, budget: &mut Budget) -> Resul
                 continue;
             }
         };
-        let Ok(st) = nix::sys::stat::fstat(dir.as_fd()) else {
-            continue;
-        };
-        if seen.insert((st.st_dev, st.st_ino)) {
+        let same: Vec<(i64, i64)> = root.identity(&dir).iter().map(|i| (i[0], i[1])).collect();
+        if seen.insert(same) {
             found.sites.push(Site { rel, dir });
         }
     }

@@ -27,8 +27,8 @@
 //! can name another's entry.
 
 mod envs;
+pub mod tree;
 
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -37,7 +37,9 @@ use gpuarch_core::software::{self, Dist, Release, Software};
 use sha2::{Digest, Sha256};
 
 use crate::rootfs::Root;
-use envs::{Site, names};
+use envs::Site;
+pub use tree::Layers;
+use tree::Tree;
 
 /// Most directory entries read for one image, in all.
 pub const MAX_ENTRIES: usize = 1 << 18;
@@ -99,26 +101,20 @@ impl Budget {
 
 /// The cache key of these sites: their paths, inodes, and modification and
 /// change times, and what was not read.
-fn key(sites: &[Site], unread: &[String]) -> String {
+fn key<T: Tree>(tree: &T, sites: &[Site<T::Dir>], unread: &[String]) -> String {
     let mut h = Sha256::new();
-    // 3: environments found from the process; what was not read.
-    h.update(b"gpuarch-image-software-3\0");
+    // 4: a site may be made of several layers' directories.
+    h.update(b"gpuarch-image-software-4\0");
     for e in sites {
-        let Ok(st) = nix::sys::stat::fstat(e.dir.as_fd()) else {
-            continue;
-        };
         h.update(e.rel.as_bytes());
         h.update(b"\0");
         // Not st_dev: an overlay's is new with each container's mount.
-        for n in [
-            st.st_ino as i64,
-            st.st_mtime,
-            st.st_mtime_nsec,
-            st.st_ctime,
-            st.st_ctime_nsec,
-        ] {
-            h.update(n.to_le_bytes());
+        for id in tree.identity(&e.dir) {
+            for n in &id[1..] {
+                h.update(n.to_le_bytes());
+            }
         }
+        h.update(b"\0");
     }
     for u in unread {
         h.update(b"unread\0");
@@ -138,9 +134,9 @@ fn metadata_version(text: &[u8]) -> Option<Release> {
 }
 
 /// The consumers in these sites, under the budget.
-fn scan(
-    root: &Root,
-    sites: &[Site],
+fn scan<T: Tree>(
+    root: &T,
+    sites: &[Site<T::Dir>],
     budget: &mut Budget,
     notes: &mut Vec<String>,
 ) -> Result<Software, Stop> {
@@ -149,7 +145,7 @@ fn scan(
     let mut metadata_reads = 0;
     for site in sites {
         let mut found = Vec::new();
-        names(&site.dir, budget, |n| {
+        root.names(&site.dir, budget, &mut |n| {
             if let Some(d) = software::dist_info(n) {
                 found.push((d, n.to_owned()));
             }
@@ -167,7 +163,7 @@ fn scan(
             let release = if metadata_reads < MAX_METADATA_READS {
                 budget.in_time()?;
                 metadata_reads += 1;
-                root.read_regular(Path::new(&meta), MAX_METADATA)
+                root.read_regular(&meta, MAX_METADATA)
                     .ok()
                     .and_then(|t| metadata_version(&t))
                     .unwrap_or(by_name)
@@ -205,6 +201,15 @@ pub fn read(root: &Root, view: &ContainerView, cache: Option<&Path>) -> (Softwar
     read_within(root, view, cache, MAX_ENTRIES, DEADLINE, WAIT)
 }
 
+/// [`read`] for an image given as its layers (gpuarchd's NRI path).
+pub fn read_layers(
+    layers: &Layers,
+    view: &ContainerView,
+    cache: Option<&Path>,
+) -> (Software, Vec<String>) {
+    read_within(layers, view, cache, MAX_ENTRIES, DEADLINE, WAIT)
+}
+
 fn not_read(why: impl std::fmt::Display) -> (Software, Vec<String>) {
     (
         Software::default(),
@@ -214,8 +219,8 @@ fn not_read(why: impl std::fmt::Display) -> (Software, Vec<String>) {
     )
 }
 
-fn read_within(
-    root: &Root,
+fn read_within<T: Tree>(
+    root: &T,
     view: &ContainerView,
     cache: Option<&Path>,
     max: usize,
@@ -252,8 +257,8 @@ fn read_within(
     }
 }
 
-fn read_here(
-    root: &Root,
+fn read_here<T: Tree>(
+    root: &T,
     view: &ContainerView,
     cache: Option<&Path>,
     max: usize,
@@ -277,7 +282,7 @@ fn read_here(
     }
     let entry = cache
         .filter(|c| c.is_dir())
-        .map(|c| c.join(format!("{}.json", key(&found.sites, &found.unread))));
+        .map(|c| c.join(format!("{}.json", key(root, &found.sites, &found.unread))));
     if let Some(sw) = entry.as_deref().and_then(cached) {
         return (sw, notes);
     }
