@@ -4,6 +4,7 @@
 
 use gpuarch_core::oci::{self, ContainerView};
 use gpuarch_core::plan::{self, Plan};
+use gpuarch_core::software::Software;
 use serde_json::{Value, json};
 
 use std::path::Path;
@@ -138,6 +139,24 @@ pub fn edit(config: &mut Value, ctx: &Context) -> Result<Plan, HookError> {
     edit_in(config, ctx, None)
 }
 
+/// Where [`edit_with`] finds the image's consumers.
+pub enum Image<'a> {
+    /// The config's `root.path`, a relative one under this bundle.
+    Rootfs(Option<&'a Path>),
+    /// Read by the caller for the container's process (gpuarchd's NRI
+    /// path, from the image's layers): what it holds, and the notes.
+    Read(&'a dyn Fn(&ContainerView) -> (Software, Vec<String>)),
+}
+
+impl std::fmt::Debug for Image<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Rootfs(b) => f.debug_tuple("Rootfs").field(b).finish(),
+            Self::Read(_) => f.write_str("Read"),
+        }
+    }
+}
+
 /// [`edit`] for a config whose relative `root.path` is relative to
 /// `bundle`.
 pub fn edit_in(
@@ -145,6 +164,12 @@ pub fn edit_in(
     ctx: &Context,
     bundle: Option<&Path>,
 ) -> Result<Plan, HookError> {
+    edit_with(config, ctx, Image::Rootfs(bundle))
+}
+
+/// [`edit`], the image's consumers found as `image` says. The image is
+/// read only for a container that gets a Plan.
+pub fn edit_with(config: &mut Value, ctx: &Context, image: Image<'_>) -> Result<Plan, HookError> {
     let mut view = ContainerView::from_value(config)?;
     let mut plan = plan::plan(&view, &ctx.inventory, &ctx.config.env);
     ctx.refuse_if_strict(&plan)
@@ -152,10 +177,16 @@ pub fn edit_in(
     if plan.is_noop() {
         return Ok(plan);
     }
-    // A config with a relative root and no bundle, or a rootfs not there
-    // yet, has no image to read.
-    if let Some(root) = image::rootfs_of(config, bundle).and_then(|r| Root::open(&r).ok()) {
-        let notes = image::read_into(&mut view, &root, &ctx.config.hook.image_cache);
+    let read = match image {
+        // A config with a relative root and no bundle, or a rootfs not
+        // there yet, has no image to read.
+        Image::Rootfs(bundle) => image::rootfs_of(config, bundle)
+            .and_then(|r| Root::open(&r).ok())
+            .map(|root| image::read(&root, &view, Some(&ctx.config.hook.image_cache))),
+        Image::Read(read) => Some(read(&view)),
+    };
+    if let Some((software, notes)) = read {
+        view.software = software;
         plan = plan::plan(&view, &ctx.inventory, &ctx.config.env);
         plan.notes.extend(notes);
     }

@@ -39,6 +39,8 @@ pub struct Containerd {
     /// Its NRI socket (`socket_path`).
     pub nri_sock: PathBuf,
     pub config: PathBuf,
+    /// CRI's snapshotter: `native` or `overlayfs`.
+    pub snapshotter: &'static str,
     shared: Vec<PathBuf>,
     child: Option<Child>,
 }
@@ -55,6 +57,16 @@ impl Containerd {
     /// its specs in `dir/cdi-specs`. `shared`:
     /// more directories it must see (gpuarchd's, for the snapshot).
     pub fn start(root: &Path, dir: &Path, shared: &[&Path]) -> Self {
+        Self::start_with(root, dir, shared, "native")
+    }
+
+    /// [`Containerd::start`], CRI's snapshotter `snapshotter`.
+    pub fn start_with(
+        root: &Path,
+        dir: &Path,
+        shared: &[&Path],
+        snapshotter: &'static str,
+    ) -> Self {
         std::fs::create_dir_all(dir.join("conf.d")).unwrap();
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         let major = version(root, "containerd");
@@ -64,7 +76,7 @@ impl Containerd {
         let cri = if v3 {
             format!(
                 r#"[plugins."io.containerd.cri.v1.images"]
-  snapshotter = "native"
+  snapshotter = "{snapshotter}"
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "{PAUSE}"
 [plugins."io.containerd.cri.v1.runtime"]
@@ -86,7 +98,7 @@ impl Containerd {
   [plugins."io.containerd.grpc.v1.cri".cni]
     conf_dir = "{d}/cni"
   [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "native"
+    snapshotter = "{snapshotter}"
 "#
             )
         };
@@ -127,6 +139,7 @@ state = "{d}/state"
             sock: dir.join("containerd.sock"),
             nri_sock: dir.join("nri.sock"),
             config,
+            snapshotter,
             shared: shared.iter().map(|p| p.to_path_buf()).collect(),
             child: None,
         };
@@ -212,20 +225,29 @@ state = "{d}/state"
         std::os::unix::fs::symlink("busybox", rootfs.join("bin/sleep")).unwrap();
         for (name, cmd) in [(IMAGE, "/bin/sh"), (PAUSE, "/bin/sleep 2147483647")] {
             let tar = oci_archive(&rootfs, name, cmd, &self.dir.join("image"));
-            let o = self.ctr(&[
-                "-n",
-                "k8s.io",
-                "images",
-                "import",
-                "--local",
-                "--snapshotter",
-                "native",
-                "--platform",
-                "linux/amd64",
-                tar.to_str().unwrap(),
-            ]);
-            assert!(o.status.success(), "ctr images import {name}: {o:?}");
+            self.import(&tar);
         }
+    }
+
+    /// Import the image archive `tar` for CRI's pods.
+    pub fn import(&self, tar: &Path) {
+        let o = self.ctr(&[
+            "-n",
+            "k8s.io",
+            "images",
+            "import",
+            "--local",
+            "--snapshotter",
+            self.snapshotter,
+            "--platform",
+            "linux/amd64",
+            tar.to_str().unwrap(),
+        ]);
+        assert!(
+            o.status.success(),
+            "ctr images import {}: {o:?}",
+            tar.display()
+        );
     }
 }
 
@@ -238,6 +260,19 @@ impl Drop for Containerd {
 /// An OCI image archive (the image layout, tarred) of `rootfs` as one
 /// layer, named `name`, running `cmd`; built in `work`.
 pub fn oci_archive(rootfs: &Path, name: &str, cmd: &str, work: &Path) -> PathBuf {
+    oci_archive_layers(&[rootfs], &["PATH=/bin"], name, cmd, work)
+}
+
+/// An OCI image archive of `layers` (the bottom one first; each tarred as
+/// it is, so `.wh.NAME` files are whiteouts and `.wh..wh..opq` makes its
+/// directory opaque), its process's env `env`.
+pub fn oci_archive_layers(
+    layers: &[&Path],
+    env: &[&str],
+    name: &str,
+    cmd: &str,
+    work: &Path,
+) -> PathBuf {
     let _ = std::fs::remove_dir_all(work);
     let blobs = work.join("layout/blobs/sha256");
     std::fs::create_dir_all(&blobs).unwrap();
@@ -246,27 +281,33 @@ pub fn oci_archive(rootfs: &Path, name: &str, cmd: &str, work: &Path) -> PathBuf
         std::fs::write(blobs.join(&digest), bytes).unwrap();
         (format!("sha256:{digest}"), bytes.len())
     };
-    let o = Command::new("tar")
-        .arg("-C")
-        .arg(rootfs)
-        .args(["--owner=0", "--group=0", "-cf", "-", "."])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "tar: {o:?}");
-    let (layer, layer_size) = put(&o.stdout);
+    let mut diff_ids = Vec::new();
+    let mut descriptors = Vec::new();
+    for rootfs in layers {
+        let o = Command::new("tar")
+            .arg("-C")
+            .arg(rootfs)
+            .args(["--owner=0", "--group=0", "-cf", "-", "."])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "tar: {o:?}");
+        let (layer, layer_size) = put(&o.stdout);
+        descriptors.push(serde_json::json!({"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer, "size": layer_size}));
+        diff_ids.push(layer);
+    }
     let cmd: Vec<&str> = cmd.split(' ').collect();
     let config = serde_json::json!({
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Cmd": cmd, "Env": ["PATH=/bin"]},
-        "rootfs": {"type": "layers", "diff_ids": [layer]},
+        "config": {"Cmd": cmd, "Env": env},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
     });
     let (config, config_size) = put(config.to_string().as_bytes());
     let manifest = serde_json::json!({
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config, "size": config_size},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer, "size": layer_size}],
+        "layers": descriptors,
     });
     let (manifest, manifest_size) = put(manifest.to_string().as_bytes());
     let index = serde_json::json!({

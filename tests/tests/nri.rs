@@ -77,7 +77,18 @@ impl Stack {
         )
         .unwrap();
         let mut s = Self {
-            containerd: Containerd::start(&root, &dir, &[&node.path("")]),
+            // Both kinds of snapshot gpuarchd reads an image from: 2.1's
+            // pods on overlayfs (the layers), 1.7's on native (a copy).
+            containerd: Containerd::start_with(
+                &root,
+                &dir,
+                &[&node.path("")],
+                if suite == "sid" {
+                    "overlayfs"
+                } else {
+                    "native"
+                },
+            ),
             pods: node.path("pods"),
             node,
             dev,
@@ -98,8 +109,9 @@ impl Stack {
 
     fn start_gpuarchd(&mut self, nri: bool) {
         let yaml = format!(
-            "nri:\n  enable: {nri}\n  socket: {}\njit_cache:\n  enable: true\n  dir: {}\n",
+            "nri:\n  enable: {nri}\n  socket: {}\n  containerd: {}\njit_cache:\n  enable: true\n  dir: {}\n",
             self.containerd.nri_sock.display(),
+            self.containerd.sock.display(),
             self.node.path("jit").display()
         );
         let yaml = gpuarch_tests::private_hook_paths(
@@ -155,12 +167,24 @@ impl Stack {
         devices: &[(&Path, &str)],
         script: &str,
     ) -> (String, Result<(), String>) {
+        self.pod_of(IMAGE, handler, envs, annotations, devices, script)
+    }
+
+    fn pod_of(
+        &mut self,
+        image: &str,
+        handler: &str,
+        envs: &[(&str, &str)],
+        annotations: &[(&str, &str)],
+        devices: &[(&Path, &str)],
+        script: &str,
+    ) -> (String, Result<(), String>) {
         self.serial += 1;
         let name = format!("p{}-{}", self.serial, std::process::id());
         let p = cri::Pod {
             sock: &self.containerd.sock,
             pods: &self.pods,
-            image: IMAGE,
+            image,
             name: &name,
             handler,
             envs,
@@ -195,6 +219,78 @@ impl Stack {
 }
 
 const REGISTERED: &str = "NRI: registered with containerd";
+
+/// An image of three layers whose Python lives where real images keep it:
+/// a base Python in `/usr` (torch, xformers, flash-attn), then uv's
+/// `/app/.venv` on `PATH` (DeepSpeed) with flash-attn removed by a
+/// whiteout and a conda env, then conda's directory replaced (opaque) by
+/// one holding another env (accelerate).
+const PY_IMAGE: &str = "gpuarch.test/python-layers:1";
+
+fn python_image(c: &Containerd) {
+    let work = c.dir.join("python-image");
+    let l: Vec<PathBuf> = (0..3).map(|i| work.join(format!("layer{i}"))).collect();
+    let write = |l: &Path, rel: &str, text: &str| {
+        let p = l.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    };
+    let dist = |l: &Path, site: &str, name: &str, v: &str| {
+        write(
+            l,
+            &format!("{site}/{}-{v}.dist-info/METADATA", name.replace('-', "_")),
+            &format!("Metadata-Version: 2.4\nName: {name}\nVersion: {v}\n\n"),
+        );
+    };
+    gpuarch_tests::containers::make_rootfs(&l[0]);
+    let site = "usr/lib/python3.12/site-packages";
+    write(&l[0], "usr/bin/python3.12", "ELF");
+    std::os::unix::fs::symlink("python3.12", l[0].join("usr/bin/python3")).unwrap();
+    write(&l[0], "usr/lib/python3.12/os.py", "");
+    dist(&l[0], site, "torch", "2.7.1");
+    dist(&l[0], site, "xformers", "0.0.30");
+    dist(&l[0], site, "flash-attn", "2.7.4.post1");
+    write(
+        &l[1],
+        &format!("{site}/.wh.flash_attn-2.7.4.post1.dist-info"),
+        "",
+    );
+    write(
+        &l[1],
+        "app/.venv/pyvenv.cfg",
+        "home = /usr/bin\ninclude-system-site-packages = true\n",
+    );
+    std::fs::create_dir_all(l[1].join("app/.venv/bin")).unwrap();
+    std::os::unix::fs::symlink("/usr/bin/python3", l[1].join("app/.venv/bin/python3")).unwrap();
+    dist(
+        &l[1],
+        "app/.venv/lib/python3.12/site-packages",
+        "deepspeed",
+        "0.18.2",
+    );
+    dist(
+        &l[1],
+        "opt/conda/envs/old/lib/python3.11/site-packages",
+        "vllm",
+        "0.9.0",
+    );
+    write(&l[2], "opt/conda/.wh..wh..opq", "");
+    dist(
+        &l[2],
+        "opt/conda/envs/serve/lib/python3.11/site-packages",
+        "accelerate",
+        "1.2.0",
+    );
+    let layers: Vec<&Path> = l.iter().map(PathBuf::as_path).collect();
+    let tar = stack::oci_archive_layers(
+        &layers,
+        &["PATH=/app/.venv/bin:/bin", "VIRTUAL_ENV=/app/.venv"],
+        PY_IMAGE,
+        "/bin/sh",
+        &work.join("oci"),
+    );
+    c.import(&tar);
+}
 
 fn cases(suite: &str) {
     let Some(mut s) = Stack::new(suite) else {
@@ -235,6 +331,50 @@ fn cases(suite: &str) {
     );
     let why = s.why(&name);
     assert!(why.contains(r#""by": "nri""#), "{why}");
+
+    // An image with Python in its layers: read from them, through the
+    // whiteout and the opaque directory, from the venv on PATH and
+    // conda's env; twice, the second from what gpuarchd kept.
+    python_image(&s.containerd);
+    for round in ["read", "kept"] {
+        let (name, r) = s.pod_of(PY_IMAGE, "", &gpu1, &[], &[], "env > /out/env");
+        r.unwrap();
+        let env = s.out(&name, "env");
+        assert_eq!(
+            cri::var(&env, "GPUARCH_ATTN_IMPLEMENTATION").as_deref(),
+            Some("sdpa"),
+            "{round}: flash-attn is whited out: {env}\n{}",
+            s.node.log()
+        );
+        assert_eq!(
+            cri::var(&env, "TORCH_CUDA_ARCH_LIST").as_deref(),
+            Some("8.6")
+        );
+        let log = s.node.log();
+        let line = log
+            .lines()
+            .find(|l| l.contains(&format!("pod=default/{name}: the image's consumers")))
+            .unwrap_or_else(|| panic!("{round}: no line on the image's consumers:\n{log}"));
+        for want in [
+            "torch 2.7.1",
+            "xformers 0.0.30",
+            "deepspeed 0.18.2",
+            "accelerate 1.2.0",
+            "/app/.venv/lib/python3.12/site-packages",
+            "/opt/conda/envs/serve/lib/python3.11/site-packages",
+        ] {
+            assert!(line.contains(want), "{round}: {want}: {line}");
+        }
+        assert!(
+            !line.contains("flash-attn") && !line.contains("vllm"),
+            "{line}"
+        );
+        let took = log
+            .lines()
+            .find(|l| l.contains(&format!("pod=default/{name}: TORCH_CUDA_ARCH_LIST")))
+            .unwrap_or_default();
+        eprintln!("{suite}: the Python image, {round}: {took}");
+    }
     let node0 = s.dev.join("nvidia0");
     let (_, env) = s.pod("", &[], &[(&node0, "/dev/nvidia0")]);
     let env = env.unwrap();

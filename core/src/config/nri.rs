@@ -21,7 +21,17 @@ pub struct NriConfig {
     /// also reads the image: a pod gets one Plan, not two. Default
     /// `["gpuarch"]`, the handler `gpuarchctl engine containerd` adds.
     pub skip_handlers: Vec<String>,
+    /// containerd's gRPC socket, asked for the layers of each container's
+    /// image (its snapshot's mounts). Default [`DEFAULT_CONTAINERD_SOCKET`].
+    pub containerd: PathBuf,
+    /// The snapshotters a container's snapshot is looked for in, in
+    /// order: CRI's (`snapshotter` of its config) first. Default
+    /// `["overlayfs", "native"]`.
+    pub snapshotters: Vec<String>,
 }
+
+/// Default of `nri.containerd`.
+pub const DEFAULT_CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
 
 /// Default of `nri.socket`: where containerd and CRI-O listen.
 pub const DEFAULT_NRI_SOCKET: &str = "/var/run/nri/nri.sock";
@@ -33,6 +43,8 @@ impl Default for NriConfig {
             socket: PathBuf::from(DEFAULT_NRI_SOCKET),
             index: "50".to_owned(),
             skip_handlers: vec!["gpuarch".to_owned()],
+            containerd: PathBuf::from(DEFAULT_CONTAINERD_SOCKET),
+            snapshotters: vec!["overlayfs".to_owned(), "native".to_owned()],
         }
     }
 }

@@ -3,11 +3,12 @@
 //! Plan's env, the kernel and JIT cache mounts, and the `createContainer`
 //! hook when mounted libraries need ldconfig.
 //!
-//! NRI shows a container before its root filesystem is mounted, so the
-//! image cannot be read here: the Plan is the one for software not known
-//! (values every consumer release in gpuarch's table accepts).
+//! NRI shows a container before its root filesystem is mounted: the
+//! image is read from its layers ([`super::image`]), given here as
+//! [`Image::Read`].
 
 use gpuarch_core::plan::Plan;
+use gpuarch_hook::edit::Image;
 use gpuarch_hook::{Context, HookError};
 use serde_json::{Value, json};
 
@@ -42,9 +43,14 @@ pub enum Refusal {
     Plan(HookError),
 }
 
-/// Plan `container` of `pod` and give the adjustment. A refusal under
-/// `strict` is the error.
-pub fn adjust(pod: &PodSandbox, container: &Container, ctx: &Context) -> Result<Outcome, Refusal> {
+/// Plan `container` of `pod`, its image's consumers found as `image`
+/// says, and give the adjustment. A refusal under `strict` is the error.
+pub fn adjust(
+    pod: &PodSandbox,
+    container: &Container,
+    ctx: &Context,
+    image: Image<'_>,
+) -> Result<Outcome, Refusal> {
     if !pod.runtime_handler.is_empty()
         && ctx.config.nri.skip_handlers.contains(&pod.runtime_handler)
     {
@@ -53,7 +59,7 @@ pub fn adjust(pod: &PodSandbox, container: &Container, ctx: &Context) -> Result<
     let mut config = oci_config(pod, container);
     let mounts_before = list_len(&config, "mounts");
     let hooks_before = hook_count(&config);
-    let plan = match gpuarch_hook::edit(&mut config, ctx) {
+    let plan = match gpuarch_hook::edit::edit_with(&mut config, ctx, image) {
         Ok(plan) => plan,
         Err(HookError::Refused(why)) => return Err(Refusal::Strict(why)),
         Err(e) => return Err(Refusal::Plan(e)),

@@ -8,6 +8,7 @@
 //! connects again within [`RETRY`] of its socket being back.
 
 mod adjust;
+pub mod image;
 pub mod mux;
 
 /// The NRI messages and services, generated from `proto/nri.proto`.
@@ -54,6 +55,7 @@ use std::time::{Duration, Instant};
 
 use gpuarch_core::config::NriConfig;
 use gpuarch_hook::Context;
+use gpuarch_hook::edit::Image;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -150,7 +152,9 @@ async fn session(
     let plugin = Plugin {
         shared: shared.clone(),
         configured: std::sync::Mutex::new(Some(configured_tx)),
+        runtime: std::sync::Mutex::new(String::new()),
         hook_path: hook_path(),
+        images: Arc::new(image::Images::new(&cfg.containerd, &cfg.snapshotters)),
     };
     let service = proto::nri_ttrpc::create_plugin(Arc::new(plugin));
     let mut server = ttrpc::r#async::Server::new()
@@ -241,7 +245,11 @@ struct Plugin {
     shared: Arc<Shared>,
     /// Told the runtime's name and version when it calls Configure.
     configured: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<String>>>,
+    /// The runtime's name, as Configure gave it.
+    runtime: std::sync::Mutex<String>,
     hook_path: Option<PathBuf>,
+    /// Where the containers' images are read from.
+    images: Arc<image::Images>,
 }
 
 #[async_trait::async_trait]
@@ -252,6 +260,8 @@ impl proto::nri_ttrpc::Plugin for Plugin {
         req: ConfigureRequest,
     ) -> ttrpc::Result<ConfigureResponse> {
         let runtime = format!("{} {}", req.runtime_name, req.runtime_version);
+        req.runtime_name
+            .clone_into(&mut self.runtime.lock().unwrap_or_else(|p| p.into_inner()));
         if let Some(tx) = self
             .configured
             .lock()
@@ -318,7 +328,42 @@ impl proto::nri_ttrpc::Plugin for Plugin {
                 .join(", "),
             container.annotations.len()
         );
-        match adjust(&pod, &container, &ctx) {
+        // The image is read (containerd asked, the layers read) only for a
+        // container that gets a Plan, on a thread of its own: the read may
+        // take its whole bound.
+        let runtime = self
+            .runtime
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let images = self.images.clone();
+        let handle = tokio::runtime::Handle::current();
+        let planned = tokio::task::spawn_blocking(move || {
+            let cache = ctx.config.hook.image_cache.clone();
+            let id = container.id.clone();
+            let read = |view: &gpuarch_core::oci::ContainerView| {
+                let dirs = if runtime == "containerd" {
+                    handle.block_on(images.layers(&id))
+                } else {
+                    Err(format!(
+                        "{} keeps its images where gpuarchd does not read them",
+                        gpuarch_core::text::clean(&runtime)
+                    ))
+                };
+                images.read(&dirs, view, cache.is_dir().then_some(cache.as_path()))
+            };
+            let outcome = adjust(&pod, &container, &ctx, Image::Read(&read));
+            (outcome, container)
+        })
+        .await;
+        let (outcome, container) = match planned {
+            Ok(p) => p,
+            Err(e) => {
+                warn!("NRI: {who}: planning failed ({e}); it starts unchanged");
+                return Ok(resp);
+            }
+        };
+        match outcome {
             Ok(Outcome::Adjust(adj, mut plan)) => {
                 plan.container.id = Some(container.id.clone());
                 info!(
@@ -399,6 +444,7 @@ mod tests {
         };
         cfg.nri.enable = true;
         cfg.nri.socket = dir.join("nri.sock");
+        cfg.nri.containerd = dir.join("containerd.sock");
         cfg.hook.record_dir = dir.join("records");
         cfg.hook.image_cache = dir.join("images");
         cfg.kernels.mount_root = dir.join("kernels");
