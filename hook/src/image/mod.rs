@@ -241,7 +241,14 @@ fn read_within<T: Tree>(
     let reader = std::thread::Builder::new()
         .name("image-read".to_owned())
         .spawn(move || {
-            let _ = tx.send(read_here(&root, &process, cache.as_deref(), max, deadline));
+            let mut root = root;
+            let _ = tx.send(read_here(
+                &mut root,
+                &process,
+                cache.as_deref(),
+                max,
+                deadline,
+            ));
         });
     if let Err(e) = reader {
         return not_read(format!("no thread to read it: {e}"));
@@ -258,7 +265,7 @@ fn read_within<T: Tree>(
 }
 
 fn read_here<T: Tree>(
-    root: &T,
+    root: &mut T,
     view: &ContainerView,
     cache: Option<&Path>,
     max: usize,
@@ -266,10 +273,21 @@ fn read_here<T: Tree>(
 ) -> (Software, Vec<String>) {
     let mut notes = Vec::new();
     let mut budget = Budget::new(max, deadline);
-    let found = match envs::discover(root, view, &mut budget) {
+    // A tree that resolves paths itself stops at the same instant; what
+    // it then could not look up is not taken for absent: past the
+    // deadline, the image counts as not read.
+    root.until(budget.until);
+    let root = &*root;
+    let found = match envs::discover(root, view, &mut budget).and_then(|f| {
+        budget.in_time()?;
+        Ok(f)
+    }) {
         Ok(f) => f,
         Err(stop) => return not_read(stop),
     };
+    if let Some(e) = root.trouble() {
+        return not_read(e);
+    }
     if found.sites.is_empty() && found.unread.is_empty() {
         // Nothing to read, and a known absence: no environment at all.
         return (
@@ -286,10 +304,16 @@ fn read_here<T: Tree>(
     if let Some(sw) = entry.as_deref().and_then(cached) {
         return (sw, notes);
     }
-    let mut sw = match scan(root, &found.sites, &mut budget, &mut notes) {
+    let mut sw = match scan(root, &found.sites, &mut budget, &mut notes).and_then(|sw| {
+        budget.in_time()?;
+        Ok(sw)
+    }) {
         Ok(sw) => sw,
         Err(stop) => return not_read(stop),
     };
+    if let Some(e) = root.trouble() {
+        return not_read(e);
+    }
     sw.unread = found.unread;
     if let Some(entry) = entry
         && let Err(e) = store(&entry, &sw)

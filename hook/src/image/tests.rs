@@ -744,3 +744,39 @@ fn no_link_of_a_layer_leads_out_of_the_layers() {
     let many = vec![l[0].clone(); tree::MAX_LAYERS + 1];
     assert!(Layers::open(&many).is_err());
 }
+
+#[test]
+fn a_hostile_layer_stack_costs_at_most_the_reads_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let (l, _) = layers_of(dir.path(), tree::MAX_LAYERS);
+    // Every layer has the same deep directory, so each name looked up is
+    // looked up in all of them; the top layer's PATH entries are chains
+    // of links whose targets climb back with `..`, which the walk takes
+    // from the merged view's top each time.
+    let deep = "p/a/b/c/d/e/f/g/h";
+    for layer in &l {
+        std::fs::create_dir_all(layer.join(deep)).unwrap();
+    }
+    let up = "../".repeat(9);
+    let mut path = Vec::new();
+    for k in 0..32 {
+        for j in 0..40 {
+            link(
+                &l[0],
+                &format!("bin{k}/{j}"),
+                &format!("/{deep}/{up}bin{k}/{}", j + 1),
+            );
+        }
+        path.push(format!("/bin{k}/0"));
+    }
+    let view = process(&[("PATH", &path.join(":"))]);
+    let mut layers = Layers::open(&l).unwrap();
+    // On this thread, not abandoned after WAIT: the reader itself stops.
+    let t = Instant::now();
+    let (sw, notes) = read_here(&mut layers, &view, None, MAX_ENTRIES, DEADLINE);
+    let took = t.elapsed();
+    assert!(took < DEADLINE * 4, "{took:?}");
+    assert!(!sw.was_read() && !sw.absence_proven(), "{sw:?}");
+    assert!(notes[0].contains("not read"), "{notes:?}");
+    eprintln!("{} layers of link chains: {took:?}, {notes:?}", l.len());
+}

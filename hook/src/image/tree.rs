@@ -17,6 +17,7 @@
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, openat};
@@ -27,8 +28,10 @@ use crate::rootfs::Root;
 
 /// Most links followed in one path, as the kernel's own limit.
 pub const MAX_LINKS: usize = 40;
-/// Most layers of one image (containerd's overlay mounts take fewer).
-pub const MAX_LAYERS: usize = 500;
+/// Most layers of one image (Docker builds at most 127). Each layer costs
+/// a descriptor for the image and one for each directory of the path
+/// being walked: with 128, a walk holds under 400.
+pub const MAX_LAYERS: usize = 128;
 
 /// What the image read needs of an image's files. Paths are relative to
 /// the image's `/` and already free of `..` (see `envs::rel_of`).
@@ -40,6 +43,15 @@ pub(crate) trait Tree: Send + 'static {
     fn try_clone(&self) -> std::io::Result<Self>
     where
         Self: Sized;
+    /// Past `until`, fail every lookup (`ETIMEDOUT`): a tree whose each
+    /// lookup is many system calls stops with the read's budget.
+    fn until(&mut self, _until: Instant) {}
+    /// The first error that was not the answer "no such entry" (a lookup
+    /// past the deadline, no descriptor left): where there was one, what
+    /// was not found may be there, and nothing is proven absent.
+    fn trouble(&self) -> Option<Errno> {
+        None
+    }
     /// Directory `rel`, links followed.
     fn dir(&self, rel: &str) -> Result<Self::Dir, Errno>;
     /// Whether `dir` has an entry `name` (a link is not followed).
@@ -157,6 +169,8 @@ impl Tree for Root {
 #[derive(Debug)]
 pub struct Layers {
     layers: Vec<OwnedFd>,
+    until: Option<Instant>,
+    trouble: std::cell::Cell<Option<Errno>>,
 }
 
 /// A directory of the merged view: the directory at its path in each
@@ -237,7 +251,23 @@ impl Layers {
                 .map_err(|e| std::io::Error::other(format!("{}: {e}", d.display())))
             })
             .collect::<Result<_, _>>()?;
-        Ok(Self { layers })
+        Ok(Self {
+            layers,
+            until: None,
+            trouble: std::cell::Cell::new(None),
+        })
+    }
+
+    /// `e`, kept where it is the first error that is not an answer.
+    fn keep(&self, e: Errno) -> Errno {
+        let answer = matches!(
+            e,
+            Errno::ENOENT | Errno::ENOTDIR | Errno::EINVAL | Errno::ELOOP | Errno::ENAMETOOLONG
+        );
+        if !answer && self.trouble.get().is_none() {
+            self.trouble.set(Some(e));
+        }
+        e
     }
 
     fn top(&self) -> Result<LayerDir, Errno> {
@@ -251,7 +281,14 @@ impl Layers {
     }
 
     /// `name` in merged directory `dir`.
-    fn lookup(dir: &LayerDir, name: &str) -> Result<Node, Errno> {
+    fn lookup(&self, dir: &LayerDir, name: &str) -> Result<Node, Errno> {
+        self.lookup_in(dir, name).map_err(|e| self.keep(e))
+    }
+
+    fn lookup_in(&self, dir: &LayerDir, name: &str) -> Result<Node, Errno> {
+        if self.until.is_some_and(|t| Instant::now() > t) {
+            return Err(Errno::ETIMEDOUT);
+        }
         let mut dirs = Vec::new();
         for part in &dir.parts {
             let st = match fstatat(part.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
@@ -304,7 +341,7 @@ impl Layers {
                 continue;
             }
             let last = pending.is_empty();
-            match Self::lookup(&cur, &name)? {
+            match self.lookup(&cur, &name)? {
                 Node::Dir(d) => {
                     cur = d;
                     at.push(name);
@@ -333,7 +370,7 @@ impl Layers {
     fn reopen(&self, at: &[String]) -> Result<LayerDir, Errno> {
         let mut cur = self.top()?;
         for name in at {
-            match Self::lookup(&cur, name)? {
+            match self.lookup(&cur, name)? {
                 Node::Dir(d) => cur = d,
                 _ => return Err(Errno::ENOTDIR),
             }
@@ -352,7 +389,17 @@ impl Tree for Layers {
                 .iter()
                 .map(OwnedFd::try_clone)
                 .collect::<Result<_, _>>()?,
+            until: self.until,
+            trouble: std::cell::Cell::new(None),
         })
+    }
+
+    fn until(&mut self, until: Instant) {
+        self.until = Some(until);
+    }
+
+    fn trouble(&self) -> Option<Errno> {
+        self.trouble.get()
     }
 
     fn dir(&self, rel: &str) -> Result<LayerDir, Errno> {
@@ -363,11 +410,18 @@ impl Tree for Layers {
     }
 
     fn has_entry(&self, dir: &LayerDir, name: &str) -> bool {
+        if self.until.is_some_and(|t| Instant::now() > t) {
+            self.keep(Errno::ETIMEDOUT);
+            return false;
+        }
         for part in &dir.parts {
             match fstatat(part.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
                 Ok(st) => return !is_whiteout(&st),
                 Err(Errno::ENOENT) => {}
-                Err(_) => return false,
+                Err(e) => {
+                    self.keep(e);
+                    return false;
+                }
             }
         }
         false
