@@ -338,3 +338,75 @@ pub fn oci_archive_layers(
     assert!(o.status.success(), "tar: {o:?}");
     tar
 }
+
+/// An image of three layers whose Python lives where real images keep it:
+/// a base Python in `/usr` (torch, xformers, flash-attn), then uv's
+/// `/app/.venv` on `PATH` (DeepSpeed) with flash-attn removed by a
+/// whiteout and a conda env, then conda's directory replaced (opaque) by
+/// one holding another env (accelerate).
+pub const PY_IMAGE: &str = "gpuarch.test/python-layers:1";
+
+pub fn python_image(c: &Containerd) {
+    let work = c.dir.join("python-image");
+    let l: Vec<PathBuf> = (0..3).map(|i| work.join(format!("layer{i}"))).collect();
+    let write = |l: &Path, rel: &str, text: &str| {
+        let p = l.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    };
+    let dist = |l: &Path, site: &str, name: &str, v: &str| {
+        write(
+            l,
+            &format!("{site}/{}-{v}.dist-info/METADATA", name.replace('-', "_")),
+            &format!("Metadata-Version: 2.4\nName: {name}\nVersion: {v}\n\n"),
+        );
+    };
+    crate::containers::make_rootfs(&l[0]);
+    let site = "usr/lib/python3.12/site-packages";
+    write(&l[0], "usr/bin/python3.12", "ELF");
+    std::os::unix::fs::symlink("python3.12", l[0].join("usr/bin/python3")).unwrap();
+    write(&l[0], "usr/lib/python3.12/os.py", "");
+    dist(&l[0], site, "torch", "2.7.1");
+    dist(&l[0], site, "xformers", "0.0.30");
+    dist(&l[0], site, "flash-attn", "2.7.4.post1");
+    write(
+        &l[1],
+        &format!("{site}/.wh.flash_attn-2.7.4.post1.dist-info"),
+        "",
+    );
+    write(
+        &l[1],
+        "app/.venv/pyvenv.cfg",
+        "home = /usr/bin\ninclude-system-site-packages = true\n",
+    );
+    std::fs::create_dir_all(l[1].join("app/.venv/bin")).unwrap();
+    std::os::unix::fs::symlink("/usr/bin/python3", l[1].join("app/.venv/bin/python3")).unwrap();
+    dist(
+        &l[1],
+        "app/.venv/lib/python3.12/site-packages",
+        "deepspeed",
+        "0.18.2",
+    );
+    dist(
+        &l[1],
+        "opt/conda/envs/old/lib/python3.11/site-packages",
+        "vllm",
+        "0.9.0",
+    );
+    write(&l[2], "opt/conda/.wh..wh..opq", "");
+    dist(
+        &l[2],
+        "opt/conda/envs/serve/lib/python3.11/site-packages",
+        "accelerate",
+        "1.2.0",
+    );
+    let layers: Vec<&Path> = l.iter().map(PathBuf::as_path).collect();
+    let tar = oci_archive_layers(
+        &layers,
+        &["PATH=/app/.venv/bin:/bin", "VIRTUAL_ENV=/app/.venv"],
+        PY_IMAGE,
+        "/bin/sh",
+        &work.join("oci"),
+    );
+    c.import(&tar);
+}

@@ -21,6 +21,7 @@ use super::proto::nri_ttrpc::{PluginClient, Runtime, create_runtime};
 #[derive(Debug)]
 pub struct FakeRuntime {
     listener: UnixListener,
+    name: String,
 }
 
 /// A plugin that registered and was configured.
@@ -69,8 +70,15 @@ fn rpc(e: ttrpc::Error) -> io::Error {
 
 impl FakeRuntime {
     pub fn bind(path: &Path) -> io::Result<Self> {
+        Self::bind_as(path, "fake-runtime")
+    }
+
+    /// A runtime that calls itself `name` in Configure (`containerd`: the
+    /// plugin then asks containerd for the images).
+    pub fn bind_as(path: &Path, name: &str) -> io::Result<Self> {
         Ok(Self {
             listener: UnixListener::bind(path)?,
+            name: name.to_owned(),
         })
     }
 
@@ -95,7 +103,7 @@ impl FakeRuntime {
             .map_err(|_| timed_out("registration"))?
             .map_err(|_| timed_out("registration"))?;
         let mut cfg = ConfigureRequest::new();
-        cfg.runtime_name = "fake-runtime".to_owned();
+        cfg.runtime_name.clone_from(&self.name);
         cfg.runtime_version = "1.0".to_owned();
         cfg.request_timeout = 2000;
         let ctx = || ttrpc::context::with_duration(wait);

@@ -217,6 +217,9 @@ impl Images {
                 }
             }
         }
+        if tried.is_empty() {
+            return Err("nri.snapshotters names no snapshotter".to_owned());
+        }
         Err(format!(
             "no snapshot of the container in containerd's {}",
             tried.join(", ")
