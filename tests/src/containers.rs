@@ -360,9 +360,14 @@ impl Scene {
         c["root"] = json!({"path": rootfs, "readonly": false});
         c["process"]["terminal"] = json!(false);
         c["process"]["args"] = json!(["sh", "-c", self.probe]);
+        // As engines merge a container's env over its image's: a name
+        // given here replaces the spec's entry of that name.
+        let name = |e: &str| e.split_once('=').map_or(e, |(k, _)| k).to_owned();
+        let given: Vec<String> = env.iter().map(|e| name(e)).collect();
         let base = c["process"]["env"].as_array().unwrap().clone();
         c["process"]["env"] = Value::Array(
             base.into_iter()
+                .filter(|e| e.as_str().is_none_or(|e| !given.contains(&name(e))))
                 .chain(env.iter().map(|e| json!(e)))
                 .collect(),
         );

@@ -585,7 +585,8 @@ fn the_images_own_consumers_shape_the_plan() {
         assert_eq!(
             var(&seen, "TORCH_CUDA_ARCH_LIST").as_deref(),
             Some("9.0a"),
-            "{how}"
+            "{how}: {}",
+            std::fs::read_to_string(s.log_file()).unwrap_or_default()
         );
         let log = s.take_log();
         assert!(
@@ -636,6 +637,45 @@ fn the_images_own_consumers_shape_the_plan() {
             "{how}"
         );
         assert_eq!(var(&seen, "DS_BUILD_FP_QUANTIZER"), None, "{how}");
+        s.take_log();
+
+        // A venv outside every usual place, found only through the
+        // process's PATH (as the H100 host's /opt/torch/.venv).
+        std::fs::remove_dir_all(&xformers_env).unwrap();
+        let venv = root.join("srv/model/.venv");
+        let site = venv.join("lib/python3.12/site-packages");
+        std::fs::create_dir_all(&site).unwrap();
+        let o = Command::new("cp")
+            .arg("-a")
+            .arg(image_fixture("xformers").join("usr/local/lib/python3.12/dist-packages/."))
+            .arg(&site)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{o:?}");
+        std::fs::write(venv.join("pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+        std::fs::create_dir_all(venv.join("bin")).unwrap();
+        std::fs::write(venv.join("bin/python3"), "").unwrap();
+        s.inventory = Some(fixture("a100-h100"));
+        let on_path = ["NVIDIA_VISIBLE_DEVICES=1", "PATH=/srv/model/.venv/bin:/bin"];
+        let seen = start(&s, &on_path);
+        assert_eq!(
+            var(&seen, "TORCH_CUDA_ARCH_LIST").as_deref(),
+            Some("9.0a"),
+            "{how}"
+        );
+        let log = s.take_log();
+        assert!(
+            log.contains("torch 2.9.1, xformers 0.0.34, read from /srv/model/.venv/lib/python3.12/site-packages"),
+            "{how}: {log}"
+        );
+        // Off PATH, nothing leads there: no Python environment is known.
+        let seen = start(&s, &h100);
+        assert_eq!(
+            var(&seen, "TORCH_CUDA_ARCH_LIST").as_deref(),
+            Some("9.0"),
+            "{how}"
+        );
+        std::fs::remove_dir_all(root.join("srv")).unwrap();
         s.take_log();
     }
     // The cache held the images' reads, in the test's own directory.

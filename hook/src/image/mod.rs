@@ -274,14 +274,11 @@ fn read_here<T: Tree>(
     let mut notes = Vec::new();
     let mut budget = Budget::new(max, deadline);
     // A tree that resolves paths itself stops at the same instant; what
-    // it then could not look up is not taken for absent: past the
-    // deadline, the image counts as not read.
+    // it then could not look up is not taken for absent: a lookup past
+    // the deadline is trouble, and the image counts as not read.
     root.until(budget.until);
     let root = &*root;
-    let found = match envs::discover(root, view, &mut budget).and_then(|f| {
-        budget.in_time()?;
-        Ok(f)
-    }) {
+    let found = match envs::discover(root, view, &mut budget) {
         Ok(f) => f,
         Err(stop) => return not_read(stop),
     };
@@ -304,10 +301,7 @@ fn read_here<T: Tree>(
     if let Some(sw) = entry.as_deref().and_then(cached) {
         return (sw, notes);
     }
-    let mut sw = match scan(root, &found.sites, &mut budget, &mut notes).and_then(|sw| {
-        budget.in_time()?;
-        Ok(sw)
-    }) {
+    let mut sw = match scan(root, &found.sites, &mut budget, &mut notes) {
         Ok(sw) => sw,
         Err(stop) => return not_read(stop),
     };
@@ -340,7 +334,29 @@ fn store(entry: &Path, sw: &Software) -> std::io::Result<()> {
         }
     }
     let bytes = serde_json::to_vec(sw).map_err(std::io::Error::other)?;
-    gpuarch_fs::write_atomic(entry, &bytes)
+    // Written whole and renamed into place, so a reader sees all of it or
+    // nothing; not synced: an entry lost in a crash is read again, and a
+    // sync on a disk-backed cache cost a start over 50 ms in the tests.
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        entry.file_name().unwrap_or_default().to_string_lossy(),
+        std::process::id()
+    ));
+    let result = (|| {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&tmp)?;
+        f.write_all(&bytes)?;
+        std::fs::rename(&tmp, entry)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
 }
 
 /// The rootfs of a config, where it can be found from here: `root.path`,
