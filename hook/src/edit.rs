@@ -12,7 +12,7 @@ use std::path::Path;
 use crate::context::Context;
 use crate::image;
 use crate::jit;
-use crate::kernels::{self, Kernels};
+use crate::kernels;
 use crate::library;
 use crate::rootfs::Root;
 use crate::stage;
@@ -93,20 +93,14 @@ fn list_at<'a>(config: &'a mut Value, key: &str) -> Result<&'a mut Vec<Value>, H
         .ok_or(HookError::Shape("a list field that is not a list"))
 }
 
-/// Add the kernel mounts (see [`Kernels::binds`]); returns how many
-/// packages they show. The container's own mounts win.
-pub fn apply_mounts(
-    config: &mut Value,
-    kernels: &Kernels,
-    notes: &mut Vec<String>,
-) -> Result<usize, HookError> {
-    if kernels.is_empty() {
-        return Ok(0);
-    }
-    let existing: Vec<&str> = mount_destinations(config).collect();
-    let (binds, shown) = kernels.binds(&existing, notes);
-    list_at(config, "mounts")?.extend(binds.iter().map(kernels::Bind::to_oci));
-    Ok(shown.len())
+/// Whether hook entry `e` is ours: gpuarch-hook's createContainer stage.
+fn is_ours(e: &Value) -> bool {
+    e.get("args")
+        .and_then(Value::as_array)
+        .is_some_and(|a| a.iter().any(|x| x == stage::CREATE_CONTAINER))
+        && e.get("path")
+            .and_then(Value::as_str)
+            .is_some_and(|p| p.ends_with("gpuarch-hook"))
 }
 
 /// Add our `createContainer` hook entry unless one is there already.
@@ -118,15 +112,7 @@ fn apply_hook(config: &mut Value, entry: Value) -> Result<(), HookError> {
         .or_insert_with(|| json!({}));
     let list = list_at(hooks, "createContainer")
         .map_err(|_| HookError::Shape("a \"hooks\" that is not an object of lists"))?;
-    let ours = |e: &Value| {
-        e.get("args")
-            .and_then(Value::as_array)
-            .is_some_and(|a| a.iter().any(|x| x == stage::CREATE_CONTAINER))
-            && e.get("path")
-                .and_then(Value::as_str)
-                .is_some_and(|p| p.ends_with("gpuarch-hook"))
-    };
-    if !list.iter().any(ours) {
+    if !list.iter().any(is_ours) {
         list.push(entry);
     }
     Ok(())
@@ -167,15 +153,57 @@ pub fn edit_in(
     edit_with(config, ctx, Image::Rootfs(bundle))
 }
 
+/// What one container gets, made once per start and applied by each way
+/// in: the Plan (its env, notes, the mounts it lists), the mounts to add,
+/// and the `createContainer` entry to add, if any. [`apply`] writes it
+/// into an OCI config; gpuarchd's NRI plugin turns it into an adjustment.
+#[derive(Debug, Clone)]
+pub struct Edit {
+    pub plan: Plan,
+    /// OCI mount entries to append, in order.
+    pub mounts: Vec<Value>,
+    /// The `createContainer` hook entry to add (none is there yet).
+    pub create_container: Option<Value>,
+}
+
 /// [`edit`], the image's consumers found as `image` says. The image is
 /// read only for a container that gets a Plan.
 pub fn edit_with(config: &mut Value, ctx: &Context, image: Image<'_>) -> Result<Plan, HookError> {
+    let e = make(config, ctx, image)?;
+    apply(config, &e)?;
+    Ok(e.plan)
+}
+
+/// Write `e` into `config`: the mounts, the Plan's env, the hook entry. A
+/// no-op Plan leaves `config` untouched.
+pub fn apply(config: &mut Value, e: &Edit) -> Result<(), HookError> {
+    if e.plan.is_noop() {
+        return Ok(());
+    }
+    if !e.mounts.is_empty() {
+        list_at(config, "mounts")?.extend(e.mounts.iter().cloned());
+    }
+    apply_env(config, &e.plan)?;
+    if let Some(entry) = &e.create_container {
+        apply_hook(config, entry.clone())?;
+    }
+    Ok(())
+}
+
+/// What the container of `config` gets ([`Edit`]); `config` is only read.
+pub fn make(config: &Value, ctx: &Context, image: Image<'_>) -> Result<Edit, HookError> {
     let mut view = ContainerView::from_value(config)?;
     let mut plan = plan::plan(&view, &ctx.inventory, &ctx.config.env);
     ctx.refuse_if_strict(&plan)
         .map_err(|r| HookError::Refused(r.0))?;
+    let mut e = Edit {
+        plan: Plan::default(),
+        mounts: Vec::new(),
+        create_container: None,
+    };
     if plan.is_noop() {
-        return Ok(plan);
+        e.plan = plan;
+        return Ok(e);
     }
     let read = match image {
         // A config with a relative root and no bundle, or a rootfs not
@@ -190,35 +218,35 @@ pub fn edit_with(config: &mut Value, ctx: &Context, image: Image<'_>) -> Result<
         plan = plan::plan(&view, &ctx.inventory, &ctx.config.env);
         plan.notes.extend(notes);
     }
-    let mounts_before = config
-        .get("mounts")
-        .and_then(Value::as_array)
-        .map_or(0, Vec::len);
     let (kernels, notes) = kernels::discover(
         &ctx.config.kernels,
         &plan,
         &ctx.inventory.cuda_driver_version,
     );
     plan.notes.extend(notes);
-    if apply_mounts(config, &kernels, &mut plan.notes)? > 0 {
-        plan.add_kernels_dir(kernels::CONTAINER_DIR, &view, &ctx.config.env);
+    // The container's own mounts win, then each of ours over the next.
+    let mut existing: Vec<String> = mount_destinations(config).map(str::to_owned).collect();
+    if !kernels.is_empty() {
+        let theirs: Vec<&str> = existing.iter().map(String::as_str).collect();
+        let (binds, shown) = kernels.binds(&theirs, &mut plan.notes);
+        e.mounts.extend(binds.iter().map(kernels::Bind::to_oci));
+        if !shown.is_empty() {
+            plan.add_kernels_dir(kernels::CONTAINER_DIR, &view, &ctx.config.env);
+        }
     }
+    existing.extend(destinations(&e.mounts));
     let env_cfg = &ctx.config.env;
-    let existing: Vec<String> = mount_destinations(config).map(str::to_owned).collect();
     let libraries_dir = ctx.config.kernels.libraries_dir();
     for lib in library::plan(&libraries_dir, &mut plan, &view, &existing, env_cfg) {
-        list_at(config, "mounts")?.extend(lib.oci_mounts());
+        e.mounts.extend(lib.oci_mounts());
     }
     if let Some(p) = jit::plan_cache(config, &mut plan, &view, &ctx.config.jit_cache, env_cfg) {
         jit::add_env(&mut plan, &p, &view, env_cfg);
-        list_at(config, "mounts")?.push(jit::mount_entry(&p.source));
+        e.mounts.push(jit::mount_entry(&p.source));
     }
-    plan.mounts = config
-        .get("mounts")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .skip(mounts_before)
+    plan.mounts = e
+        .mounts
+        .iter()
         .map(|m| {
             let field = |k: &str| m.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
             gpuarch_core::plan::AddedMount {
@@ -227,8 +255,7 @@ pub fn edit_with(config: &mut Value, ctx: &Context, image: Image<'_>) -> Result<
             }
         })
         .collect();
-    apply_env(config, &plan)?;
-    // The env is in the config now; the in-container stage is needed only
+    // The env goes in the config; the in-container stage is needed only
     // for what the config cannot say: the loader cache for mounted
     // libraries, and (asked for by the shim) the env files for sessions
     // that do not get the config's env. The shim writes those itself
@@ -244,7 +271,13 @@ pub fn edit_with(config: &mut Value, ctx: &Context, image: Image<'_>) -> Result<
     if let Some(why) = why {
         match hook_entry(ctx) {
             Some(entry) => {
-                apply_hook(config, entry)?;
+                let there = config
+                    .pointer("/hooks/createContainer")
+                    .and_then(Value::as_array)
+                    .is_some_and(|l| l.iter().any(is_ours));
+                if !there {
+                    e.create_container = Some(entry);
+                }
                 plan.notes
                     .push(format!("createContainer hook added: {why}"));
             }
@@ -253,7 +286,16 @@ pub fn edit_with(config: &mut Value, ctx: &Context, image: Image<'_>) -> Result<
             )),
         }
     }
-    Ok(plan)
+    e.plan = plan;
+    Ok(e)
+}
+
+/// The destinations of OCI mount entries.
+fn destinations(mounts: &[Value]) -> impl Iterator<Item = String> + '_ {
+    mounts
+        .iter()
+        .filter_map(|m| m.get("destination").and_then(Value::as_str))
+        .map(str::to_owned)
 }
 
 /// Does a mount in `config` cover `/run/gpuarch/env` or

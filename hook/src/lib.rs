@@ -5,7 +5,9 @@
 //! Configs are edited as JSON values so that every field gpuarch does not
 //! own comes out as it came in.
 //!
-//! Three ways in, one edit ([`edit`]):
+//! Three ways in, one [`edit::Edit`] made per start ([`edit::make`]) and
+//! written into the OCI config ([`edit::apply`]); gpuarchd's NRI plugin
+//! turns the same Edit into an adjustment:
 //! - [`precreate`]: podman's hooks.d `precreate` stage, config on stdin;
 //! - [`shim`]: `gpuarch-runtime`, in front of runc/crun, edits the bundle's
 //!   `config.json` on `create`/`run`;

@@ -1,7 +1,11 @@
-//! One container, as NRI shows it, through the same edit the hook and the
-//! shim make ([`gpuarch_hook::edit`]), and back as NRI's adjustment: the
-//! Plan's env, the kernel and JIT cache mounts, and the `createContainer`
-//! hook when mounted libraries need ldconfig.
+//! One container, as NRI shows it, through the same [`Edit`] the hook and
+//! the shim make ([`gpuarch_hook::edit::make`]), and back as NRI's
+//! adjustment: the Plan's env, the kernel and JIT cache mounts, and the
+//! `createContainer` hook when mounted libraries need ldconfig. The OCI
+//! config written from NRI's view is only read; the Edit's parts are
+//! turned into NRI's types as they are.
+//!
+//! [`Edit`]: gpuarch_hook::edit::Edit
 //!
 //! NRI shows a container before its root filesystem is mounted: the
 //! image is read from its layers ([`super::image`]), given here as
@@ -56,19 +60,20 @@ pub fn adjust(
     {
         return Ok(Outcome::Skipped(pod.runtime_handler.clone()));
     }
-    let mut config = oci_config(pod, container);
-    let mounts_before = list_len(&config, "mounts");
-    let hooks_before = hook_count(&config);
-    let plan = match gpuarch_hook::edit::edit_with(&mut config, ctx, image) {
-        Ok(plan) => plan,
+    let config = oci_config(pod, container);
+    // What the container gets, made once; its parts become the
+    // adjustment as they are (nothing is found by diffing a config).
+    let e = match gpuarch_hook::edit::make(&config, ctx, image) {
+        Ok(e) => e,
         Err(HookError::Refused(why)) => return Err(Refusal::Strict(why)),
         Err(e) => return Err(Refusal::Plan(e)),
     };
-    if plan.is_noop() {
-        return Ok(Outcome::Nothing(plan));
+    if e.plan.is_noop() {
+        return Ok(Outcome::Nothing(e.plan));
     }
     let mut adj = ContainerAdjustment::new();
-    adj.env = plan
+    adj.env = e
+        .plan
         .env
         .iter()
         .map(|(k, v)| {
@@ -78,28 +83,13 @@ pub fn adjust(
             kv
         })
         .collect();
-    adj.mounts = config
-        .get("mounts")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .skip(mounts_before)
-        .map(nri_mount)
-        .collect();
-    let added: Vec<Hook> = config
-        .pointer("/hooks/createContainer")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .skip(hooks_before)
-        .map(nri_hook)
-        .collect();
-    if !added.is_empty() {
+    adj.mounts = e.mounts.iter().map(nri_mount).collect();
+    if let Some(entry) = &e.create_container {
         let mut hooks = Hooks::new();
-        hooks.create_container = added;
+        hooks.create_container = vec![nri_hook(entry)];
         adj.hooks = protobuf::MessageField::some(hooks);
     }
-    Ok(Outcome::Adjust(Box::new(adj), plan))
+    Ok(Outcome::Adjust(Box::new(adj), e.plan))
 }
 
 /// The OCI config fields gpuarch reads, from what NRI shows: the env, the
@@ -157,20 +147,6 @@ fn oci_config(pod: &PodSandbox, c: &Container) -> Value {
         "mounts": mounts,
         "hooks": {"createContainer": create_container},
     })
-}
-
-fn list_len(config: &Value, key: &str) -> usize {
-    config
-        .get(key)
-        .and_then(Value::as_array)
-        .map_or(0, Vec::len)
-}
-
-fn hook_count(config: &Value) -> usize {
-    config
-        .pointer("/hooks/createContainer")
-        .and_then(Value::as_array)
-        .map_or(0, Vec::len)
 }
 
 fn strings(v: Option<&Value>) -> Vec<String> {

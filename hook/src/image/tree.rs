@@ -1,4 +1,4 @@
-//! The two ways the image read sees an image's files ([`Tree`]): a rootfs
+//! The two ways the image read sees an image's files (`Tree`): a rootfs
 //! directory ([`Root`], the hook's and the shim's, resolved by the kernel
 //! inside it), and the image's layer directories as a snapshotter keeps
 //! them ([`Layers`], gpuarchd's on the NRI path, where no rootfs is
