@@ -20,13 +20,18 @@
 //!
 //! The cache is keyed by what identifies the environments' contents: each
 //! one's path, inode, modification and change times, and what was not
-//! read. Images that share the layer holding them share an entry; a
+//! read. Beside it, per process (its Python variables and user), what
+//! discovery found for the last few images and every path it depended on
+//! ([`probe`]): a start whose paths all stat as they did takes those
+//! environments without listing a directory, inline, with no reader
+//! thread. Images that share the layer holding them share an entry; a
 //! container that installs a package changes them, and is read again. An
 //! image's author sets none of those three (mtime is set by the layer's
 //! tar, ctime and the inode by the host when it is unpacked), so no image
 //! can name another's entry.
 
 mod envs;
+mod probe;
 pub mod tree;
 
 use std::path::{Path, PathBuf};
@@ -219,7 +224,7 @@ fn not_read(why: impl std::fmt::Display) -> (Software, Vec<String>) {
     )
 }
 
-fn read_within<T: Tree>(
+fn read_within<T: Tree + Send + 'static>(
     root: &T,
     view: &ContainerView,
     cache: Option<&Path>,
@@ -236,6 +241,15 @@ fn read_within<T: Tree>(
         user: view.user,
         ..ContainerView::default()
     };
+    // A start like an earlier one takes, with a stat for each path that
+    // discovery depended on, what it found, and the consumers cached for
+    // it: no directory is listed, so no thread is needed to bound it.
+    if let Some(hit) = cache
+        .filter(|c| c.is_dir())
+        .and_then(|c| seen_before(&root, &process, c))
+    {
+        return hit;
+    }
     let cache = cache.map(Path::to_owned);
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     let reader = std::thread::Builder::new()
@@ -278,12 +292,23 @@ fn read_here<T: Tree>(
     // the deadline is trouble, and the image counts as not read.
     root.until(budget.until);
     let root = &*root;
-    let found = match envs::discover(root, view, &mut budget) {
+    let probing = probe::Probing::new(root);
+    let found = match envs::discover(&probing, view, &mut budget) {
         Ok(f) => f,
         Err(stop) => return not_read(stop),
     };
     if let Some(e) = root.trouble() {
         return not_read(e);
+    }
+    if let Some(c) = cache.filter(|c| c.is_dir()) {
+        let d = Discovered {
+            probes: probing.probes.into_inner(),
+            sites: found.sites.iter().map(|s| s.rel.clone()).collect(),
+            unread: found.unread.clone(),
+        };
+        if let Err(e) = remember(c, view, d) {
+            notes.push(format!("what was found not cached: {e}"));
+        }
     }
     if found.sites.is_empty() && found.unread.is_empty() {
         // Nothing to read, and a known absence: no environment at all.
@@ -317,6 +342,102 @@ fn read_here<T: Tree>(
     (sw, notes)
 }
 
+/// What discovery found for a process, and the paths it depended on.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Discovered {
+    probes: Vec<probe::Probe>,
+    sites: Vec<String>,
+    unread: Vec<String>,
+}
+
+/// Images kept per process (its Python variables and user): most images
+/// share a default `PATH`.
+const MAX_DISCOVERED: usize = 8;
+
+/// The variables of a process that decide where its Python imports from.
+const PROCESS_VARS: [&str; 7] = [
+    "PATH",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "PYTHONPATH",
+    "PYTHONUSERBASE",
+    "HOME",
+    "PYTHONHOME",
+];
+
+/// The cache file of what discovery found for the process of `view`.
+fn discovered_file(cache: &Path, view: &ContainerView) -> PathBuf {
+    let mut h = Sha256::new();
+    h.update(b"gpuarch-image-discovered-1\0");
+    for var in PROCESS_VARS {
+        h.update(var.as_bytes());
+        h.update(b"=");
+        h.update(view.env_get(var).unwrap_or("\0unset").as_bytes());
+        h.update(b"\0");
+    }
+    h.update(format!("{:?}", view.user).as_bytes());
+    let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    cache.join(format!("d-{hex}.json"))
+}
+
+fn all_discovered(file: &Path) -> Vec<Discovered> {
+    std::fs::File::open(file)
+        .ok()
+        .and_then(|f| crate::context::read_at_most(f, MAX_CACHE_ENTRY).ok())
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// Keep `d` first among what was found for this process.
+fn remember(cache: &Path, view: &ContainerView, d: Discovered) -> std::io::Result<()> {
+    let file = discovered_file(cache, view);
+    let mut all = all_discovered(&file);
+    all.retain(|x| *x != d);
+    all.insert(0, d);
+    all.truncate(MAX_DISCOVERED);
+    loop {
+        let bytes = serde_json::to_vec(&all).map_err(std::io::Error::other)?;
+        if bytes.len() as u64 <= MAX_CACHE_ENTRY || all.len() <= 1 {
+            return store_bytes(&file, &bytes);
+        }
+        all.pop();
+    }
+}
+
+/// The read of an image like one read before: every path its discovery
+/// depended on is as it was, and its consumers are cached. Only `stat`s
+/// and `open`s of known paths, no directory listed.
+fn seen_before<T: Tree>(
+    root: &T,
+    view: &ContainerView,
+    cache: &Path,
+) -> Option<(Software, Vec<String>)> {
+    let d = all_discovered(&discovered_file(cache, view))
+        .into_iter()
+        .find(|d| d.probes.iter().all(|p| p.holds(root)))?;
+    if d.sites.is_empty() && d.unread.is_empty() {
+        return Some((
+            Software {
+                read: vec![software::NO_PYTHON.to_owned()],
+                ..Software::default()
+            },
+            Vec::new(),
+        ));
+    }
+    let sites = d
+        .sites
+        .iter()
+        .map(|rel| {
+            root.dir(rel).ok().map(|dir| Site {
+                rel: rel.clone(),
+                dir,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let entry = cache.join(format!("{}.json", key(root, &sites, &d.unread)));
+    cached(&entry).map(|sw| (sw, Vec::new()))
+}
+
 fn cached(entry: &Path) -> Option<Software> {
     let f = std::fs::File::open(entry).ok()?;
     let bytes = crate::context::read_at_most(f, MAX_CACHE_ENTRY).ok()?;
@@ -334,6 +455,11 @@ fn store(entry: &Path, sw: &Software) -> std::io::Result<()> {
         }
     }
     let bytes = serde_json::to_vec(sw).map_err(std::io::Error::other)?;
+    store_bytes(entry, &bytes)
+}
+
+fn store_bytes(entry: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = entry.parent().unwrap_or(Path::new("."));
     // Written whole and renamed into place, so a reader sees all of it or
     // nothing; not synced: an entry lost in a crash is read again, and a
     // sync on a disk-backed cache cost a start over 50 ms in the tests.
@@ -350,7 +476,7 @@ fn store(entry: &Path, sw: &Software) -> std::io::Result<()> {
             .create_new(true)
             .mode(0o644)
             .open(&tmp)?;
-        f.write_all(&bytes)?;
+        f.write_all(bytes)?;
         std::fs::rename(&tmp, entry)
     })();
     if result.is_err() {

@@ -164,7 +164,8 @@ fn the_cache_answers_until_an_environment_changes() {
     );
     let root = Root::open(r).unwrap();
     let (first, _) = read(&root, &plain(), Some(cache.path()));
-    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 1);
+    // The consumers, and what discovery found for this process.
+    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 2);
     // A changed METADATA alone is not seen: the entry answers.
     write(
         r,
@@ -779,4 +780,73 @@ fn a_hostile_layer_stack_costs_at_most_the_reads_bound() {
     assert!(!sw.was_read() && !sw.absence_proven(), "{sw:?}");
     assert!(notes[0].contains("not read"), "{notes:?}");
     eprintln!("{} layers of link chains: {took:?}, {notes:?}", l.len());
+}
+
+#[test]
+fn a_start_like_an_earlier_one_lists_no_directory_until_one_it_depended_on_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let r = dir.path();
+    let site = "usr/lib/python3.12/site-packages";
+    python(r, "usr", 12);
+    dist(r, site, "torch", "2.7.1");
+    write(r, "srv/venv/pyvenv.cfg", "home = /usr/bin\n");
+    link(r, "srv/venv/bin/python3", "/usr/bin/python3");
+    dist(
+        r,
+        "srv/venv/lib/python3.12/site-packages",
+        "xformers",
+        "0.0.30",
+    );
+    let view = process(&[("PATH", "/srv/venv/bin:/usr/bin")]);
+    let root = Root::open(r).unwrap();
+    let c = cache.path();
+    assert_eq!(seen_before(&root, &view, c), None, "nothing seen yet");
+    let (first, notes) = read(&root, &view, Some(c));
+    assert!(notes.is_empty(), "{notes:?}");
+    assert_eq!(first.dists.len(), 2, "{first:?}");
+    // Seen: answered from stats alone, for this process only.
+    assert_eq!(
+        seen_before(&root, &view, c).map(|h| h.0),
+        Some(first.clone())
+    );
+    assert_eq!(seen_before(&root, &plain(), c), None);
+    // Each thing discovery depended on, changed, is a new read.
+    let changes: [(&str, &dyn Fn()); 4] = [
+        ("the venv's pyvenv.cfg", &|| {
+            write(
+                r,
+                "srv/venv/pyvenv.cfg",
+                "home = /usr/bin\ninclude-system-site-packages = true\n",
+            )
+        }),
+        ("a conda env where there was none", &|| {
+            dist(
+                r,
+                "opt/conda/envs/x/lib/python3.11/site-packages",
+                "deepspeed",
+                "0.18.2",
+            )
+        }),
+        ("a Python on PATH relinked", &|| {
+            std::fs::remove_file(r.join("usr/bin/python3")).unwrap();
+            link(r, "usr/bin/python3", "python3.13");
+        }),
+        ("a package installed in a site", &|| {
+            dist(r, site, "accelerate", "1.2.0")
+        }),
+    ];
+    for (what, change) in changes {
+        std::thread::sleep(Duration::from_millis(20));
+        change();
+        assert_eq!(seen_before(&root, &view, c), None, "{what}");
+        let (sw, _) = read(&root, &view, Some(c));
+        assert!(seen_before(&root, &view, c).is_some(), "{what}: seen again");
+        assert_eq!(seen_before(&root, &view, c).map(|h| h.0), Some(sw));
+    }
+    let (sw, _) = read(&root, &view, Some(c));
+    assert!(
+        sw.get(Dist::DeepSpeed).is_some() && sw.get(Dist::Accelerate).is_some(),
+        "{sw:?}"
+    );
 }

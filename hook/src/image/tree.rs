@@ -35,9 +35,9 @@ pub const MAX_LAYERS: usize = 128;
 
 /// What the image read needs of an image's files. Paths are relative to
 /// the image's `/` and already free of `..` (see `envs::rel_of`).
-pub(crate) trait Tree: Send + 'static {
+pub(crate) trait Tree {
     /// A directory, resolved, to look names up in and to list.
-    type Dir: Send;
+    type Dir;
 
     /// Another handle on the same files, for the reader's thread.
     fn try_clone(&self) -> std::io::Result<Self>
@@ -73,6 +73,16 @@ pub(crate) trait Tree: Send + 'static {
     fn read_regular(&self, rel: &str, max: usize) -> Result<Vec<u8>, Errno>;
     /// Whether `rel`, links followed, is a directory.
     fn is_dir(&self, rel: &str) -> Result<bool, Errno>;
+    /// What identifies `rel`, links followed, and the version of what it
+    /// holds: inode, modification and change times (not the device, which
+    /// an overlay mount makes anew for each container), of each layer's
+    /// entry that shows.
+    fn ident(&self, rel: &str) -> Result<Vec<[i64; 5]>, Errno>;
+}
+
+/// `identity` without its device.
+pub(crate) fn without_dev(id: &[[i64; 6]]) -> Vec<[i64; 5]> {
+    id.iter().map(|i| [i[1], i[2], i[3], i[4], i[5]]).collect()
 }
 
 fn identity_of(st: &FileStat) -> [i64; 6] {
@@ -161,6 +171,11 @@ impl Tree for Root {
     fn is_dir(&self, rel: &str) -> Result<bool, Errno> {
         let st = self.stat(rel_path(rel))?;
         Ok(st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFDIR)
+    }
+
+    fn ident(&self, rel: &str) -> Result<Vec<[i64; 5]>, Errno> {
+        let st = self.stat(rel_path(rel))?;
+        Ok(without_dev(&[identity_of(&st)]))
     }
 }
 
@@ -502,5 +517,13 @@ impl Tree for Layers {
 
     fn is_dir(&self, rel: &str) -> Result<bool, Errno> {
         Ok(matches!(self.walk(rel, true)?, Node::Dir(_)))
+    }
+
+    fn ident(&self, rel: &str) -> Result<Vec<[i64; 5]>, Errno> {
+        match self.walk(rel, true)? {
+            Node::Dir(d) => Ok(without_dev(&self.identity(&d))),
+            Node::Other(_, _, st) => Ok(without_dev(&[identity_of(&st)])),
+            Node::Link(_) => Err(Errno::ELOOP),
+        }
     }
 }
