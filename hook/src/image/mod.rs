@@ -395,13 +395,16 @@ fn remember(cache: &Path, view: &ContainerView, d: Discovered) -> std::io::Resul
     all.retain(|x| *x != d);
     all.insert(0, d);
     all.truncate(MAX_DISCOVERED);
-    loop {
+    // What does not fit in one entry's bound is not kept: it could never
+    // be read back, and its stats are not a cheap start.
+    while !all.is_empty() {
         let bytes = serde_json::to_vec(&all).map_err(std::io::Error::other)?;
-        if bytes.len() as u64 <= MAX_CACHE_ENTRY || all.len() <= 1 {
+        if bytes.len() as u64 <= MAX_CACHE_ENTRY {
             return store_bytes(&file, &bytes);
         }
         all.pop();
     }
+    Ok(())
 }
 
 /// The read of an image like one read before: every path its discovery
