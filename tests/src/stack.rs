@@ -343,7 +343,8 @@ pub fn oci_archive_layers(
 /// a base Python in `/usr` (torch, xformers, flash-attn), then uv's
 /// `/app/.venv` on `PATH` (DeepSpeed) with flash-attn removed by a
 /// whiteout and a conda env, then conda's directory replaced (opaque) by
-/// one holding another env (accelerate).
+/// one holding another env (accelerate); a user's `~/.local`
+/// (bitsandbytes).
 pub const PY_IMAGE: &str = "gpuarch.test/python-layers:1";
 
 pub fn python_image(c: &Containerd) {
@@ -392,6 +393,19 @@ pub fn python_image(c: &Containerd) {
         "opt/conda/envs/old/lib/python3.11/site-packages",
         "vllm",
         "0.9.0",
+    );
+    // A user whose ~/.local holds bitsandbytes: NRI does not say which
+    // user a pod runs as, so every user's site is read.
+    write(
+        &l[1],
+        "etc/passwd",
+        "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000::/home/app:/bin/sh\n",
+    );
+    dist(
+        &l[1],
+        "home/app/.local/lib/python3.12/site-packages",
+        "bitsandbytes",
+        "0.45.0",
     );
     write(&l[2], "opt/conda/.wh..wh..opq", "");
     dist(

@@ -288,7 +288,9 @@ fn cases(suite: &str) {
             "xformers 0.0.30",
             "deepspeed 0.18.2",
             "accelerate 1.2.0",
+            "bitsandbytes 0.45.0",
             "/app/.venv/lib/python3.12/site-packages",
+            "/home/app/.local/lib/python3.12/site-packages",
             "/opt/conda/envs/serve/lib/python3.11/site-packages",
         ] {
             assert!(line.contains(want), "{round}: {want}: {line}");

@@ -139,9 +139,16 @@ fn oci_config(pod: &PodSandbox, c: &Container) -> Value {
         .iter()
         .map(|h| json!({"path": h.path, "args": h.args}))
         .collect();
+    // The process's user, where the runtime gives it (NRI 0.9 and
+    // later): whose home and user site the image read looks in, and whose
+    // JIT cache. Else root's, as before NRI said.
+    let mut process = json!({"env": c.env});
+    if let Some(u) = c.user.as_ref() {
+        process["user"] = json!({"uid": u.uid, "gid": u.gid});
+    }
     json!({
         "ociVersion": "1.0.2",
-        "process": {"env": c.env},
+        "process": process,
         "annotations": annotations,
         "linux": {"devices": devices},
         "mounts": mounts,
@@ -181,4 +188,46 @@ fn nri_hook(h: &Value) -> Hook {
         out.timeout = protobuf::MessageField::some(timeout);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use gpuarch_core::config::Config;
+    use gpuarch_core::oci::ContainerView;
+    use gpuarch_core::snapshot::Snapshot;
+    use gpuarch_core::software::Software;
+
+    #[test]
+    fn the_image_is_read_for_the_user_the_runtime_names() {
+        let fixture = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/2080ti-3090.json"
+        );
+        let snapshot = Snapshot::from_json(&std::fs::read(fixture).unwrap()).unwrap();
+        // Nothing of the host's: gpuarch's paths in a directory of the test's.
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config::default();
+        cfg.hook.record_dir = dir.path().join("records");
+        cfg.hook.image_cache = dir.path().join("images");
+        cfg.kernels.mount_root = dir.path().join("kernels");
+        cfg.kernels.cache_dir = dir.path().join("cache");
+        cfg.jit_cache.dir = dir.path().join("jit");
+        let ctx = Context::new(snapshot, cfg, None);
+        let (pod, mut c) =
+            super::super::fake_runtime::container(&["NVIDIA_VISIBLE_DEVICES=1"], &[]);
+        let seen = std::cell::RefCell::new(Vec::new());
+        let read = |v: &ContainerView| {
+            seen.borrow_mut().push(v.user);
+            (Software::default(), Vec::new())
+        };
+        adjust(&pod, &c, &ctx, Image::Read(&read)).unwrap();
+        let mut user = crate::nri::proto::nri::User::new();
+        user.uid = 1000;
+        user.gid = 100;
+        c.user = protobuf::MessageField::some(user);
+        adjust(&pod, &c, &ctx, Image::Read(&read)).unwrap();
+        assert_eq!(*seen.borrow(), [Some((0, 0)), Some((1000, 100))]);
+    }
 }

@@ -318,7 +318,7 @@ impl proto::nri_ttrpc::Plugin for Plugin {
         let who = who(&pod, &container);
         // Whether the runtime injected CDI devices before NRI, or lists them.
         debug!(
-            "NRI: {who}: {} device nodes, CDI devices [{}], {} annotations",
+            "NRI: {who}: {} device nodes, CDI devices [{}], {} annotations, user {}",
             container.linux.devices.len(),
             container
                 .CDI_devices
@@ -326,7 +326,11 @@ impl proto::nri_ttrpc::Plugin for Plugin {
                 .map(|d| d.name.as_str())
                 .collect::<Vec<_>>()
                 .join(", "),
-            container.annotations.len()
+            container.annotations.len(),
+            container
+                .user
+                .as_ref()
+                .map_or("not given".to_owned(), |u| format!("{}:{}", u.uid, u.gid))
         );
         // The image is read (containerd asked, the layers read) only for a
         // container that gets a Plan, on a thread of its own: the read may
@@ -341,7 +345,20 @@ impl proto::nri_ttrpc::Plugin for Plugin {
         let planned = tokio::task::spawn_blocking(move || {
             let cache = ctx.config.hook.image_cache.clone();
             let id = container.id.clone();
+            // containerd 1.7 and 2.1 give no user: then the process may be
+            // any of the image's users, and each one's user site is read.
+            let user_given = container.user.is_some();
             let read = |view: &gpuarch_core::oci::ContainerView| {
+                let unknown;
+                let view = if user_given {
+                    view
+                } else {
+                    unknown = gpuarch_core::oci::ContainerView {
+                        user: None,
+                        ..view.clone()
+                    };
+                    &unknown
+                };
                 let dirs = if runtime == "containerd" {
                     handle.block_on(images.layers(&id))
                 } else {

@@ -32,6 +32,9 @@ use super::{Budget, Stop};
 const MAX_PATH_ENTRIES: usize = 32;
 /// Most site directories read.
 pub const MAX_SITES: usize = 64;
+/// Most users of `/etc/passwd` whose user sites are read, where the
+/// process's user is not known.
+const MAX_USERS: usize = 32;
 /// Most links followed from an interpreter's name to its file.
 const MAX_LINKS: usize = 16;
 /// Most bytes of `pyvenv.cfg` and of `/etc/passwd` read.
@@ -147,15 +150,34 @@ fn venv_base<T: Tree>(root: &T, venv: &str) -> Option<Option<String>> {
 }
 
 /// The home directory of `uid` in the image's `/etc/passwd`.
-fn passwd_home<T: Tree>(root: &T, uid: u32) -> Option<String> {
-    let text = root.read_regular("etc/passwd", MAX_SMALL_FILE).ok()?;
+fn passwd_home<T: Tree>(root: &T, uid: Option<u32>) -> Option<String> {
+    passwd(root, |u| u == uid).into_iter().next()
+}
+
+/// The home directories of every user in the image's `/etc/passwd`, once
+/// each, at most [`MAX_USERS`].
+fn passwd_homes<T: Tree>(root: &T) -> Vec<String> {
+    let mut homes = passwd(root, |_| true);
+    let mut seen = std::collections::HashSet::new();
+    homes.retain(|h| seen.insert(h.clone()));
+    homes.truncate(MAX_USERS);
+    homes
+}
+
+/// The homes of the users of `/etc/passwd` whose uid `pick` takes.
+fn passwd<T: Tree>(root: &T, pick: impl Fn(Option<u32>) -> bool) -> Vec<String> {
+    let Ok(text) = root.read_regular("etc/passwd", MAX_SMALL_FILE) else {
+        return Vec::new();
+    };
     let text = String::from_utf8_lossy(&text);
-    text.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(':').collect();
-        (f.len() >= 7 && f[2].parse::<u32>().ok() == Some(uid))
-            .then(|| rel_of(Path::new(f[5])))
-            .flatten()
-    })
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.len() >= 7 && pick(f[2].parse::<u32>().ok()))
+                .then(|| rel_of(Path::new(f[5])))
+                .flatten()
+        })
+        .collect()
 }
 
 /// Subdirectory names of `rel` that start with `prefix`, sorted.
@@ -238,21 +260,34 @@ fn once_each(prefixes: Vec<Prefix>) -> Vec<Prefix> {
     out
 }
 
-/// The user site's base: `PYTHONUSERBASE`, else `HOME/.local`, else the
-/// passwd home's `.local`.
-fn user_base<T: Tree>(root: &T, view: &ContainerView) -> Option<String> {
+/// The user sites' bases: `PYTHONUSERBASE`, else `HOME/.local`, else
+/// `.local` of the home `/etc/passwd` gives the process's user (`/` where
+/// it gives none, as runc then sets `HOME`). Where the user is not known
+/// (gpuarchd's NRI path, where the runtime does not say it), those of every
+/// user in `/etc/passwd`, and `/`'s: each one the process could be.
+fn user_bases<T: Tree>(root: &T, view: &ContainerView) -> Vec<String> {
     if let Some(b) = view.env_get("PYTHONUSERBASE") {
-        return rel_of(Path::new(b));
+        return rel_of(Path::new(b)).into_iter().collect();
     }
-    let home = match view.env_get("HOME") {
-        Some(h) => rel_of(Path::new(h)),
-        None => passwd_home(root, view.user.map_or(0, |(uid, _)| uid)),
-    }?;
-    Some(if home.is_empty() {
-        ".local".to_owned()
-    } else {
-        format!("{home}/.local")
-    })
+    let homes: Vec<String> = match (view.env_get("HOME"), view.user) {
+        (Some(h), _) => rel_of(Path::new(h)).into_iter().collect(),
+        (None, Some((uid, _))) => vec![passwd_home(root, Some(uid)).unwrap_or_default()],
+        (None, None) => {
+            let mut all = passwd_homes(root);
+            all.push(String::new());
+            all
+        }
+    };
+    homes
+        .into_iter()
+        .map(|h| {
+            if h.is_empty() {
+                ".local".to_owned()
+            } else {
+                format!("{h}/.local")
+            }
+        })
+        .collect()
 }
 
 /// The site directories of the image's Python environments for the process
@@ -303,9 +338,10 @@ pub fn discover<T: Tree>(
             }
         }
     }
-    let mut user_bases = vec!["root/.local".to_owned()];
-    user_bases.extend(user_base(root, view));
-    for base in user_bases {
+    let mut bases = vec!["root/.local".to_owned()];
+    bases.extend(user_bases(root, view));
+    bases.dedup();
+    for base in bases {
         for lib in ["lib", "lib64"] {
             for py in subdirs(root, &format!("{base}/{lib}"), "python3", budget)? {
                 direct.push(format!("{base}/{lib}/{py}/site-packages"));

@@ -850,3 +850,43 @@ fn a_start_like_an_earlier_one_lists_no_directory_until_one_it_depended_on_chang
         "{sw:?}"
     );
 }
+
+#[test]
+fn a_process_whose_user_is_not_known_has_every_users_site_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path();
+    python(r, "usr", 12);
+    write(
+        r,
+        "etc/passwd",
+        "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000::/home/app:/bin/sh\n",
+    );
+    dist(
+        r,
+        "home/app/.local/lib/python3.12/site-packages",
+        "deepspeed",
+        "0.18.2",
+    );
+    dist(
+        r,
+        ".local/lib/python3.12/site-packages",
+        "xformers",
+        "0.0.30",
+    );
+    let mut view = process(&[("PATH", PATH)]);
+    let (got, proven, _) = found(r, &view);
+    assert!(got.is_empty() && proven, "root's sites alone: {got:?}");
+    // A uid passwd does not know: HOME is `/` (runc), its site `/.local`.
+    view.user = Some((4242, 4242));
+    let (got, _, _) = found(r, &view);
+    assert_eq!(got, ["xformers 0.0.30"]);
+    view.user = None;
+    let (got, proven, sw) = found(r, &view);
+    assert_eq!(
+        got,
+        ["xformers 0.0.30", "deepspeed 0.18.2"],
+        "{:?}",
+        sw.read
+    );
+    assert!(proven);
+}
