@@ -173,9 +173,23 @@ pub fn run(
     for (k, v) in env {
         cmd.env(k, vars.expand(v)?);
     }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| BuildError::Tool(format!("cannot run {}: {e}", prog.path.display())))?;
+    // A script written just before may still be open for writing in a
+    // child another thread forked meanwhile (until that child execs):
+    // exec then fails with ETXTBSY. That passes within milliseconds.
+    let mut tries = 0;
+    let mut child = loop {
+        match cmd.spawn() {
+            Err(e) if e.raw_os_error() == Some(nix::libc::ETXTBSY) && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            r => {
+                break r.map_err(|e| {
+                    BuildError::Tool(format!("cannot run {}: {e}", prog.path.display()))
+                })?;
+            }
+        }
+    };
     let start = Instant::now();
     let status = loop {
         match child.try_wait() {
