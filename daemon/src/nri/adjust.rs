@@ -61,13 +61,34 @@ pub fn adjust(
         return Ok(Outcome::Skipped(pod.runtime_handler.clone()));
     }
     let config = oci_config(pod, container);
+    // A JIT cache belongs to the uid that writes it (mode 0700). Where the
+    // runtime does not say which user the process runs as (containerd 1.7
+    // and 2.1 do not), a cache made for root could not be written by a
+    // pod that runs as another: the container keeps its own default.
+    let unknown_user = container.user.is_none() && ctx.config.jit_cache.enable;
+    let no_jit;
+    let ctx = if unknown_user {
+        let mut c = ctx.clone();
+        c.config.jit_cache.enable = false;
+        no_jit = c;
+        &no_jit
+    } else {
+        ctx
+    };
     // What the container gets, made once; its parts become the
     // adjustment as they are (nothing is found by diffing a config).
-    let e = match gpuarch_hook::edit::make(&config, ctx, image) {
+    let mut e = match gpuarch_hook::edit::make(&config, ctx, image) {
         Ok(e) => e,
         Err(HookError::Refused(why)) => return Err(Refusal::Strict(why)),
         Err(e) => return Err(Refusal::Plan(e)),
     };
+    if unknown_user && !e.plan.is_noop() {
+        e.plan.notes.push(
+            "no JIT cache: the runtime does not say which user the container runs as \
+             (NRI gives it from 0.9), and a cache made for root is not writable by another"
+                .to_owned(),
+        );
+    }
     if e.plan.is_noop() {
         return Ok(Outcome::Nothing(e.plan));
     }
@@ -199,22 +220,32 @@ mod tests {
     use gpuarch_core::snapshot::Snapshot;
     use gpuarch_core::software::Software;
 
-    #[test]
-    fn the_image_is_read_for_the_user_the_runtime_names() {
+    /// A context on the 2080 Ti + 3090 fixture, gpuarch's paths in `dir`;
+    /// the JIT cache on where `jit`.
+    fn ctx_in(dir: &std::path::Path, jit: bool) -> Context {
         let fixture = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../tests/fixtures/2080ti-3090.json"
         );
         let snapshot = Snapshot::from_json(&std::fs::read(fixture).unwrap()).unwrap();
-        // Nothing of the host's: gpuarch's paths in a directory of the test's.
-        let dir = tempfile::tempdir().unwrap();
         let mut cfg = Config::default();
-        cfg.hook.record_dir = dir.path().join("records");
-        cfg.hook.image_cache = dir.path().join("images");
-        cfg.kernels.mount_root = dir.path().join("kernels");
-        cfg.kernels.cache_dir = dir.path().join("cache");
-        cfg.jit_cache.dir = dir.path().join("jit");
-        let ctx = Context::new(snapshot, cfg, None);
+        cfg.hook.record_dir = dir.join("records");
+        cfg.hook.image_cache = dir.join("images");
+        cfg.kernels.mount_root = dir.join("kernels");
+        cfg.kernels.cache_dir = dir.join("cache");
+        cfg.jit_cache.dir = dir.join("jit");
+        if jit {
+            cfg.jit_cache.enable = true;
+            cfg.jit_cache.scope = gpuarch_core::config::JitScope::Shared;
+            std::fs::create_dir(&cfg.jit_cache.dir).unwrap();
+        }
+        Context::new(snapshot, cfg, None)
+    }
+
+    #[test]
+    fn the_image_is_read_for_the_user_the_runtime_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ctx_in(dir.path(), false);
         let (pod, mut c) =
             super::super::fake_runtime::container(&["NVIDIA_VISIBLE_DEVICES=1"], &[]);
         let seen = std::cell::RefCell::new(Vec::new());
@@ -229,5 +260,35 @@ mod tests {
         c.user = protobuf::MessageField::some(user);
         adjust(&pod, &c, &ctx, Image::Read(&read)).unwrap();
         assert_eq!(*seen.borrow(), [Some((0, 0)), Some((1000, 100))]);
+    }
+
+    #[test]
+    fn no_jit_cache_where_the_runtime_names_no_user() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = ctx_in(dir.path(), true);
+        let read = |_: &ContainerView| (Software::default(), Vec::new());
+        let (pod, mut c) =
+            super::super::fake_runtime::container(&["NVIDIA_VISIBLE_DEVICES=1"], &[]);
+        let jit = |o: Outcome| match o {
+            Outcome::Adjust(adj, plan) => (
+                adj.env.iter().any(|kv| kv.key == "TORCH_EXTENSIONS_DIR"),
+                plan.notes
+                    .iter()
+                    .any(|n| n.starts_with("no JIT cache: the runtime does not say")),
+            ),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            jit(adjust(&pod, &c, &ctx, Image::Read(&read)).unwrap()),
+            (false, true)
+        );
+        let mut user = crate::nri::proto::nri::User::new();
+        user.uid = 1000;
+        user.gid = 1000;
+        c.user = protobuf::MessageField::some(user);
+        assert_eq!(
+            jit(adjust(&pod, &c, &ctx, Image::Read(&read)).unwrap()),
+            (true, false)
+        );
     }
 }
