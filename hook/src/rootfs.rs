@@ -31,6 +31,18 @@ pub enum RootfsError {
     BadPath { path: PathBuf },
 }
 
+/// The first `max` bytes of open file `fd` (a header block is what is
+/// wanted: the rest is left unread, not refused).
+pub(crate) fn read_prefix(fd: OwnedFd, max: usize) -> Result<Vec<u8>, Errno> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    std::fs::File::from(fd)
+        .take(max as u64)
+        .read_to_end(&mut out)
+        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(nix::libc::EIO)))?;
+    Ok(out)
+}
+
 /// A handle on a container's root filesystem.
 #[derive(Debug)]
 pub struct Root {
@@ -127,7 +139,6 @@ impl Root {
     /// is refused before it is opened for reading: it is looked up as a
     /// path only, checked, and only a regular file is reopened to read.
     pub fn read_regular(&self, rel: &Path, max: usize) -> Result<Vec<u8>, Errno> {
-        use std::io::Read;
         let how = OpenHow::new()
             .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
             .resolve(IN_ROOT);
@@ -145,12 +156,7 @@ impl Root {
             )),
             reopen,
         )?;
-        let mut out = Vec::new();
-        std::fs::File::from(fd)
-            .take(max as u64)
-            .read_to_end(&mut out)
-            .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(nix::libc::EIO)))?;
-        Ok(out)
+        read_prefix(fd, max)
     }
 
     /// Open directory `rel` (relative to the container's `/`), creating the

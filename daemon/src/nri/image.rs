@@ -98,17 +98,6 @@ pub fn layer_dirs(mounts: &[Mount]) -> Result<Vec<PathBuf>, String> {
     }
 }
 
-/// What of a process decides where its Python imports from.
-const PROCESS_VARS: [&str; 7] = [
-    "PATH",
-    "VIRTUAL_ENV",
-    "CONDA_PREFIX",
-    "PYTHONPATH",
-    "PYTHONUSERBASE",
-    "HOME",
-    "PYTHONHOME",
-];
-
 /// The key a read is kept under: the layers (path, inode, change time)
 /// and what of the process finds its environments. `None` when a layer's
 /// directory cannot be looked at.
@@ -123,12 +112,7 @@ fn key(dirs: &[PathBuf], view: &ContainerView) -> Option<String> {
             h.update(n.to_le_bytes());
         }
     }
-    for var in PROCESS_VARS {
-        h.update(var.as_bytes());
-        h.update(view.env_get(var).unwrap_or("\0unset").as_bytes());
-        h.update(b"\0");
-    }
-    h.update(format!("{:?}", view.user).as_bytes());
+    image::hash_process(&mut h, view);
     Some(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
@@ -238,7 +222,7 @@ impl Images {
     ) -> (Software, Vec<String>) {
         let dirs = match dirs {
             Ok(d) => d,
-            Err(why) => return not_read(why),
+            Err(why) => return image::not_read(why),
         };
         let key = key(dirs, view);
         if let Some(k) = &key
@@ -248,7 +232,7 @@ impl Images {
         }
         let layers = match Layers::open(dirs) {
             Ok(l) => l,
-            Err(e) => return not_read(e),
+            Err(e) => return image::not_read(e),
         };
         let read = image::read_layers(&layers, view, cache);
         if let Some(k) = key {
@@ -260,15 +244,6 @@ impl Images {
         }
         read
     }
-}
-
-fn not_read(why: impl std::fmt::Display) -> (Software, Vec<String>) {
-    (
-        Software::default(),
-        vec![format!(
-            "the image's Python environments were not read: {why}"
-        )],
-    )
 }
 
 #[cfg(test)]

@@ -96,7 +96,7 @@ pub(crate) fn rel_of(path: &Path) -> Option<String> {
     Some(parts.join("/"))
 }
 
-fn parent(rel: &str) -> &str {
+pub(super) fn parent(rel: &str) -> &str {
     rel.rsplit_once('/').map_or("", |(p, _)| p)
 }
 

@@ -215,7 +215,8 @@ pub fn read_layers(
     read_within(layers, view, cache, MAX_ENTRIES, DEADLINE, WAIT)
 }
 
-fn not_read(why: impl std::fmt::Display) -> (Software, Vec<String>) {
+/// An image nothing is known of, and why, as the Plan's note says it.
+pub fn not_read(why: impl std::fmt::Display) -> (Software, Vec<String>) {
     (
         Software::default(),
         vec![format!(
@@ -232,6 +233,15 @@ fn read_within<T: Tree + Send + 'static>(
     deadline: Duration,
     wait: Duration,
 ) -> (Software, Vec<String>) {
+    // A start like an earlier one takes, with a stat for each path that
+    // discovery depended on, what it found, and the consumers cached for
+    // it: no directory is listed, so no thread is needed to bound it.
+    if let Some(hit) = cache
+        .filter(|c| c.is_dir())
+        .and_then(|c| seen_before(root, view, c))
+    {
+        return hit;
+    }
     let Ok(root) = root.try_clone() else {
         return not_read("no file descriptor left");
     };
@@ -241,15 +251,6 @@ fn read_within<T: Tree + Send + 'static>(
         user: view.user,
         ..ContainerView::default()
     };
-    // A start like an earlier one takes, with a stat for each path that
-    // discovery depended on, what it found, and the consumers cached for
-    // it: no directory is listed, so no thread is needed to bound it.
-    if let Some(hit) = cache
-        .filter(|c| c.is_dir())
-        .and_then(|c| seen_before(&root, &process, c))
-    {
-        return hit;
-    }
     let cache = cache.map(Path::to_owned);
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     let reader = std::thread::Builder::new()
@@ -365,10 +366,9 @@ const PROCESS_VARS: [&str; 7] = [
     "PYTHONHOME",
 ];
 
-/// The cache file of what discovery found for the process of `view`.
-fn discovered_file(cache: &Path, view: &ContainerView) -> PathBuf {
-    let mut h = Sha256::new();
-    h.update(b"gpuarch-image-discovered-1\0");
+/// Hash into `h` what of the process of `view` decides which environments
+/// the read finds: its Python variables and its user.
+pub fn hash_process(h: &mut Sha256, view: &ContainerView) {
     for var in PROCESS_VARS {
         h.update(var.as_bytes());
         h.update(b"=");
@@ -376,6 +376,13 @@ fn discovered_file(cache: &Path, view: &ContainerView) -> PathBuf {
         h.update(b"\0");
     }
     h.update(format!("{:?}", view.user).as_bytes());
+}
+
+/// The cache file of what discovery found for the process of `view`.
+fn discovered_file(cache: &Path, view: &ContainerView) -> PathBuf {
+    let mut h = Sha256::new();
+    h.update(b"gpuarch-image-discovered-1\0");
+    hash_process(&mut h, view);
     let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
     cache.join(format!("d-{hex}.json"))
 }

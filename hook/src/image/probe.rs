@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use nix::errno::Errno;
 use serde::{Deserialize, Serialize};
 
+use super::envs::parent;
 use super::tree::Tree;
 use super::{Budget, Stop};
 
@@ -61,10 +62,6 @@ impl<'a, T: Tree> Probing<'a, T> {
             p.push(Probe::of(self.inner, rel));
         }
     }
-}
-
-fn parent(rel: &str) -> &str {
-    rel.rsplit_once('/').map_or("", |(p, _)| p)
 }
 
 impl<T: Tree> Tree for Probing<'_, T> {

@@ -273,6 +273,11 @@ impl Layers {
         })
     }
 
+    /// Whether the read's deadline has passed.
+    fn late(&self) -> bool {
+        self.until.is_some_and(|t| Instant::now() > t)
+    }
+
     /// `e`, kept where it is the first error that is not an answer.
     fn keep(&self, e: Errno) -> Errno {
         let answer = matches!(
@@ -301,7 +306,7 @@ impl Layers {
     }
 
     fn lookup_in(&self, dir: &LayerDir, name: &str) -> Result<Node, Errno> {
-        if self.until.is_some_and(|t| Instant::now() > t) {
+        if self.late() {
             return Err(Errno::ETIMEDOUT);
         }
         let mut dirs = Vec::new();
@@ -425,7 +430,7 @@ impl Tree for Layers {
     }
 
     fn has_entry(&self, dir: &LayerDir, name: &str) -> bool {
-        if self.until.is_some_and(|t| Instant::now() > t) {
+        if self.late() {
             self.keep(Errno::ETIMEDOUT);
             return false;
         }
@@ -486,7 +491,6 @@ impl Tree for Layers {
     }
 
     fn read_regular(&self, rel: &str, max: usize) -> Result<Vec<u8>, Errno> {
-        use std::io::Read;
         let Node::Other(parent, name, st) = self.walk(rel, true)? else {
             return Err(Errno::EINVAL);
         };
@@ -507,12 +511,7 @@ impl Tree for Layers {
         if fstat(fd.as_fd())?.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG {
             return Err(Errno::EINVAL);
         }
-        let mut out = Vec::new();
-        std::fs::File::from(fd)
-            .take(max as u64)
-            .read_to_end(&mut out)
-            .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(nix::libc::EIO)))?;
-        Ok(out)
+        crate::rootfs::read_prefix(fd, max)
     }
 
     fn is_dir(&self, rel: &str) -> Result<bool, Errno> {
