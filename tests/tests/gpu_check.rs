@@ -43,7 +43,7 @@ fn without_a_driver_every_part_says_so_and_the_report_is_written() {
         "{stdout}{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    for p in 1..=7 {
+    for p in 1..=8 {
         let line =
             format!("FAIL part{p} prerequisites: no NVIDIA driver here (nvidia-smi not found)\n");
         assert!(stdout.contains(&line), "{stdout}");
@@ -51,7 +51,7 @@ fn without_a_driver_every_part_says_so_and_the_report_is_written() {
     let report: Value =
         serde_json::from_slice(&std::fs::read(out.path().join("gpu-check.json")).unwrap()).unwrap();
     assert_eq!(report["passed"], 0);
-    assert_eq!(report["failed"], 7);
+    assert_eq!(report["failed"], 8);
     assert!(report["gpu"].is_null());
 }
 
@@ -99,9 +99,11 @@ fn torch_image() -> Result<(PathBuf, PathBuf), String> {
 /// say, torch builds sm_90 SASS for the H100 fixture under the image's
 /// CUDA 13.0, a second container of the same uid and image loads the first
 /// one's build without rebuilding, and another uid and another image each
-/// get a cache of their own.
+/// get a cache of their own. Part 8 in the same run: the hook reads this
+/// host's root as the image, finds its torch through the venv on PATH, and
+/// an extension built under that Plan carries sm_90.
 #[test]
-fn part_7_rehearsed_without_a_gpu_shares_a_cache_per_uid_and_image() {
+fn parts_7_and_8_rehearsed_without_a_gpu() {
     gpuarch_tests::skip_unless!(gpuarch_tests::cannot_run(
         "to run containers",
         &["runc", "unshare"]
@@ -133,7 +135,7 @@ fn part_7_rehearsed_without_a_gpu_shares_a_cache_per_uid_and_image() {
     let out = dir.path().join("out");
     let o = Command::new("python3")
         .arg(workspace_root().join("scripts/gpu-check"))
-        .args(["run", "--parts", "7", "--rehearse", "--python"])
+        .args(["run", "--parts", "7,8", "--rehearse", "--python"])
         .arg(&python)
         .arg("--bundle")
         .arg(dir.path().join("bundle"))
@@ -170,6 +172,10 @@ fn part_7_rehearsed_without_a_gpu_shares_a_cache_per_uid_and_image() {
         assert!(stdout.contains("-- no uid-1000 container:"), "{stdout}");
         want.remove(4);
     }
+    want.extend([
+        "the host's own image read",
+        "an extension built under the image's Plan",
+    ]);
     assert_eq!(names, want, "{stdout}");
     assert!(checks[3]["ok"].is_null(), "{}", checks[3]);
     let result = |name: &str| &checks.iter().find(|c| c["name"] == name).unwrap()["data"]["result"];
@@ -216,6 +222,33 @@ fn part_7_rehearsed_without_a_gpu_shares_a_cache_per_uid_and_image() {
         let cache = third["host_cache"].as_str().unwrap();
         assert!(cache.contains(scope) && cache != first_cache, "{third}");
     }
+    // Part 8: the hook read this host's root as the image, found the
+    // image's Python through the venv on PATH, and named its torch; the
+    // extension built under that Plan carries the H100's SASS.
+    let data = |name: &str| &checks.iter().find(|c| c["name"] == name).unwrap()["data"];
+    let image = data("the host's own image read");
+    let site = image["site"].as_str().unwrap();
+    assert!(
+        image["sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s.as_str() == Some(site)),
+        "{image}"
+    );
+    let torch = image["torch"].as_str().unwrap();
+    let public = torch.split('+').next().unwrap();
+    assert!(
+        image["note"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("torch {public}")),
+        "{image}"
+    );
+    assert_eq!(image["plan"]["TORCH_CUDA_ARCH_LIST"], "9.0");
+    let built = data("an extension built under the image's Plan");
+    assert_eq!(built["targets"], serde_json::json!(["sm_90"]));
+    assert!(built["result"]["ran"].is_null(), "{built}");
 }
 
 #[test]
