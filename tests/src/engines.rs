@@ -28,6 +28,9 @@ pub const PAUSE: &str = "gpuarch.test/pause:1";
 /// [`IMAGE`] with DeepSpeed 0.19.8 and torch 2.9.1 installed (their real
 /// dist-info, tests/fixtures/images/deepspeed): Docker only.
 pub const DEEPSPEED_IMAGE: &str = "gpuarch.test/deepspeed:1";
+/// [`IMAGE`] with every real Python layout (tests/fixtures/images/layouts),
+/// uv's `/app/.venv` on its PATH: Docker only.
+pub const LAYOUTS_IMAGE: &str = "gpuarch.test/layouts:1";
 /// What the tools are called where the test needs them.
 pub const TOOLS: [&str; 5] = [
     "containerd",
@@ -542,48 +545,59 @@ state = "{d}/run/containerd"
                 "docker import",
             );
         }
-        // The same busybox with an image's Python environment in it.
-        let ds_root = self.path("rootfs-deepspeed");
-        let ds = self.path("rootfs-deepspeed.tar");
-        check(
-            Command::new("cp")
-                .arg("-a")
-                .arg(&rootfs)
-                .arg(&ds_root)
-                .output()
-                .unwrap(),
-            "cp",
-        );
-        check(
-            Command::new("cp")
-                .arg("-a")
-                .arg(crate::image_fixture("deepspeed").join("."))
-                .arg(&ds_root)
-                .output()
-                .unwrap(),
-            "cp",
-        );
-        check(
-            Command::new("tar")
-                .arg("-C")
-                .arg(&ds_root)
-                .arg("-cf")
-                .arg(&ds)
-                .arg(".")
-                .output()
-                .unwrap(),
-            "tar",
-        );
-        check(
-            self.docker(&[
-                "import",
-                "--change",
-                r#"CMD ["/bin/sh"]"#,
-                ds.to_str().unwrap(),
-                DEEPSPEED_IMAGE,
-            ]),
-            "docker import",
-        );
+        // The same busybox with an image's Python environments in it:
+        // DeepSpeed in conda's base; every real layout, with uv's venv on
+        // PATH as uv's images set it.
+        let python_images: [(&str, &str, &[&str]); 2] = [
+            ("deepspeed", DEEPSPEED_IMAGE, &[]),
+            (
+                "layouts",
+                LAYOUTS_IMAGE,
+                &[
+                    "ENV PATH=/app/.venv/bin:/usr/local/bin:/usr/bin:/bin",
+                    "ENV VIRTUAL_ENV=/app/.venv",
+                ],
+            ),
+        ];
+        for (fixture, image, env) in python_images {
+            let root = self.path(&format!("rootfs-{fixture}"));
+            let tar = self.path(&format!("rootfs-{fixture}.tar"));
+            check(
+                Command::new("cp")
+                    .arg("-a")
+                    .arg(&rootfs)
+                    .arg(&root)
+                    .output()
+                    .unwrap(),
+                "cp",
+            );
+            check(
+                Command::new("cp")
+                    .arg("-a")
+                    .arg(crate::image_fixture(fixture).join("."))
+                    .arg(&root)
+                    .output()
+                    .unwrap(),
+                "cp",
+            );
+            check(
+                Command::new("tar")
+                    .arg("-C")
+                    .arg(&root)
+                    .arg("-cf")
+                    .arg(&tar)
+                    .arg(".")
+                    .output()
+                    .unwrap(),
+                "tar",
+            );
+            let mut args = vec!["import", "--change", r#"CMD ["/bin/sh"]"#];
+            for e in env {
+                args.extend(["--change", e]);
+            }
+            args.extend([tar.to_str().unwrap(), image]);
+            check(self.docker(&args), "docker import");
+        }
         let saved = self.path("images.tar");
         check(
             self.docker(&["save", "-o", saved.to_str().unwrap(), IMAGE, PAUSE]),

@@ -683,6 +683,99 @@ fn the_images_own_consumers_shape_the_plan() {
     assert!(cached >= 2, "{cached} cache entries");
 }
 
+/// Every place real images keep Python, in one rootfs
+/// (tests/fixtures/images/layouts, real METADATA): Debian's dist-packages
+/// (torch), conda's base (xformers) and a named env (flashinfer-python),
+/// uv's `/app/.venv` on PATH (DeepSpeed), root's `~/.local` (accelerate),
+/// RHEL's `lib64` (flash-attn), and the `~/.local` of a user whose home
+/// only `/etc/passwd` names (bitsandbytes). Through runc behind the shim,
+/// runc with the createContainer hook, and podman's precreate hook, as
+/// root and (podman) as that user: each environment is read, each
+/// consumer named, and the Plan follows them: DeepSpeed, seen only in the
+/// venv, keeps 9.0a out of the H100's list, and flash-attn, seen only in
+/// lib64, lets the FlashAttention-2 hint stand.
+#[test]
+fn every_real_python_layout_is_read() {
+    need_containers!("runc");
+    let mut s = Scene::new();
+    s.inventory = Some(fixture("a100-h100"));
+    let o = Command::new("cp")
+        .arg("-a")
+        .arg(image_fixture("layouts").join("."))
+        .arg(s.rootfs())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let env = [
+        "NVIDIA_VISIBLE_DEVICES=1",
+        "PATH=/app/.venv/bin:/usr/local/bin:/usr/bin:/bin",
+        "VIRTUAL_ENV=/app/.venv",
+    ];
+    let sites = [
+        "/app/.venv/lib/python3.12/site-packages",
+        "/usr/lib/python3/dist-packages",
+        "/usr/local/lib64/python3.12/site-packages",
+        "/opt/conda/lib/python3.11/site-packages",
+        "/opt/conda/envs/serve/lib/python3.11/site-packages",
+        "/root/.local/lib/python3.12/site-packages",
+    ];
+    let consumers = [
+        "torch 2.9.1",
+        "flashinfer-python 0.6.13",
+        "xformers 0.0.34",
+        "deepspeed 0.19.8",
+        "flash-attn 2.8.3",
+        "accelerate 1.15.0",
+    ];
+    let check = |how: &str, seen: &Seen, log: &str, user_site: bool| {
+        let var = |k: &str| seen.ok().var(k).map(str::to_owned);
+        assert_eq!(var("TORCH_CUDA_ARCH_LIST").as_deref(), Some("9.0"), "{how}");
+        assert_eq!(
+            var("GPUARCH_ATTN_IMPLEMENTATION").as_deref(),
+            Some("flash_attention_2"),
+            "{how}"
+        );
+        let line = log
+            .lines()
+            .find(|l| l.contains("the image's consumers: "))
+            .unwrap_or_else(|| panic!("{how}: no line on the image's consumers: {log}"));
+        for want in consumers.iter().chain(&sites) {
+            assert!(line.contains(want), "{how}: {want}: {line}");
+        }
+        let user = "/srv/app/.local/lib/python3.12/site-packages";
+        assert_eq!(line.contains(user), user_site, "{how}: {line}");
+        assert_eq!(
+            line.contains("bitsandbytes 0.45.0"),
+            user_site,
+            "{how}: {line}"
+        );
+        assert!(
+            log.contains("DeepSpeed 0.19.8 in the image rejects 9.0a"),
+            "{how}: {log}"
+        );
+    };
+    for (how, start) in runc_starts() {
+        s.take_log();
+        let seen = start(&s, &env);
+        check(how, &seen, &s.take_log(), false);
+    }
+    if let Some(why) = gpuarch_tests::cannot_run("to run podman", &["podman"]) {
+        return gpuarch_tests::skip(&why);
+    }
+    let args: Vec<&str> = env.iter().flat_map(|e| ["-e", e]).collect();
+    for (how, user) in [
+        ("podman, root", None),
+        ("podman, uid 1000", Some("1000:1000")),
+    ] {
+        let mut a = args.clone();
+        if let Some(u) = user {
+            a.extend(["--user", u]);
+        }
+        let seen = s.podman(&a);
+        check(how, &seen, &s.take_log(), user.is_some());
+    }
+}
+
 /// A hung NVML costs at most the budget: the container starts unchanged.
 #[test]
 fn a_hung_nvml_costs_at_most_the_budget() {

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use gpuarch_tests::engines::{DEEPSPEED_IMAGE, Engines, IMAGE, engines, missing};
+use gpuarch_tests::engines::{DEEPSPEED_IMAGE, Engines, IMAGE, LAYOUTS_IMAGE, engines, missing};
 
 const GPU1_UUID: &str = "GPU-0ce1cf70-9353-208e-0e37-0746dc707745";
 
@@ -540,6 +540,73 @@ fn docker_plans_for_the_consumers_in_the_image() {
     );
     assert_eq!(env_of(IMAGE), "TORCH_CUDA_ARCH_LIST=7.5\n");
     e.take_log();
+}
+
+/// Every real Python layout (tests/fixtures/images/layouts) in an image
+/// Docker imported, uv's venv on the image's PATH, through gpuarch-runtime
+/// on the 3090: as root, and as a user whose home only the image's
+/// `/etc/passwd` names, whose `~/.local` holds bitsandbytes. Each
+/// environment is read and each consumer named; that user's site only for
+/// that user.
+#[test]
+fn docker_reads_every_python_layout_of_the_image() {
+    let Some(e) = get() else { return };
+    let _turn = e.lock();
+    e.set_gpuarch_config("");
+    e.take_log();
+    for (user, user_site) in [(None, false), (Some("1000:1000"), true)] {
+        let mut args = vec![
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "-e",
+            "NVIDIA_VISIBLE_DEVICES=1",
+        ];
+        if let Some(u) = user {
+            args.extend(["--user", u]);
+        }
+        args.extend([
+            LAYOUTS_IMAGE,
+            "sh",
+            "-c",
+            "env | grep -E '^(TORCH_CUDA_ARCH_LIST|GPUARCH_ATTN_IMPLEMENTATION)=' | sort",
+        ]);
+        let o = e.docker(&args);
+        assert!(o.status.success(), "{user:?}: {o:?}");
+        assert_eq!(
+            text(&o.stdout),
+            "GPUARCH_ATTN_IMPLEMENTATION=flash_attention_2\nTORCH_CUDA_ARCH_LIST=8.6\n",
+            "{user:?}"
+        );
+        let log = e.take_log();
+        let line = log
+            .lines()
+            .find(|l| l.contains("the image's consumers: "))
+            .unwrap_or_else(|| panic!("{user:?}: no line on the image's consumers: {log}"));
+        for want in [
+            "torch 2.9.1",
+            "flashinfer-python 0.6.13",
+            "xformers 0.0.34",
+            "deepspeed 0.19.8",
+            "flash-attn 2.8.3",
+            "accelerate 1.15.0",
+            "/app/.venv/lib/python3.12/site-packages",
+            "/usr/lib/python3/dist-packages",
+            "/usr/local/lib64/python3.12/site-packages",
+            "/opt/conda/lib/python3.11/site-packages",
+            "/opt/conda/envs/serve/lib/python3.11/site-packages",
+            "/root/.local/lib/python3.12/site-packages",
+        ] {
+            assert!(line.contains(want), "{user:?}: {want}: {line}");
+        }
+        for want in [
+            "bitsandbytes 0.45.0",
+            "/srv/app/.local/lib/python3.12/site-packages",
+        ] {
+            assert_eq!(line.contains(want), user_site, "{user:?}: {want}: {line}");
+        }
+    }
 }
 
 /// NVIDIA's runtime (a stand-in) on either side of gpuarch: Docker runs the
