@@ -130,13 +130,18 @@ fn annotation<'a>(view: &'a ContainerView, keys: &[&str]) -> Option<&'a str> {
         .filter(|v| !v.is_empty())
 }
 
-/// An image whose torch names every architecture (the table's newest): the
-/// cache is named by what the GPUs are, not by the names the image's own
-/// torch takes (an image whose torch is not known may get `9.0+PTX` for every
-/// Blackwell, which must not make them share a cache).
+/// An image whose torch names every architecture (the table's newest), and
+/// that holds nothing else: the cache is named by what the GPUs are, not by
+/// the names the image's own torch takes (an image whose torch is not known
+/// may get `9.0+PTX` for every Blackwell, which must not make them share a
+/// cache), nor by what its other consumers make of the list (a Hopper's is
+/// left unset where xformers and DeepSpeed may both be there).
 fn names_every_gpu() -> crate::software::Software {
     use crate::software::{Dist, Software, torch_releases};
-    let mut sw = Software::default();
+    let mut sw = Software {
+        read: vec!["(the GPUs' own targets)".to_owned()],
+        ..Software::default()
+    };
     if let Some(newest) = torch_releases().last() {
         sw.dists.insert(Dist::Torch, newest);
     }

@@ -145,7 +145,31 @@ fn plan_on_the_real_h100_reading_is_what_the_real_host_printed() {
     assert_eq!(on_host["FLASHINFER_CUDA_ARCH_LIST"], "9.0");
     assert_eq!(env["FLASHINFER_CUDA_ARCH_LIST"], "9.0a");
     env["FLASHINFER_CUDA_ARCH_LIST"] = on_host["FLASHINFER_CUDA_ARCH_LIST"].clone();
+    // Changed since: for an image not known on a Hopper, TORCH_CUDA_ARCH_LIST
+    // is left to the consumers (an xformers there needs 9.0a, a DeepSpeed
+    // rejects it; unset, both build their own).
+    assert!(env.get("TORCH_CUDA_ARCH_LIST").is_none(), "{env}");
+    let notes = here["notes"].to_string();
+    assert!(notes.contains("TORCH_CUDA_ARCH_LIST not set: "), "{notes}");
+    let mut on_host = on_host;
+    on_host
+        .as_object_mut()
+        .unwrap()
+        .remove("TORCH_CUDA_ARCH_LIST");
     assert_eq!(env, on_host);
+    // An image known to hold torch alone gets the host's 9.0 as then.
+    let known = json(&ctl(
+        "h100-real",
+        &[
+            "plan",
+            "--devices",
+            "0",
+            "--software",
+            "torch==2.11.0",
+            "--json",
+        ],
+    ));
+    assert_eq!(known["env"]["TORCH_CUDA_ARCH_LIST"], "9.0");
 }
 
 #[test]
@@ -164,7 +188,9 @@ fn plan_reads_an_oci_config() {
         &["plan", "--config", cfg.to_str().unwrap(), "--json"],
     ));
     assert_eq!(p["source"], "nvidia_visible_devices");
-    assert_eq!(p["env"]["TORCH_CUDA_ARCH_LIST"], "9.0");
+    // The H100, in an image not known: the torch list is left unset.
+    assert!(p["env"].get("TORCH_CUDA_ARCH_LIST").is_none(), "{p}");
+    assert_eq!(p["env"]["FLASHINFER_CUDA_ARCH_LIST"], "9.0a");
     assert_eq!(p["env"]["GPUARCH_FP8"], "1");
     assert_eq!(p["gpus"][0]["name"], "NVIDIA H100 80GB HBM3");
 }

@@ -399,7 +399,7 @@ fn the_config_names_the_snapshot() {
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let env = serde_json::from_slice::<Value>(&o.stdout).unwrap()["process"]["env"].to_string();
-    assert!(env.contains("TORCH_CUDA_ARCH_LIST=9.0"), "{env}");
+    assert!(env.contains("GPUARCH_COMPUTE_CAPABILITIES=9.0"), "{env}");
 
     let mixed = fixture("2080ti-3090");
     let o = hook_env(
@@ -422,5 +422,5 @@ fn the_config_names_the_snapshot() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let plan: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(plan["env"]["TORCH_CUDA_ARCH_LIST"], "9.0");
+    assert_eq!(plan["env"]["GPUARCH_COMPUTE_CAPABILITIES"], "9.0");
 }

@@ -170,41 +170,55 @@ fn deepspeed_parses_two_digits(sw: &Software) -> bool {
 /// in `TORCH_CUDA_ARCH_LIST` (else those paths compile to a trap), and
 /// DeepSpeed's op builder raises on that name (`int('0a')`): a Hopper's
 /// `9.0` becomes `9.0a` where xformers is in the image and DeepSpeed is
-/// not, and the note says which way it went.
+/// not. Where a DeepSpeed is there too, or may be, no list serves both,
+/// and unset serves both (xformers' own default has `9.0a`, DeepSpeed's
+/// the GPUs it sees): the list is cleared, so that it is not set. The note
+/// says which way it went.
 fn xformers_hopper(
-    torch: &mut [TorchEntry],
+    torch: &mut Vec<TorchEntry>,
     tk: Option<&Toolkit>,
     sw: &Software,
     torch_names: &TorchNames,
     notes: &mut Vec<String>,
 ) {
     let hopper = ComputeCapability::new(9, 0);
-    let Some(e) = torch.iter_mut().find(|e| e.cap == hopper && !e.ptx) else {
+    if !torch.iter().any(|e| e.cap == hopper && !e.ptx) {
         return;
-    };
-    let Some(x) = sw.get(Dist::Xformers) else {
+    }
+    // Before CUDA 12.0 there is no sm_90a, and xformers builds no
+    // FlashAttention 3: plain 9.0 costs it nothing.
+    if tk.is_some_and(|t| t.version < CudaVersion::new(12, 0)) {
         return;
+    }
+    // An xformers not known is one that may be there: its own default
+    // builds 9.0a all the same.
+    let x = match sw.get(Dist::Xformers) {
+        Some(x) => format!("xformers {x}"),
+        None if sw.may_have(Dist::Xformers) => "an xformers, which may be in the image,".to_owned(),
+        None => return,
     };
-    if let Some(ds) = sw.get(Dist::DeepSpeed) {
+    let deepspeed = match sw.get(Dist::DeepSpeed) {
+        Some(ds) => Some(format!("DeepSpeed {ds} in the image rejects 9.0a")),
+        None if sw.may_have(Dist::DeepSpeed) => Some(
+            "not every environment of the image was read, so a DeepSpeed (which rejects 9.0a) may be there".to_owned(),
+        ),
+        None => None,
+    };
+    if let Some(why) = deepspeed {
+        torch.clear();
         notes.push(format!(
-            "TORCH_CUDA_ARCH_LIST has 9.0, not 9.0a: DeepSpeed {ds} in the image rejects 9.0a, so xformers {x} built here would trap in its FlashAttention 3 paths (its prebuilt wheels are not affected)"
+            "TORCH_CUDA_ARCH_LIST not set: {why}, and {x} built with 9.0 would trap in its FlashAttention 3 paths on {hopper}; unset, each builds its own default (xformers 9.0a, DeepSpeed and torch the GPUs they see)"
         ));
         return;
     }
-    if sw.may_have(Dist::DeepSpeed) {
-        notes.push(format!(
-            "TORCH_CUDA_ARCH_LIST has 9.0, not 9.0a: not every environment of the image was read, so a DeepSpeed (which rejects 9.0a) may be there; xformers {x} built here would trap in its FlashAttention 3 paths"
-        ));
+    if !torch_names.accepts(hopper, true) {
         return;
     }
-    // sm_90a came with CUDA 12.0.
-    if tk.is_some_and(|t| t.version < CudaVersion::new(12, 0)) || !torch_names.accepts(hopper, true)
-    {
-        return;
+    for e in torch.iter_mut().filter(|e| e.cap == hopper && !e.ptx) {
+        e.arch_specific = true;
     }
-    e.arch_specific = true;
     notes.push(format!(
-        "TORCH_CUDA_ARCH_LIST has 9.0a: xformers {x} in the image builds FlashAttention 3 with wgmma only for it, and no DeepSpeed is there to reject it"
+        "TORCH_CUDA_ARCH_LIST has 9.0a: {x} in the image builds FlashAttention 3 with wgmma only for it, and no DeepSpeed is there to reject it"
     ));
 }
 
@@ -366,7 +380,9 @@ pub fn hints_for(
         (EnvVar::TorchCudaArchList, torch.is_empty()),
         (EnvVar::FlashinferCudaArchList, flashinfer.is_empty()),
     ] {
-        if empty {
+        // Left unset on purpose (xformers beside DeepSpeed): said already.
+        let said = format!("{var} not set: ");
+        if empty && !notes.iter().any(|n| n.starts_with(&said)) {
             notes.push(format!(
                 "{var} not set: nothing the container's toolkit and consumers build runs on its GPUs"
             ));

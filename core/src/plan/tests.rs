@@ -465,14 +465,31 @@ fn xformers_gets_9_0a_on_hopper_unless_deepspeed_would_reject_it() {
         ],
         true,
     );
-    assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("9.0"));
+    // No list serves both: 9.0 traps xformers' FlashAttention 3, 9.0a
+    // breaks DeepSpeed's builder; unset serves both, so it is not set, and
+    // neither are DeepSpeed's op switches for it.
+    assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), None);
     assert!(
-        p.notes
-            .iter()
-            .any(|n| n.contains("DeepSpeed 0.19.8 in the image rejects 9.0a")),
+        p.env.iter().all(|(k, _)| !k.starts_with("DS_BUILD_")),
+        "{:?}",
+        p.env
+    );
+    assert!(
+        p.notes.iter().any(|n| n.starts_with(
+            "TORCH_CUDA_ARCH_LIST not set: DeepSpeed 0.19.8 in the image rejects 9.0a, and xformers 0.0.33 built with 9.0 would trap"
+        )),
         "{:?}",
         p.notes
     );
+    assert!(
+        !p.notes
+            .iter()
+            .any(|n| n.contains("nothing the container's toolkit")),
+        "{:?}",
+        p.notes
+    );
+    // The other lists are set as ever.
+    assert_eq!(p.env_get("FLASHINFER_CUDA_ARCH_LIST"), Some("9.0a"));
     // Without xformers, or not on a Hopper: as ever.
     assert_eq!(
         one_gpu("9.0", &[], true).env_get("TORCH_CUDA_ARCH_LIST"),
@@ -480,6 +497,43 @@ fn xformers_gets_9_0a_on_hopper_unless_deepspeed_would_reject_it() {
     );
     let p = one_gpu("8.6", &[(Dist::Xformers, "0.0.33")], true);
     assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("8.6"));
+}
+
+#[test]
+fn an_image_not_known_on_a_hopper_leaves_the_torch_list_to_its_consumers() {
+    use crate::select::tests::dev;
+    let mut h = host();
+    h.devices = vec![dev(0, 0, "GPU-x", "NVIDIA H100", "9.0", 0x01)];
+    let with = |cuda: Option<&str>| {
+        let mut env = vec![("NVIDIA_VISIBLE_DEVICES", "0")];
+        env.extend(cuda.map(|c| ("CUDA_VERSION", c)));
+        plan(&ContainerView::with_env(env), &h, &cfg())
+    };
+    // Not read: an xformers (whose default builds 9.0a) and a DeepSpeed
+    // (which rejects 9.0a) may both be there. Unset, each builds its own.
+    for cuda in [None, Some("12.8.1"), Some("13.0.2")] {
+        let p = with(cuda);
+        assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), None, "{cuda:?}");
+        assert!(
+            p.notes.iter().any(|n| n.starts_with(
+                "TORCH_CUDA_ARCH_LIST not set: not every environment of the image was read"
+            ) && n.contains("an xformers, which may be in the image,")),
+            "{cuda:?}: {:?}",
+            p.notes
+        );
+        // The lists no consumer of the two reads are set as ever.
+        assert_eq!(p.env_get("FLASHINFER_CUDA_ARCH_LIST"), Some("9.0a"));
+    }
+    // Before CUDA 12.0 xformers builds no FlashAttention 3: plain 9.0.
+    assert_eq!(
+        with(Some("11.8.0")).env_get("TORCH_CUDA_ARCH_LIST"),
+        Some("9.0")
+    );
+    // Read, and neither there: 9.0 as ever.
+    assert_eq!(
+        one_gpu("9.0", &[(Dist::Torch, "2.9.1")], true).env_get("TORCH_CUDA_ARCH_LIST"),
+        Some("9.0")
+    );
 }
 
 /// [`one_gpu`], with an environment the image's interpreters would
@@ -495,13 +549,14 @@ fn one_gpu_partly_read(cc: &str, dists: &[(Dist, &str)]) -> Plan {
 
 #[test]
 fn an_absence_not_proven_never_makes_a_value_a_release_might_reject() {
-    // xformers read, DeepSpeed perhaps in the environment not read: 9.0,
-    // which DeepSpeed parses, not 9.0a.
+    // xformers read, DeepSpeed perhaps in the environment not read: not
+    // 9.0a, which DeepSpeed rejects, nor 9.0, which traps xformers'
+    // FlashAttention 3: unset, as both take it.
     let p = one_gpu_partly_read("9.0", &[(Dist::Xformers, "0.0.33"), (Dist::Torch, "2.9.1")]);
-    assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("9.0"));
+    assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), None);
     let notes = p.notes.join("\n");
     assert!(
-        notes.contains("a DeepSpeed (which rejects 9.0a) may be there"),
+        notes.contains("TORCH_CUDA_ARCH_LIST not set: not every environment of the image was read, so a DeepSpeed (which rejects 9.0a) may be there"),
         "{notes}"
     );
     assert!(
