@@ -339,6 +339,34 @@ pub fn oci_archive_layers(
     tar
 }
 
+/// tests/fixtures/images/layouts (every place real images keep Python, real
+/// METADATA) over the busybox rootfs, as one layer, uv's venv on its PATH.
+pub const LAYOUTS_IMAGE: &str = "gpuarch.test/layouts:1";
+
+pub fn layouts_image(c: &Containerd) {
+    let work = c.dir.join("layouts-image");
+    let layer = work.join("layer");
+    crate::containers::make_rootfs(&layer);
+    let o = Command::new("cp")
+        .arg("-a")
+        .arg(crate::image_fixture("layouts").join("."))
+        .arg(&layer)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "cp: {o:?}");
+    let tar = oci_archive_layers(
+        &[&layer],
+        &[
+            "PATH=/app/.venv/bin:/usr/local/bin:/usr/bin:/bin",
+            "VIRTUAL_ENV=/app/.venv",
+        ],
+        LAYOUTS_IMAGE,
+        "/bin/sh",
+        &work.join("oci"),
+    );
+    c.import(&tar);
+}
+
 /// An image of three layers whose Python lives where real images keep it:
 /// a base Python in `/usr` (torch, xformers, flash-attn), then uv's
 /// `/app/.venv` on `PATH` (DeepSpeed) with flash-attn removed by a

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gpuarch_tests::daemon::{Node, Policy};
-use gpuarch_tests::stack::{self, Containerd, IMAGE, PY_IMAGE, python_image};
+use gpuarch_tests::stack::{
+    self, Containerd, IMAGE, LAYOUTS_IMAGE, PY_IMAGE, layouts_image, python_image,
+};
 
 #[path = "common/cri.rs"]
 mod cri;
@@ -311,6 +313,46 @@ fn cases(suite: &str) {
             .find(|l| l.contains(&format!("pod=default/{name}: TORCH_CUDA_ARCH_LIST")))
             .unwrap_or_default();
         eprintln!("{suite}: the Python image, {round}: {took}");
+    }
+    // Every place real images keep Python, in one layer: each site read,
+    // each consumer named; every passwd user's ~/.local, as NRI does not
+    // say which user the pod runs as.
+    layouts_image(&s.containerd);
+    let (name, r) = s.pod_of(LAYOUTS_IMAGE, "", &gpu1, &[], &[], "env > /out/env");
+    r.unwrap();
+    let env = s.out(&name, "env");
+    assert_eq!(
+        cri::var(&env, "TORCH_CUDA_ARCH_LIST").as_deref(),
+        Some("8.6"),
+        "{env}"
+    );
+    assert_eq!(
+        cri::var(&env, "GPUARCH_ATTN_IMPLEMENTATION").as_deref(),
+        Some("flash_attention_2"),
+        "flash-attn is in lib64: {env}"
+    );
+    let log = s.node.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains(&format!("pod=default/{name}: the image's consumers")))
+        .unwrap_or_else(|| panic!("no line on the layouts image's consumers:\n{log}"));
+    for want in [
+        "torch 2.9.1",
+        "flashinfer-python 0.6.13",
+        "xformers 0.0.34",
+        "deepspeed 0.19.8",
+        "flash-attn 2.8.3",
+        "bitsandbytes 0.45.0",
+        "accelerate 1.15.0",
+        "/app/.venv/lib/python3.12/site-packages",
+        "/usr/lib/python3/dist-packages",
+        "/usr/local/lib64/python3.12/site-packages",
+        "/opt/conda/lib/python3.11/site-packages",
+        "/opt/conda/envs/serve/lib/python3.11/site-packages",
+        "/root/.local/lib/python3.12/site-packages",
+        "/srv/app/.local/lib/python3.12/site-packages",
+    ] {
+        assert!(line.contains(want), "{suite}: {want}: {line}");
     }
     let node0 = s.dev.join("nvidia0");
     let (_, env) = s.pod("", &[], &[(&node0, "/dev/nvidia0")]);
