@@ -12,7 +12,10 @@ use zbus::Connection;
 pub struct Rate {
     pub plan_per_s: f64,
     pub ping_per_s: f64,
-    pub torch_arch_list: String,
+    /// The GPUs' capabilities the Plan names (`GPUARCH_COMPUTE_CAPABILITIES`,
+    /// set for any GPU: `TORCH_CUDA_ARCH_LIST` is not, for an image not
+    /// known on a Hopper).
+    pub capabilities: String,
     pub env: HashMap<String, String>,
 }
 
@@ -60,8 +63,8 @@ pub fn plan_rate(address: &str, devices: &[&str], calls: usize) -> Result<Rate> 
                 .await
                 .with_context(|| format!("connecting to {address}"))?;
             let env = plan(&conn, devices).await?; // warm up, and what it says
-            let Some(list) = env.get("TORCH_CUDA_ARCH_LIST").cloned() else {
-                bail!("Plan for {devices:?} set no TORCH_CUDA_ARCH_LIST: {env:?}");
+            let Some(caps) = env.get("GPUARCH_COMPUTE_CAPABILITIES").cloned() else {
+                bail!("Plan for {devices:?} set no GPUARCH_COMPUTE_CAPABILITIES: {env:?}");
             };
             let (mut plan_s, mut ping_s) = (0.0, 0.0);
             let half = (calls / 2).max(1);
@@ -83,7 +86,7 @@ pub fn plan_rate(address: &str, devices: &[&str], calls: usize) -> Result<Rate> 
             Ok(Rate {
                 plan_per_s: n / plan_s,
                 ping_per_s: n / ping_s,
-                torch_arch_list: list,
+                capabilities: caps,
                 env,
             })
         })

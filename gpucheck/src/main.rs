@@ -201,13 +201,13 @@ fn run(cli: &Cli) -> Result<Vec<Check>> {
                 Check::new(
                     "daemon",
                     "plan-rate",
-                    !r.torch_arch_list.is_empty(),
+                    !r.capabilities.is_empty(),
                     format!(
-                        "Plan {:.0} calls/s, Ping {:.0} calls/s (Plan/Ping time {:.2}x); TORCH_CUDA_ARCH_LIST={}",
+                        "Plan {:.0} calls/s, Ping {:.0} calls/s (Plan/Ping time {:.2}x); GPUARCH_COMPUTE_CAPABILITIES={}",
                         r.plan_per_s,
                         r.ping_per_s,
                         r.ping_per_s / r.plan_per_s,
-                        r.torch_arch_list
+                        r.capabilities
                     ),
                 )
                 .with(json!({"plan_per_s": r.plan_per_s, "ping_per_s": r.ping_per_s,
