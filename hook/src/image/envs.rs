@@ -187,9 +187,28 @@ fn subdirs<T: Tree>(
     prefix: &str,
     budget: &mut Budget,
 ) -> Result<Vec<String>, Stop> {
+    subdirs_once(root, rel, prefix, budget, None)
+}
+
+/// [`subdirs`], taken from `listed` where it already holds the directory
+/// (by identity: on a merged-/usr image `/lib` is `/usr/lib`, and both
+/// prefixes `/` and `/usr` would list it), else listed and kept there.
+fn subdirs_once<T: Tree>(
+    root: &T,
+    rel: &str,
+    prefix: &str,
+    budget: &mut Budget,
+    listed: Option<&mut Listed>,
+) -> Result<Vec<String>, Stop> {
     let Ok(dir) = root.dir(rel) else {
         return Ok(Vec::new());
     };
+    // Device and inode of each layer's directory.
+    let id: Vec<(i64, i64)> = root.identity(&dir).iter().map(|i| (i[0], i[1])).collect();
+    let listed = listed.filter(|_| !id.is_empty());
+    if let Some(names) = listed.as_ref().and_then(|l| l.get(&id)) {
+        return Ok(names.clone());
+    }
     let mut out = Vec::new();
     root.names(&dir, budget, &mut |n| {
         if n.starts_with(prefix) && out.len() < MAX_SITES {
@@ -197,8 +216,14 @@ fn subdirs<T: Tree>(
         }
     })?;
     out.sort();
+    if let Some(listed) = listed {
+        listed.insert(id, out.clone());
+    }
     Ok(out)
 }
+
+/// Directories listed, by identity, and the names kept of each.
+type Listed = std::collections::HashMap<Vec<(i64, i64)>, Vec<String>>;
 
 /// The interpreters on `PATH` and the prefixes they make required.
 fn interpreters<T: Tree>(root: &T, view: &ContainerView, prefixes: &mut Vec<Prefix>) {
@@ -349,7 +374,10 @@ pub fn discover<T: Tree>(
         }
     }
     // `/usr/bin/python3` and `/bin/python3` both lead to `/usr`, also a
-    // usual prefix: its `lib` is listed once.
+    // usual prefix: its `lib` is listed once. So is a `lib` two prefixes
+    // share (merged /usr: `/lib` is `/usr/lib`); its sites are the same
+    // directories, which the sites below take once.
+    let mut listed = Listed::new();
     for p in &once_each(prefixes) {
         let mut any = false;
         for lib in ["lib", "lib64"] {
@@ -358,7 +386,7 @@ pub fn discover<T: Tree>(
             } else {
                 format!("{}/{lib}", p.rel)
             };
-            for py in subdirs(root, &at, "python3", budget)? {
+            for py in subdirs_once(root, &at, "python3", budget, Some(&mut listed))? {
                 any = true;
                 for site in ["site-packages", "dist-packages"] {
                     sites.push(format!("{at}/{py}/{site}"));

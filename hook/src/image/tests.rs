@@ -247,6 +247,34 @@ fn uvs_app_venv_is_read_through_its_interpreter_on_path() {
     assert!(sw.read.contains(&format!("/{site}")), "{:?}", sw.read);
 }
 
+/// A merged-/usr image (Debian and Ubuntu since 2023: `/bin`, `/lib` and
+/// `/lib64` are links into `/usr`) whose PATH finds Python through `/bin`
+/// too: the prefixes `/` and `/usr` share one `lib`, which the read lists
+/// once (envs.rs, `subdirs_once`); both still count as found, so absence
+/// stays proven.
+#[test]
+fn a_merged_usr_lib_shared_by_two_prefixes_counts_for_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path();
+    python(r, "usr", 12);
+    link(r, "bin", "usr/bin");
+    link(r, "lib", "usr/lib");
+    std::fs::create_dir_all(r.join("usr/lib64")).unwrap();
+    link(r, "lib64", "usr/lib64");
+    dist(r, "usr/lib/python3.12/site-packages", "torch", "2.9.1");
+    dist(r, "usr/lib/python3/dist-packages", "accelerate", "1.15.0");
+    // /usr/bin's python3 has the prefix `/usr`, /bin's the prefix `/`,
+    // whose lib is /usr/lib again.
+    let (got, proven, sw) = found(r, &process(&[("PATH", "/usr/bin:/bin")]));
+    assert_eq!(got, ["torch 2.9.1", "accelerate 1.15.0"]);
+    assert!(proven, "{sw:?}");
+    // Each site once, under the name found first.
+    let mut read = sw.read.clone();
+    read.sort();
+    read.dedup();
+    assert_eq!(read.len(), sw.read.len(), "{:?}", sw.read);
+}
+
 #[test]
 fn a_venv_under_opt_found_through_path_as_on_the_h100_host() {
     let dir = tempfile::tempdir().unwrap();
