@@ -550,14 +550,7 @@ state = "{d}/run/containerd"
         // PATH as uv's images set it.
         let python_images: [(&str, &str, &[&str]); 2] = [
             ("deepspeed", DEEPSPEED_IMAGE, &[]),
-            (
-                "layouts",
-                LAYOUTS_IMAGE,
-                &[
-                    "ENV PATH=/app/.venv/bin:/usr/local/bin:/usr/bin:/bin",
-                    "ENV VIRTUAL_ENV=/app/.venv",
-                ],
-            ),
+            ("layouts", LAYOUTS_IMAGE, &crate::layouts::ENV),
         ];
         for (fixture, image, env) in python_images {
             let root = self.path(&format!("rootfs-{fixture}"));
@@ -591,9 +584,10 @@ state = "{d}/run/containerd"
                     .unwrap(),
                 "tar",
             );
+            let changes: Vec<String> = env.iter().map(|e| format!("ENV {e}")).collect();
             let mut args = vec!["import", "--change", r#"CMD ["/bin/sh"]"#];
-            for e in env {
-                args.extend(["--change", e]);
+            for c in &changes {
+                args.extend(["--change", c]);
             }
             args.extend([tar.to_str().unwrap(), image]);
             check(self.docker(&args), "docker import");

@@ -8,6 +8,7 @@ pub mod containers;
 pub mod daemon;
 pub mod engines;
 pub mod fatlib;
+pub mod layouts;
 pub mod registry;
 pub mod roots;
 pub mod slurm;

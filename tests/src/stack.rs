@@ -356,10 +356,7 @@ pub fn layouts_image(c: &Containerd) {
     assert!(o.status.success(), "cp: {o:?}");
     let tar = oci_archive_layers(
         &[&layer],
-        &[
-            "PATH=/app/.venv/bin:/usr/local/bin:/usr/bin:/bin",
-            "VIRTUAL_ENV=/app/.venv",
-        ],
+        &crate::layouts::ENV,
         LAYOUTS_IMAGE,
         "/bin/sh",
         &work.join("oci"),

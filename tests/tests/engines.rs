@@ -579,33 +579,7 @@ fn docker_reads_every_python_layout_of_the_image() {
             "GPUARCH_ATTN_IMPLEMENTATION=flash_attention_2\nTORCH_CUDA_ARCH_LIST=8.6\n",
             "{user:?}"
         );
-        let log = e.take_log();
-        let line = log
-            .lines()
-            .find(|l| l.contains("the image's consumers: "))
-            .unwrap_or_else(|| panic!("{user:?}: no line on the image's consumers: {log}"));
-        for want in [
-            "torch 2.9.1",
-            "flashinfer-python 0.6.13",
-            "xformers 0.0.34",
-            "deepspeed 0.19.8",
-            "flash-attn 2.8.3",
-            "accelerate 1.15.0",
-            "/app/.venv/lib/python3.12/site-packages",
-            "/usr/lib/python3/dist-packages",
-            "/usr/local/lib64/python3.12/site-packages",
-            "/opt/conda/lib/python3.11/site-packages",
-            "/opt/conda/envs/serve/lib/python3.11/site-packages",
-            "/root/.local/lib/python3.12/site-packages",
-        ] {
-            assert!(line.contains(want), "{user:?}: {want}: {line}");
-        }
-        for want in [
-            "bitsandbytes 0.45.0",
-            "/srv/app/.local/lib/python3.12/site-packages",
-        ] {
-            assert_eq!(line.contains(want), user_site, "{user:?}: {want}: {line}");
-        }
+        gpuarch_tests::layouts::assert_read(&format!("{user:?}"), &e.take_log(), user_site);
     }
 }
 
