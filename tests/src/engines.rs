@@ -177,6 +177,21 @@ fn wait_for(what: &str, log: &Path, mut ready: impl FnMut() -> bool) {
     }
 }
 
+/// `dir`'s tree as the tar archive `tar`, for `docker import`.
+fn tar_of(dir: &Path, tar: &Path) {
+    check(
+        Command::new("tar")
+            .arg("-C")
+            .arg(dir)
+            .arg("-cf")
+            .arg(tar)
+            .arg(".")
+            .output()
+            .unwrap(),
+        "tar",
+    );
+}
+
 fn check(o: Output, what: &str) -> Output {
     assert!(
         o.status.success(),
@@ -525,17 +540,7 @@ state = "{d}/run/containerd"
             std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
         }
         let tar = self.path("rootfs.tar");
-        check(
-            Command::new("tar")
-                .arg("-C")
-                .arg(&rootfs)
-                .arg("-cf")
-                .arg(&tar)
-                .arg(".")
-                .output()
-                .unwrap(),
-            "tar",
-        );
+        tar_of(&rootfs, &tar);
         for (image, cmd) in [
             (IMAGE, r#"CMD ["/bin/sh"]"#),
             (PAUSE, r#"CMD ["/bin/sleep", "2147483647"]"#),
@@ -573,17 +578,7 @@ state = "{d}/run/containerd"
                     .unwrap(),
                 "cp",
             );
-            check(
-                Command::new("tar")
-                    .arg("-C")
-                    .arg(&root)
-                    .arg("-cf")
-                    .arg(&tar)
-                    .arg(".")
-                    .output()
-                    .unwrap(),
-                "tar",
-            );
+            tar_of(&root, &tar);
             let changes: Vec<String> = env.iter().map(|e| format!("ENV {e}")).collect();
             let mut args = vec!["import", "--change", r#"CMD ["/bin/sh"]"#];
             for c in &changes {
