@@ -61,13 +61,14 @@ impl std::fmt::Display for TorchEntry {
 /// its own architecture only, so a GPU the toolkit does not build exactly
 /// is left out.
 ///
-/// Each entry that is not the GPU's own capability has a note.
+/// Each entry that is not the GPU's own capability has a note. The torch
+/// list is None where it is left unset on purpose ([`xformers_hopper`]).
 fn arch_lists(
     distinct: &BTreeSet<ComputeCapability>,
     tk: Option<&Toolkit>,
     sw: &Software,
     notes: &mut Vec<String>,
-) -> (Vec<TorchEntry>, Vec<String>) {
+) -> (Option<Vec<TorchEntry>>, Vec<String>) {
     let torch_names = TorchNames::of(sw);
     let builds = |c: ComputeCapability| tk.is_none_or(|t| toolkit::accepts(t.version, c));
     let from = tk.map(|t| format!("CUDA {} ({})", t.version, t.source));
@@ -141,7 +142,7 @@ fn arch_lists(
             ));
         }
     }
-    xformers_hopper(&mut torch, tk, sw, &torch_names, notes);
+    let unset = xformers_hopper(&mut torch, tk, sw, &torch_names, notes);
     torch.sort();
     torch.dedup_by(|b, a| {
         let same = a.cap == b.cap && a.arch_specific == b.arch_specific;
@@ -152,7 +153,8 @@ fn arch_lists(
     });
     flashinfer.sort();
     flashinfer.dedup();
-    (torch, flashinfer.into_iter().map(|(_, e)| e).collect())
+    let flashinfer = flashinfer.into_iter().map(|(_, e)| e).collect();
+    ((!unset).then_some(torch), flashinfer)
 }
 
 /// Whether every DeepSpeed the image may hold parses a two-digit major
@@ -172,30 +174,30 @@ fn deepspeed_parses_two_digits(sw: &Software) -> bool {
 /// `9.0` becomes `9.0a` where xformers is in the image and DeepSpeed is
 /// not. Where a DeepSpeed is there too, or may be, no list serves both,
 /// and unset serves both (xformers' own default has `9.0a`, DeepSpeed's
-/// the GPUs it sees): the list is cleared, so that it is not set. The note
-/// says which way it went.
+/// the GPUs it sees): true, the list is to be left unset. The note says
+/// which way it went.
 fn xformers_hopper(
-    torch: &mut Vec<TorchEntry>,
+    torch: &mut [TorchEntry],
     tk: Option<&Toolkit>,
     sw: &Software,
     torch_names: &TorchNames,
     notes: &mut Vec<String>,
-) {
+) -> bool {
     let hopper = ComputeCapability::new(9, 0);
     if !torch.iter().any(|e| e.cap == hopper && !e.ptx) {
-        return;
+        return false;
     }
     // Before CUDA 12.0 there is no sm_90a, and xformers builds no
     // FlashAttention 3: plain 9.0 costs it nothing.
     if tk.is_some_and(|t| t.version < CudaVersion::new(12, 0)) {
-        return;
+        return false;
     }
     // An xformers not known is one that may be there: its own default
     // builds 9.0a all the same.
     let x = match sw.get(Dist::Xformers) {
         Some(x) => format!("xformers {x}"),
         None if sw.may_have(Dist::Xformers) => "an xformers, which may be in the image,".to_owned(),
-        None => return,
+        None => return false,
     };
     let deepspeed = match sw.get(Dist::DeepSpeed) {
         Some(ds) => Some(format!("DeepSpeed {ds} in the image rejects 9.0a")),
@@ -205,14 +207,13 @@ fn xformers_hopper(
         None => None,
     };
     if let Some(why) = deepspeed {
-        torch.clear();
         notes.push(format!(
             "TORCH_CUDA_ARCH_LIST not set: {why}, and {x} built with 9.0 would trap in its FlashAttention 3 paths on {hopper}; unset, each builds its own default (xformers 9.0a, DeepSpeed and torch the GPUs they see)"
         ));
-        return;
+        return true;
     }
     if !torch_names.accepts(hopper, true) {
-        return;
+        return false;
     }
     for e in torch.iter_mut().filter(|e| e.cap == hopper && !e.ptx) {
         e.arch_specific = true;
@@ -220,6 +221,7 @@ fn xformers_hopper(
     notes.push(format!(
         "TORCH_CUDA_ARCH_LIST has 9.0a: {x} in the image builds FlashAttention 3 with wgmma only for it, and no DeepSpeed is there to reject it"
     ));
+    false
 }
 
 /// What flash-attn's build compiles for, each with the first CUDA it does
@@ -376,13 +378,14 @@ pub fn hints_for(
     }
     let tk = tk.filter(|tk| tk.version >= toolkit::OLDEST);
     let (torch, flashinfer) = arch_lists(&distinct, tk, sw, &mut notes);
+    // Left unset on purpose (xformers beside DeepSpeed): said already.
+    let torch_unset = torch.is_none();
+    let torch = torch.unwrap_or_default();
     for (var, empty) in [
-        (EnvVar::TorchCudaArchList, torch.is_empty()),
+        (EnvVar::TorchCudaArchList, torch.is_empty() && !torch_unset),
         (EnvVar::FlashinferCudaArchList, flashinfer.is_empty()),
     ] {
-        // Left unset on purpose (xformers beside DeepSpeed): said already.
-        let said = format!("{var} not set: ");
-        if empty && !notes.iter().any(|n| n.starts_with(&said)) {
+        if empty {
             notes.push(format!(
                 "{var} not set: nothing the container's toolkit and consumers build runs on its GPUs"
             ));
