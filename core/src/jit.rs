@@ -199,7 +199,9 @@ pub fn claimed_namespace_note(view: &ContainerView) -> Option<String> {
 /// Why a container gets no JIT cache.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NoCache {
-    #[error("the container's user has no host uid (no process.user, or not in linux.uidMappings)")]
+    #[error(
+        "the runtime does not say which user the container runs as (no process.user; NRI gives it from 0.9), or that user has no host uid (not in linux.uidMappings): a cache made for another uid is not writable by it"
+    )]
     NoHostUid,
     #[error("its toolkit builds nothing for its GPUs")]
     NoTargets,
@@ -345,11 +347,19 @@ mod tests {
         }));
         let e = cache(&v, JitScope::Uid).unwrap_err().to_string();
         assert!(e.contains("no host uid"), "{e}");
+        // No process.user (gpuarchd's NRI path where the runtime gives
+        // none): the user is not known, so no cache, not root's.
+        let v = view(serde_json::json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"]}}));
+        assert_eq!(v.user, None);
+        let e = cache(&v, JitScope::Uid).unwrap_err().to_string();
+        assert!(e.starts_with("the runtime does not say which user"), "{e}");
     }
 
     #[test]
     fn a_scope_the_runtime_does_not_name_gives_no_cache() {
-        let v = view(serde_json::json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"]}}));
+        let v = view(
+            serde_json::json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"], "user": {"uid": 0, "gid": 0}}}),
+        );
         let e = cache(&v, JitScope::Image).unwrap_err().to_string();
         assert!(
             e.contains("names no image") && e.contains("scope to uid"),
@@ -363,7 +373,7 @@ mod tests {
         );
         let ns = |n: &str| {
             view(serde_json::json!({
-                "process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"]},
+                "process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"], "user": {"uid": 0, "gid": 0}},
                 "annotations": {"io.kubernetes.cri.sandbox-namespace": n},
             }))
         };

@@ -96,7 +96,9 @@ pub struct ContainerView {
     /// `linux.devices`, in order.
     pub devices: Vec<DeviceNode>,
     /// `process.user`: the uid and gid the container's process runs as,
-    /// in the container's user namespace. `None` without a `process`.
+    /// in the container's user namespace. `None` where the config does not
+    /// say (no `process`, or no `process.user`: gpuarchd's NRI path, where
+    /// the runtime does not give it); then the process may be any user.
     pub user: Option<(u32, u32)>,
     /// `linux.uidMappings` and `linux.gidMappings`: (container id, host id,
     /// size). Empty without a user namespace.
@@ -382,10 +384,7 @@ impl ContainerView {
 
     fn from_raw(raw: Raw) -> Self {
         let (env, user) = match raw.process {
-            Some(p) => (
-                p.env.unwrap_or_default(),
-                Some(p.user.map_or((0, 0), |u| (u.uid, u.gid))),
-            ),
+            Some(p) => (p.env.unwrap_or_default(), p.user.map(|u| (u.uid, u.gid))),
             None => (Vec::new(), None),
         };
         let env = env

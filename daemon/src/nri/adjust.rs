@@ -61,34 +61,13 @@ pub fn adjust(
         return Ok(Outcome::Skipped(pod.runtime_handler.clone()));
     }
     let config = oci_config(pod, container);
-    // A JIT cache belongs to the uid that writes it (mode 0700). Where the
-    // runtime does not say which user the process runs as (containerd 1.7
-    // and 2.1 do not), a cache made for root could not be written by a
-    // pod that runs as another: the container keeps its own default.
-    let unknown_user = container.user.is_none() && ctx.config.jit_cache.enable;
-    let no_jit;
-    let ctx = if unknown_user {
-        let mut c = ctx.clone();
-        c.config.jit_cache.enable = false;
-        no_jit = c;
-        &no_jit
-    } else {
-        ctx
-    };
     // What the container gets, made once; its parts become the
     // adjustment as they are (nothing is found by diffing a config).
-    let mut e = match gpuarch_hook::edit::make(&config, ctx, image) {
+    let e = match gpuarch_hook::edit::make(&config, ctx, image) {
         Ok(e) => e,
         Err(HookError::Refused(why)) => return Err(Refusal::Strict(why)),
         Err(e) => return Err(Refusal::Plan(e)),
     };
-    if unknown_user && !e.plan.is_noop() {
-        e.plan.notes.push(
-            "no JIT cache: the runtime does not say which user the container runs as \
-             (NRI gives it from 0.9), and a cache made for root is not writable by another"
-                .to_owned(),
-        );
-    }
     if e.plan.is_noop() {
         return Ok(Outcome::Nothing(e.plan));
     }
@@ -162,7 +141,9 @@ fn oci_config(pod: &PodSandbox, c: &Container) -> Value {
         .collect();
     // The process's user, where the runtime gives it (NRI 0.9 and
     // later): whose home and user site the image read looks in, and whose
-    // JIT cache. Else root's, as before NRI said.
+    // JIT cache. Where it does not (containerd 1.7 and 2.1), none: the
+    // read takes every passwd user's site, and there is no JIT cache, as a
+    // cache made for root is not writable by a pod that runs as another.
     let mut process = json!({"env": c.env});
     if let Some(u) = c.user.as_ref() {
         process["user"] = json!({"uid": u.uid, "gid": u.gid});
@@ -259,7 +240,7 @@ mod tests {
         user.gid = 100;
         c.user = protobuf::MessageField::some(user);
         adjust(&pod, &c, &ctx, Image::Read(&read)).unwrap();
-        assert_eq!(*seen.borrow(), [Some((0, 0)), Some((1000, 100))]);
+        assert_eq!(*seen.borrow(), [None, Some((1000, 100))]);
     }
 
     #[test]

@@ -345,20 +345,7 @@ impl proto::nri_ttrpc::Plugin for Plugin {
         let planned = tokio::task::spawn_blocking(move || {
             let cache = ctx.config.hook.image_cache.clone();
             let id = container.id.clone();
-            // containerd 1.7 and 2.1 give no user: then the process may be
-            // any of the image's users, and each one's user site is read.
-            let user_given = container.user.is_some();
             let read = |view: &gpuarch_core::oci::ContainerView| {
-                let unknown;
-                let view = if user_given {
-                    view
-                } else {
-                    unknown = gpuarch_core::oci::ContainerView {
-                        user: None,
-                        ..view.clone()
-                    };
-                    &unknown
-                };
                 let dirs = if runtime == "containerd" {
                     handle.block_on(images.layers(&id))
                 } else {
