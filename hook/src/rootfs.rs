@@ -111,11 +111,7 @@ impl Root {
     /// The status of `rel`, symlinks on the way (and at its end) resolved
     /// inside the rootfs. Nothing is opened for reading.
     pub fn stat(&self, rel: &Path) -> Result<nix::sys::stat::FileStat, Errno> {
-        let how = OpenHow::new()
-            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
-            .resolve(IN_ROOT);
-        let fd = openat2(self.fd.as_fd(), rel, how)?;
-        nix::sys::stat::fstat(fd.as_fd())
+        self.lookup(rel).map(|(_, st)| st)
     }
 
     /// Whether directory `dir` (from [`Root::open_dir`]) has an entry
@@ -139,11 +135,28 @@ impl Root {
     /// is refused before it is opened for reading: it is looked up as a
     /// path only, checked, and only a regular file is reopened to read.
     pub fn read_regular(&self, rel: &Path, max: usize) -> Result<Vec<u8>, Errno> {
+        let (path, st) = self.lookup(rel)?;
+        Self::read_looked_up(path, &st, max)
+    }
+
+    /// A path-only handle on `rel` (links resolved inside the rootfs) and
+    /// its status.
+    pub fn lookup(&self, rel: &Path) -> Result<(OwnedFd, nix::sys::stat::FileStat), Errno> {
         let how = OpenHow::new()
             .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
             .resolve(IN_ROOT);
         let path = openat2(self.fd.as_fd(), rel, how)?;
         let st = nix::sys::stat::fstat(path.as_fd())?;
+        Ok((path, st))
+    }
+
+    /// The first `max` bytes of what [`Root::lookup`] found, where `st`
+    /// says it is a regular file: only then is it reopened to read.
+    pub fn read_looked_up(
+        path: OwnedFd,
+        st: &nix::sys::stat::FileStat,
+        max: usize,
+    ) -> Result<Vec<u8>, Errno> {
         if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG {
             return Err(Errno::EINVAL);
         }

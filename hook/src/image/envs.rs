@@ -187,27 +187,29 @@ fn subdirs<T: Tree>(
     prefix: &str,
     budget: &mut Budget,
 ) -> Result<Vec<String>, Stop> {
-    subdirs_once(root, rel, prefix, budget, None)
+    subdirs_once(root, rel, prefix, budget, None).map(|(names, _)| names)
 }
 
 /// [`subdirs`], taken from `listed` where it already holds the directory
 /// (by identity: on a merged-/usr image `/lib` is `/usr/lib`, and both
 /// prefixes `/` and `/usr` would list it), else listed and kept there.
+/// Whether it was taken from `listed`: then its sites are those already
+/// found through the other path.
 fn subdirs_once<T: Tree>(
     root: &T,
     rel: &str,
     prefix: &str,
     budget: &mut Budget,
     listed: Option<&mut Listed>,
-) -> Result<Vec<String>, Stop> {
+) -> Result<(Vec<String>, bool), Stop> {
     let Ok(dir) = root.dir(rel) else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), false));
     };
     // Device and inode of each layer's directory.
     let id: Vec<(i64, i64)> = root.identity(&dir).iter().map(|i| (i[0], i[1])).collect();
     let listed = listed.filter(|_| !id.is_empty());
     if let Some(names) = listed.as_ref().and_then(|l| l.get(&id)) {
-        return Ok(names.clone());
+        return Ok((names.clone(), true));
     }
     let mut out = Vec::new();
     root.names(&dir, budget, &mut |n| {
@@ -219,8 +221,37 @@ fn subdirs_once<T: Tree>(
     if let Some(listed) = listed {
         listed.insert(id, out.clone());
     }
-    Ok(out)
+    Ok((out, false))
 }
+
+/// Whether directory `rel` is there, each of its ancestors looked up
+/// first, once (`seen` keeps the answers): on an image with no `/opt`, one
+/// lookup answers for every prefix under it, here and in a later start's
+/// check of what discovery depended on.
+fn present<T: Tree>(root: &T, rel: &str, seen: &mut Seen) -> bool {
+    let mut at = String::new();
+    for part in rel.split('/') {
+        if !at.is_empty() {
+            at.push('/');
+        }
+        at.push_str(part);
+        let here = match seen.get(&at) {
+            Some(&h) => h,
+            None => {
+                let h = root.dir(&at).is_ok();
+                seen.insert(at.clone(), h);
+                h
+            }
+        };
+        if !here {
+            return false;
+        }
+    }
+    true
+}
+
+/// Directories looked for by [`present`], and whether each is there.
+type Seen = std::collections::HashMap<String, bool>;
 
 /// Directories listed, by identity, and the names kept of each.
 type Listed = std::collections::HashMap<Vec<(i64, i64)>, Vec<String>>;
@@ -337,7 +368,11 @@ pub fn discover<T: Tree>(
         rel: (*p).to_owned(),
         by: None,
     }));
+    let mut seen = Seen::new();
     for base in CONDA_BASES {
+        if !present(root, base, &mut seen) {
+            continue;
+        }
         for env in subdirs(root, &format!("{base}/envs"), "", budget)? {
             prefixes.push(Prefix {
                 rel: format!("{base}/envs/{env}"),
@@ -367,6 +402,9 @@ pub fn discover<T: Tree>(
     bases.extend(user_bases(root, view));
     bases.dedup();
     for base in bases {
+        if !present(root, &base, &mut seen) {
+            continue;
+        }
         for lib in ["lib", "lib64"] {
             for py in subdirs(root, &format!("{base}/{lib}"), "python3", budget)? {
                 direct.push(format!("{base}/{lib}/{py}/site-packages"));
@@ -375,19 +413,26 @@ pub fn discover<T: Tree>(
     }
     // `/usr/bin/python3` and `/bin/python3` both lead to `/usr`, also a
     // usual prefix: its `lib` is listed once. So is a `lib` two prefixes
-    // share (merged /usr: `/lib` is `/usr/lib`); its sites are the same
-    // directories, which the sites below take once.
+    // share (merged /usr: `/lib` is `/usr/lib`): its sites are the same
+    // directories, named once, through the first.
     let mut listed = Listed::new();
     for p in &once_each(prefixes) {
         let mut any = false;
-        for lib in ["lib", "lib64"] {
+        // One an interpreter was found in is there; any other is looked
+        // for from the top down.
+        let there = p.by.is_some() || p.rel.is_empty() || present(root, &p.rel, &mut seen);
+        for lib in ["lib", "lib64"].into_iter().filter(|_| there) {
             let at = if p.rel.is_empty() {
                 lib.to_owned()
             } else {
                 format!("{}/{lib}", p.rel)
             };
-            for py in subdirs_once(root, &at, "python3", budget, Some(&mut listed))? {
+            let (pys, again) = subdirs_once(root, &at, "python3", budget, Some(&mut listed))?;
+            for py in pys {
                 any = true;
+                if again {
+                    continue;
+                }
                 for site in ["site-packages", "dist-packages"] {
                     sites.push(format!("{at}/{py}/{site}"));
                 }
@@ -409,7 +454,11 @@ pub fn discover<T: Tree>(
     // Once each, however many names lead there (`python3` beside
     // `python3.12`, a symlinked `lib`, a venv's `lib64 -> lib`).
     let mut seen = std::collections::HashSet::new();
+    let mut named = std::collections::HashSet::new();
     for rel in sites {
+        if !named.insert(rel.clone()) {
+            continue;
+        }
         if found.sites.len() >= MAX_SITES {
             found
                 .unread

@@ -129,13 +129,35 @@ fn key<T: Tree>(tree: &T, sites: &[Site<T::Dir>], unread: &[String]) -> String {
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// `Version:` of a core-metadata file's headers.
+/// `Version:` of a core-metadata file's headers (what comes before the
+/// first empty line; the description follows it).
 fn metadata_version(text: &[u8]) -> Option<Release> {
-    let text = String::from_utf8_lossy(text);
-    text.lines()
+    text.split(|&b| b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
         .take_while(|l| !l.is_empty())
-        .find_map(|l| l.strip_prefix("Version:"))
+        .find_map(|l| l.strip_prefix(b"Version:"))
+        .and_then(|v| std::str::from_utf8(v).ok())
         .and_then(Release::parse)
+}
+
+/// Most bytes of a `METADATA` read first: every build backend writes
+/// `Version:` third, after `Metadata-Version:` and `Name:`; torch's
+/// whole file is 32 KB.
+const METADATA_HEAD: usize = 4 << 10;
+
+/// The release a core-metadata file `rel` names: from its first
+/// [`METADATA_HEAD`] bytes, else (headers longer than that, with no
+/// `Version:` yet) from its first [`MAX_METADATA`].
+fn read_version<T: Tree>(root: &T, rel: &str) -> Option<Release> {
+    let head = root.read_regular(rel, METADATA_HEAD).ok()?;
+    if let Some(r) = metadata_version(&head) {
+        return Some(r);
+    }
+    let headers_end = head.windows(2).any(|w| w == b"\n\n");
+    if head.len() < METADATA_HEAD || headers_end {
+        return None;
+    }
+    metadata_version(&root.read_regular(rel, MAX_METADATA).ok()?)
 }
 
 /// The consumers in these sites, under the budget.
@@ -168,10 +190,7 @@ fn scan<T: Tree>(
             let release = if metadata_reads < MAX_METADATA_READS {
                 budget.in_time()?;
                 metadata_reads += 1;
-                root.read_regular(&meta, MAX_METADATA)
-                    .ok()
-                    .and_then(|t| metadata_version(&t))
-                    .unwrap_or(by_name)
+                read_version(root, &meta).unwrap_or(by_name)
             } else {
                 by_name
             };

@@ -17,7 +17,7 @@ use nix::errno::Errno;
 use serde::{Deserialize, Serialize};
 
 use super::envs::parent;
-use super::tree::Tree;
+use super::tree::{Tree, without_dev};
 use super::{Budget, Stop};
 
 /// One path discovery looked at, and what identified it.
@@ -57,9 +57,23 @@ impl<'a, T: Tree> Probing<'a, T> {
     }
 
     fn record(&self, rel: &str) {
-        let mut p = self.probes.borrow_mut();
-        if !p.iter().any(|q| q.rel == rel) {
-            p.push(Probe::of(self.inner, rel));
+        if !self.recorded(rel) {
+            let probe = Probe::of(self.inner, rel);
+            self.probes.borrow_mut().push(probe);
+        }
+    }
+
+    fn recorded(&self, rel: &str) -> bool {
+        self.probes.borrow().iter().any(|q| q.rel == rel)
+    }
+
+    /// Record `rel` as `seen`, already known: a lookup saved.
+    fn record_seen(&self, rel: &str, seen: Result<Vec<[i64; 5]>, i32>) {
+        if !self.recorded(rel) {
+            self.probes.borrow_mut().push(Probe {
+                rel: rel.to_owned(),
+                seen,
+            });
         }
     }
 }
@@ -72,8 +86,20 @@ impl<T: Tree> Tree for Probing<'_, T> {
     }
 
     fn dir(&self, rel: &str) -> Result<T::Dir, Errno> {
-        self.record(rel);
-        self.inner.dir(rel)
+        // What identifies a directory is that of the handle opened on it,
+        // and a name not there is not there for `ident` either: recorded
+        // from the lookup itself. Any other failure (`ENOTDIR`: `ident`
+        // would find the file) is looked up again as `ident` sees it.
+        let got = self.inner.dir(rel);
+        match &got {
+            Ok(d) => match self.inner.identity(d) {
+                id if !id.is_empty() => self.record_seen(rel, Ok(without_dev(&id))),
+                _ => self.record(rel),
+            },
+            Err(Errno::ENOENT) => self.record_seen(rel, Err(Errno::ENOENT as i32)),
+            Err(_) => self.record(rel),
+        }
+        got
     }
 
     fn has_entry(&self, dir: &T::Dir, name: &str) -> bool {
@@ -101,8 +127,9 @@ impl<T: Tree> Tree for Probing<'_, T> {
     }
 
     fn read_regular(&self, rel: &str, max: usize) -> Result<Vec<u8>, Errno> {
-        self.record(rel);
-        self.inner.read_regular(rel, max)
+        let (read, seen) = self.inner.read_regular_seen(rel, max);
+        self.record_seen(rel, seen.map_err(|e| e as i32));
+        read
     }
 
     fn is_dir(&self, rel: &str) -> Result<bool, Errno> {

@@ -826,6 +826,7 @@ fn a_start_like_an_earlier_one_lists_no_directory_until_one_it_depended_on_chang
         "xformers",
         "0.0.30",
     );
+    std::fs::create_dir(r.join("app")).unwrap();
     let view = process(&[("PATH", "/srv/venv/bin:/usr/bin")]);
     let root = Root::open(r).unwrap();
     let c = cache.path();
@@ -840,7 +841,7 @@ fn a_start_like_an_earlier_one_lists_no_directory_until_one_it_depended_on_chang
     );
     assert_eq!(seen_before(&root, &plain(), c), None);
     // Each thing discovery depended on, changed, is a new read.
-    let changes: [(&str, &dyn Fn()); 4] = [
+    let changes: [(&str, &dyn Fn()); 6] = [
         ("the venv's pyvenv.cfg", &|| {
             write(
                 r,
@@ -854,6 +855,22 @@ fn a_start_like_an_earlier_one_lists_no_directory_until_one_it_depended_on_chang
                 "opt/conda/envs/x/lib/python3.11/site-packages",
                 "deepspeed",
                 "0.18.2",
+            )
+        }),
+        ("uv's /app/.venv in an /app that was empty", &|| {
+            dist(
+                r,
+                "app/.venv/lib/python3.12/site-packages",
+                "flash_attn",
+                "2.8.3",
+            )
+        }),
+        ("root's user site where there was none", &|| {
+            dist(
+                r,
+                "root/.local/lib/python3.12/site-packages",
+                "bitsandbytes",
+                "0.48.1",
             )
         }),
         ("a Python on PATH relinked", &|| {
@@ -873,10 +890,14 @@ fn a_start_like_an_earlier_one_lists_no_directory_until_one_it_depended_on_chang
         assert_eq!(seen_before(&root, &view, c).map(|h| h.0), Some(sw));
     }
     let (sw, _) = read(&root, &view, Some(c));
-    assert!(
-        sw.get(Dist::DeepSpeed).is_some() && sw.get(Dist::Accelerate).is_some(),
-        "{sw:?}"
-    );
+    for d in [
+        Dist::DeepSpeed,
+        Dist::Accelerate,
+        Dist::FlashAttn,
+        Dist::Bitsandbytes,
+    ] {
+        assert!(sw.get(d).is_some(), "{d:?}: {sw:?}");
+    }
 }
 
 #[test]
@@ -917,4 +938,43 @@ fn a_process_whose_user_is_not_known_has_every_users_site_read() {
         sw.read
     );
     assert!(proven);
+}
+
+#[test]
+fn a_release_is_the_version_header_wherever_it_sits_in_the_headers() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path();
+    let site = "usr/local/lib/python3.12/site-packages";
+    python(r, "usr/local", 12);
+    // A build backend that writes Version: after 6 KB of other headers,
+    // with CRLF line ends: found past the first read.
+    let classifiers = "Classifier: Programming Language :: Python :: 3\r\n".repeat(128);
+    write(
+        r,
+        &format!("{site}/torch-2.7.1+cu128.dist-info/METADATA"),
+        &format!(
+            "Metadata-Version: 2.1\r\nName: torch\r\n{classifiers}Version: 2.8.0\r\n\r\nbody\r\n"
+        ),
+    );
+    // A `Version:` in the description is not the release's: its name says.
+    let long_body = "Version: 9.9.9\n".repeat(600);
+    write(
+        r,
+        &format!("{site}/xformers-0.0.30.dist-info/METADATA"),
+        &format!("Metadata-Version: 2.1\nName: xformers\n\n{long_body}"),
+    );
+    // Headers over the whole bound: the name's release.
+    let huge = "Classifier: x\n".repeat(6000);
+    write(
+        r,
+        &format!("{site}/deepspeed-0.18.2.dist-info/METADATA"),
+        &format!("Metadata-Version: 2.1\nName: deepspeed\n{huge}Version: 0.1.0\n\n"),
+    );
+    let view = process(&[("PATH", "/usr/local/bin")]);
+    let (got, _, _) = found(r, &view);
+    assert_eq!(
+        got,
+        ["torch 2.8.0", "xformers 0.0.30", "deepspeed 0.18.2"],
+        "{got:?}"
+    );
 }

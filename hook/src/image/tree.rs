@@ -71,6 +71,16 @@ pub(crate) trait Tree {
     fn read_link(&self, rel: &str) -> Result<PathBuf, Errno>;
     /// The first `max` bytes of regular file `rel`, links followed.
     fn read_regular(&self, rel: &str, max: usize) -> Result<Vec<u8>, Errno>;
+    /// [`Tree::read_regular`], and [`Tree::ident`] of the same `rel`;
+    /// where both come from one lookup, one lookup.
+    #[allow(clippy::type_complexity)]
+    fn read_regular_seen(
+        &self,
+        rel: &str,
+        max: usize,
+    ) -> (Result<Vec<u8>, Errno>, Result<Vec<[i64; 5]>, Errno>) {
+        (self.read_regular(rel, max), self.ident(rel))
+    }
     /// Whether `rel`, links followed, is a directory.
     fn is_dir(&self, rel: &str) -> Result<bool, Errno>;
     /// What identifies `rel`, links followed, and the version of what it
@@ -168,6 +178,20 @@ impl Tree for Root {
         Root::read_regular(self, Path::new(rel), max)
     }
 
+    fn read_regular_seen(
+        &self,
+        rel: &str,
+        max: usize,
+    ) -> (Result<Vec<u8>, Errno>, Result<Vec<[i64; 5]>, Errno>) {
+        match self.lookup(rel_path(rel)) {
+            Ok((path, st)) => (
+                Root::read_looked_up(path, &st, max),
+                Ok(without_dev(&[identity_of(&st)])),
+            ),
+            Err(e) => (Err(e), Err(e)),
+        }
+    }
+
     fn is_dir(&self, rel: &str) -> Result<bool, Errno> {
         let st = self.stat(rel_path(rel))?;
         Ok(st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFDIR)
@@ -202,6 +226,30 @@ enum Node {
     /// Anything else: its directory in the layer that shows it, its name
     /// there, its status.
     Other(OwnedFd, String, FileStat),
+}
+
+/// The first `max` bytes of entry `name` of a layer's directory `parent`,
+/// where `st` (its status, looked up) and the file opened say it is a
+/// regular file.
+fn read_other(parent: &OwnedFd, name: &str, st: &FileStat, max: usize) -> Result<Vec<u8>, Errno> {
+    if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG {
+        return Err(Errno::EINVAL);
+    }
+    let fd = openat(
+        parent.as_fd(),
+        name,
+        OFlag::O_RDONLY
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_NONBLOCK
+            | OFlag::O_NOCTTY
+            | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    // The entry read is still the regular file that was looked at.
+    if fstat(fd.as_fd())?.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG {
+        return Err(Errno::EINVAL);
+    }
+    crate::rootfs::read_prefix(fd, max)
 }
 
 const DIR_FLAGS: OFlag = OFlag::O_RDONLY
@@ -494,24 +542,23 @@ impl Tree for Layers {
         let Node::Other(parent, name, st) = self.walk(rel, true)? else {
             return Err(Errno::EINVAL);
         };
-        if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG {
-            return Err(Errno::EINVAL);
+        read_other(&parent, &name, &st, max)
+    }
+
+    fn read_regular_seen(
+        &self,
+        rel: &str,
+        max: usize,
+    ) -> (Result<Vec<u8>, Errno>, Result<Vec<[i64; 5]>, Errno>) {
+        match self.walk(rel, true) {
+            Err(e) => (Err(e), Err(e)),
+            Ok(Node::Dir(d)) => (Err(Errno::EINVAL), Ok(without_dev(&self.identity(&d)))),
+            Ok(Node::Link(_)) => (Err(Errno::EINVAL), Err(Errno::ELOOP)),
+            Ok(Node::Other(parent, name, st)) => (
+                read_other(&parent, &name, &st, max),
+                Ok(without_dev(&[identity_of(&st)])),
+            ),
         }
-        let fd = openat(
-            parent.as_fd(),
-            name.as_str(),
-            OFlag::O_RDONLY
-                | OFlag::O_NOFOLLOW
-                | OFlag::O_NONBLOCK
-                | OFlag::O_NOCTTY
-                | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )?;
-        // The entry read is still the regular file that was looked at.
-        if fstat(fd.as_fd())?.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG {
-            return Err(Errno::EINVAL);
-        }
-        crate::rootfs::read_prefix(fd, max)
     }
 
     fn is_dir(&self, rel: &str) -> Result<bool, Errno> {
