@@ -350,7 +350,9 @@ impl proto::nri_ttrpc::Plugin for Plugin {
                     handle.block_on(images.layers(&id))
                 } else {
                     Err(format!(
-                        "{} keeps its images where gpuarchd does not read them",
+                        "{} keeps its images where gpuarchd does not read them \
+                         (its runtime handler gpuarch, or gpuarch's hook in its \
+                         hooks_dir, reads the container's rootfs)",
                         gpuarch_core::text::clean(&runtime)
                     ))
                 };
@@ -492,10 +494,18 @@ mod tests {
         let got = env(&p.create(&pod, &c).await.unwrap());
         assert_eq!(got["TORCH_CUDA_ARCH_LIST"], "8.6");
         assert_eq!(got["GPUARCH_DTYPE"], "bfloat16");
-        let records = std::fs::read_dir(dir.path().join("records"))
+        let records: Vec<_> = std::fs::read_dir(dir.path().join("records"))
             .unwrap()
-            .count();
-        assert_eq!(records, 1, "a record for gpuarchctl why");
+            .collect();
+        assert_eq!(records.len(), 1, "a record for gpuarchctl why");
+        // A runtime other than containerd (CRI-O): the image is not read,
+        // the record says why and where it would be.
+        let record = std::fs::read_to_string(records[0].as_ref().unwrap().path()).unwrap();
+        assert!(
+            record.contains("not read: fake-runtime keeps its images where gpuarchd does not")
+                && record.contains("runtime handler gpuarch"),
+            "{record}"
+        );
 
         let (pod, c) = container(&[], &[("/dev/nvidia0", 195, 0)]);
         assert_eq!(
