@@ -49,7 +49,7 @@ pub mod testwheel;
 mod wheel;
 
 pub use installed::import_installed;
-pub use wheel::{Limits, Source, import_wheel};
+pub use wheel::{Limits, MAX_DIRECTORY, Source, import_wheel};
 
 /// Version of the index layout.
 pub const SCHEMA: u32 = 1;

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use base64::Engine as _;
 use gpuarch_core::library::{self, LibraryKind};
+use gpuarch_wire::library::MAX_FETCH_DIRS;
 
 use super::{FileInfo, INDEX, Index, LibraryError, SCHEMA, io_at, version_dir};
 use crate::file::{Mapped, copy_hashed, sha256_of};
@@ -36,11 +37,110 @@ impl Limits {
     }
 }
 
+/// Most bytes at a wheel's end its members are listed from (its central
+/// directory, end records and comment): the zip reader keeps about four
+/// times what it reads. flashinfer-cubin 0.6.13 (16,017 members, 458 MB)
+/// has 3.9 MB.
+pub const MAX_DIRECTORY: u64 = 12 << 20;
+/// What a wheel may be beyond the bytes it unpacks to: its members'
+/// headers (a stored member is its bytes and 30 more and its name).
+const MAX_OVERHEAD: u64 = 64 << 20;
+
+/// A wheel as the zip reader sees it: positional reads of the file, none
+/// before `open` (shared, so that it can be lowered once the members are
+/// listed); one that would is an error, and `hit` says so.
+struct Window<'a> {
+    file: &'a std::fs::File,
+    pos: u64,
+    open: std::rc::Rc<std::cell::Cell<u64>>,
+    hit: std::rc::Rc<std::cell::Cell<bool>>,
+}
+
+impl<'a> Window<'a> {
+    fn new(file: &'a std::fs::File, open: u64) -> Self {
+        Self {
+            file,
+            pos: 0,
+            open: std::rc::Rc::new(std::cell::Cell::new(open)),
+            hit: std::rc::Rc::new(std::cell::Cell::new(false)),
+        }
+    }
+}
+
+impl Read for Window<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        if self.pos < self.open.get() {
+            self.hit.set(true);
+            return Err(io::Error::other(
+                "before the window the members are listed from",
+            ));
+        }
+        let n = self.file.read_at(buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl io::Seek for Window<'_> {
+    fn seek(&mut self, to: io::SeekFrom) -> io::Result<u64> {
+        let at = match to {
+            io::SeekFrom::Start(n) => Some(n),
+            io::SeekFrom::End(d) => self.file.metadata()?.len().checked_add_signed(d),
+            io::SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+        };
+        self.pos = at.ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        Ok(self.pos)
+    }
+}
+
+/// The most members any end record of the wheel says it has: each
+/// end-of-central-directory signature in its last 64 KiB (the zip reader
+/// may take any of them), and the zip64 record its locator names. The
+/// reader keeps about 300 bytes for each member it lists, whatever their
+/// names: the count is bounded before it lists them.
+fn most_members(wheel: &std::fs::File, size: u64) -> io::Result<u64> {
+    use std::os::unix::fs::FileExt;
+    const EOCD: [u8; 4] = 0x0605_4b50u32.to_le_bytes();
+    const LOCATOR: [u8; 4] = 0x0706_4b50u32.to_le_bytes();
+    const ZIP64: [u8; 4] = 0x0606_4b50u32.to_le_bytes();
+    let tail_len = size.min(22 + 0xffff + 20);
+    let start = size - tail_len;
+    let mut tail = vec![0u8; tail_len as usize];
+    wheel.read_exact_at(&mut tail, start)?;
+    let u16_at = |b: &[u8], i: usize| u64::from(u16::from_le_bytes([b[i], b[i + 1]]));
+    let mut most = 0;
+    for at in (0..tail.len().saturating_sub(21)).filter(|&i| tail[i..i + 4] == EOCD) {
+        most = most.max(u16_at(&tail, at + 8)).max(u16_at(&tail, at + 10));
+        if at >= 20 && tail[at - 20..at - 16] == LOCATOR {
+            let mut off = [0u8; 8];
+            off.copy_from_slice(&tail[at - 12..at - 4]);
+            let mut rec = [0u8; 56];
+            let off = u64::from_le_bytes(off);
+            if off.checked_add(56).is_some_and(|end| end <= size) {
+                wheel.read_exact_at(&mut rec, off)?;
+                if rec[..4] == ZIP64 {
+                    let n =
+                        |i: usize| u64::from_le_bytes(rec[i..i + 8].try_into().unwrap_or([0; 8]));
+                    most = most.max(n(24)).max(n(32));
+                }
+            }
+        }
+    }
+    Ok(most)
+}
+
 /// `RECORD` and `METADATA` are read whole: bounded apart.
-pub(super) const MAX_RECORD: u64 = 64 << 20;
+pub(super) const MAX_RECORD: u64 = 12 << 20;
 pub(super) const MAX_METADATA: u64 = 1 << 20;
 /// A library's checksum list (`checksums.txt`), parsed whole.
 const CHECKSUMS: &str = "checksums.txt";
+/// Most bytes of one checksum list (FlashInfer 0.6.13's largest is 2.4 MB).
+const MAX_LIST: u64 = 8 << 20;
+/// Most files the lists may name that the wheel lacks (FlashInfer 0.6.13:
+/// 960), and most directories they are in (3): each directory is a tmpfs
+/// in every container the library is served to.
+pub const MAX_MISSING: usize = 16_384;
 
 pub(super) fn seq() -> u64 {
     static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -82,11 +182,49 @@ pub fn import_wheel(
         file: wheel_name.to_owned(),
         why,
     };
+    // Bounds before work: a wheel larger than any import may be is not
+    // hashed (a sparse file of an exabyte would hold the queue for good),
+    // and its members are listed from its last MAX_DIRECTORY bytes alone.
+    let size = wheel
+        .metadata()
+        .map_err(io_at(Path::new(wheel_name)))?
+        .len();
+    let max_size = limits.max_bytes.saturating_add(MAX_OVERHEAD);
+    if size > max_size {
+        return Err(LibraryError::TooLarge {
+            what: format!("{wheel_name}: {size} bytes"),
+            limit: max_size,
+        });
+    }
+    let members = most_members(wheel, size).map_err(io_at(Path::new(wheel_name)))?;
+    if members > (limits.max_files + 16) as u64 {
+        return Err(LibraryError::TooLarge {
+            what: format!("{wheel_name}: {members} members"),
+            limit: limits.max_files as u64,
+        });
+    }
     let (sha256, _) = sha256_of(wheel).map_err(io_at(Path::new(wheel_name)))?;
-    let mut zip = zip::ZipArchive::new(wheel).map_err(|e| LibraryError::NotAWheel {
-        file: wheel_name.to_owned(),
-        why: e.to_string(),
+    let window = Window::new(wheel, size.saturating_sub(MAX_DIRECTORY));
+    let open = window.open.clone();
+    let hit = window.hit.clone();
+    let config = zip::read::Config {
+        archive_offset: zip::read::ArchiveOffset::Known(0),
+    };
+    let mut zip = zip::ZipArchive::with_config(config, window).map_err(|e| {
+        if hit.get() {
+            LibraryError::TooLarge {
+                what: format!("{wheel_name}: its central directory"),
+                limit: MAX_DIRECTORY,
+            }
+        } else {
+            LibraryError::NotAWheel {
+                file: wheel_name.to_owned(),
+                why: e.to_string(),
+            }
+        }
     })?;
+    // Listed: its members are read wherever they are.
+    open.set(0);
     if zip.len() > limits.max_files + 16 {
         return Err(LibraryError::TooLarge {
             what: format!("{wheel_name}: {} members", zip.len()),
@@ -487,8 +625,13 @@ fn check_lists(
         .filter(|p| p.rsplit('/').next() == Some(CHECKSUMS))
     {
         let dir = list.rsplit_once('/').map_or("", |(d, _)| d);
-        let text =
-            std::fs::read_to_string(files_dir.join(list)).map_err(|e| format!("{list}: {e}"))?;
+        let mut text = String::new();
+        std::fs::File::open(files_dir.join(list))
+            .and_then(|f| f.take(MAX_LIST + 1).read_to_string(&mut text))
+            .map_err(|e| format!("{list}: {e}"))?;
+        if text.len() as u64 > MAX_LIST {
+            return Err(format!("{list}: over {} MiB", MAX_LIST >> 20));
+        }
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() {
@@ -521,6 +664,21 @@ fn check_lists(
                 }
             }
         }
+    }
+    // Each directory a missing file is in is a writable place in every
+    // container served the library (a tmpfs, `Served::fetch_dirs`), and
+    // each file a line of its index: both bounded here, once.
+    let dirs: std::collections::BTreeSet<&str> = missing
+        .keys()
+        .map(|p| p.rsplit_once('/').map_or("", |(d, _)| d))
+        .collect();
+    if missing.len() > MAX_MISSING || dirs.len() > MAX_FETCH_DIRS {
+        return Err(format!(
+            "its checksum lists name {} files it lacks, in {} directories: at most \
+             {MAX_MISSING} files in {MAX_FETCH_DIRS} directories are fetched at run time",
+            missing.len(),
+            dirs.len()
+        ));
     }
     Ok(missing)
 }
