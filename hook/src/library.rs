@@ -165,6 +165,10 @@ pub fn plan(
     out
 }
 
+/// Most writable places (a tmpfs each) one library gives a container: the
+/// fetch places an import lets through, and a few of the kind's own.
+const MAX_PLACES: usize = gpuarch_wire::library::MAX_FETCH_DIRS + 8;
+
 /// A tree's [`Served`]: Err(None) when there is none.
 fn read_served(path: &Path) -> Result<Served, Option<String>> {
     let f = match std::fs::File::open(path) {
@@ -180,7 +184,14 @@ fn read_served(path: &Path) -> Result<Served, Option<String>> {
             s.schema
         )));
     }
-    // Each becomes a mount destination below the kind's mount.
+    // Each becomes a mount destination below the kind's mount: as many
+    // as an import lets through, and the kind's own scratch places.
+    let places = s.writable_dirs().count();
+    if places > MAX_PLACES {
+        return Err(Some(format!(
+            "{places} writable places: a container is given at most {MAX_PLACES}"
+        )));
+    }
     if let Some(bad) = s.writable_dirs().find(|d| !plain_relative(d)) {
         return Err(Some(format!("{bad:?} is not a plain relative directory")));
     }

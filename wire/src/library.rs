@@ -11,6 +11,12 @@ use serde::{Deserialize, Serialize};
 /// Version of [`Served`].
 pub const SCHEMA: u32 = 1;
 
+/// Most directories of a library's files its import may lack (its
+/// checksum lists name files there the wheel does not hold): each is a
+/// writable tmpfs in every container the library is served to. FlashInfer
+/// 0.6.13 has 3.
+pub const MAX_FETCH_DIRS: usize = 64;
+
 /// What one tree holds, and where in it the consumer must be able to
 /// write.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

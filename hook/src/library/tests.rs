@@ -170,6 +170,19 @@ fn anything_else_leaves_the_variable_unset_and_says_why() {
             vec![],
             "not a plain relative directory",
         ),
+        // A tree with more writable places than an import lets through
+        // (a store written before the bound): no mount bomb.
+        (
+            "many places",
+            Served {
+                fetch_dirs: (0..40_000).map(|i| format!("d{i}")).collect(),
+                ..complete.clone()
+            },
+            vec![("flashinfer-python", "0.6.13")],
+            vec![],
+            vec![],
+            "40001 writable places: a container is given at most 72",
+        ),
     ];
     for (what, s, dists, env, existing, why) in cases {
         let node = node("0.6.13", &s);

@@ -2,8 +2,10 @@ use std::path::Path;
 
 use gpuarch_core::arch::ComputeCapability;
 
-use super::testwheel::{FMHA, Wheel};
+use super::testwheel::{DSL, FMHA, Wheel};
+use super::wheel::MAX_MISSING;
 use super::*;
+use gpuarch_wire::library::MAX_FETCH_DIRS;
 
 fn cap(s: &str) -> ComputeCapability {
     ComputeCapability::parse_known(s).unwrap()
@@ -291,6 +293,45 @@ fn hostile_wheels_are_refused_and_leave_nothing() {
         },
         "over its bound",
     );
+
+    // A mount bomb: a list naming 40,000 files the wheel lacks, each in a
+    // directory of its own (each would be a tmpfs in every container), or
+    // many files in a few directories. (The wheel lacks one more of its
+    // own: a cubin its other list names.)
+    let bomb = |files: usize, per_dir: usize| {
+        let mut w = Wheel::flashinfer("0.6.13");
+        let mut list = String::new();
+        for i in 0..files {
+            let line = format!("{}  d{}/f{i}.so\n", "ef".repeat(32), i / per_dir);
+            list.push_str(&line);
+        }
+        for (n, b) in &mut w.members {
+            if n.starts_with(DSL) && n.ends_with("checksums.txt") {
+                *b = list.clone().into_bytes();
+            }
+        }
+        w
+    };
+    let roomy = Limits {
+        max_file_bytes: 16 << 20,
+        ..LIMITS
+    };
+    refused(bomb(40_000, 1), roomy, "in 40001 directories");
+    refused(bomb(MAX_FETCH_DIRS, 1), roomy, "in 65 directories");
+    refused(
+        bomb(MAX_MISSING, MAX_MISSING),
+        roomy,
+        "16385 files it lacks",
+    );
+    // A list over its bound is not read whole.
+    let mut w = Wheel::flashinfer("0.6.13");
+    w.members
+        .push((format!("{DSL}x/checksums.txt"), vec![b'#'; 9 << 20]));
+    refused(w, roomy, "over 8 MiB");
+    // As many as may be: imported.
+    let (_t2, root2) = setup();
+    let index = import(&root2, &bomb(MAX_FETCH_DIRS - 1, 1), &roomy).unwrap();
+    assert_eq!(index.missing.len(), MAX_FETCH_DIRS);
 
     // Not a library gpuarch knows, or a version its directory denies.
     let mut w = Wheel::flashinfer("0.6.13");
