@@ -153,6 +153,9 @@ impl Names {
 /// A name as logged: at most 253 bytes (a Kubernetes name's limit), cut
 /// at a character boundary.
 fn bounded(v: &str) -> String {
+    // A control character (a newline, an escape) is written out as text:
+    // a name is shown on terminals and in logs.
+    let v = crate::text::clean(v);
     let mut end = v.len().min(253);
     while !v.is_char_boundary(end) {
         end -= 1;
@@ -507,6 +510,11 @@ mod tests {
         let c = serde_json::json!({"annotations": {"io.kubernetes.pod.name": long}});
         let pod = ContainerView::from_value(&c).unwrap().names.pod.unwrap();
         assert!(pod.len() <= 253 && long.starts_with(&pod));
+        // A pod author's newline and escape sequence, written out as text.
+        let c =
+            serde_json::json!({"annotations": {"io.kubernetes.pod.name": "web\nroot\u{1b}[2J"}});
+        let pod = ContainerView::from_value(&c).unwrap().names.pod.unwrap();
+        assert_eq!(pod, "web\\nroot\\u{1b}[2J");
     }
 
     #[test]

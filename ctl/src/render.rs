@@ -6,8 +6,22 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gpuarch_core::plan::Plan;
 
-/// Left-aligned columns, two spaces apart; trailing blanks trimmed.
+/// `s` as a terminal may be given it: a control character (a newline, an
+/// escape sequence) from a container, an image or a record written as
+/// `\n`, `\u{1b}`, so no line can be forged and no terminal driven. Every
+/// string gpuarchctl prints that it did not write itself goes through it.
+pub fn shown(s: &str) -> std::borrow::Cow<'_, str> {
+    gpuarch_core::text::clean(s)
+}
+
+/// Left-aligned columns, two spaces apart; trailing blanks trimmed. Each
+/// cell is [`shown`].
 pub fn table(rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| shown(c).into_owned()).collect())
+        .collect();
+    let rows = &rows;
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
         .map(|c| {
@@ -122,12 +136,12 @@ pub fn env_notes<'a>(
     } else {
         out.push_str("env:\n");
         for (k, v) in env {
-            let _ = writeln!(out, "  {k}={v}");
+            let _ = writeln!(out, "  {}={}", shown(k), shown(v));
         }
     }
     out.push_str("notes:\n");
     for n in notes {
-        let _ = writeln!(out, "  - {n}");
+        let _ = writeln!(out, "  - {}", shown(n));
     }
 }
 

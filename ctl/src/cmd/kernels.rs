@@ -38,7 +38,11 @@ pub fn run(json: bool, d: Daemon, out: &mut String) -> Result<u8> {
     );
     match compiler.strip_prefix("none: ") {
         Some(why) => {
-            let _ = writeln!(out, "compiler: none; no NVRTC builds possible: {why}");
+            let _ = writeln!(
+                out,
+                "compiler: none; no NVRTC builds possible: {}",
+                render::shown(why)
+            );
         }
         None => {
             let _ = writeln!(out, "compiler: {compiler}");
@@ -55,10 +59,10 @@ pub fn run(json: bool, d: Daemon, out: &mut String) -> Result<u8> {
         let _ = writeln!(
             out,
             "{:<10} {:<8} {:<8} {:<9} {:>9}  {:<6} {:<6} {}",
-            k.package,
-            k.arch,
-            k.variant,
-            k.dtype,
+            render::shown(&k.package),
+            render::shown(&k.arch),
+            render::shown(&k.variant),
+            render::shown(&k.dtype),
             bytes(k.bytes),
             yes(k.pinned),
             yes(k.in_use),

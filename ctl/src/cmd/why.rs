@@ -10,7 +10,7 @@ use gpuarch_core::record::{self, Record};
 use serde_json::Value;
 
 use crate::cli::WhyArgs;
-use crate::render;
+use crate::render::{self, shown};
 
 pub fn run(json: bool, args: &WhyArgs, out: &mut String) -> Result<u8> {
     let dir = match &args.dir {
@@ -58,18 +58,20 @@ pub fn run(json: bool, args: &WhyArgs, out: &mut String) -> Result<u8> {
     }
 }
 
+/// The record's id and names, [`render::shown`]: the names come from the
+/// container's annotations.
 fn label(r: &Record) -> String {
     let n = &r.names;
-    let mut s = r.id.clone();
+    let mut s = shown(&r.id).into_owned();
     if let Some(name) = &n.name {
-        let _ = write!(s, " name {name}");
+        let _ = write!(s, " name {}", shown(name));
     }
     match (&n.namespace, &n.pod) {
         (Some(ns), Some(p)) => {
-            let _ = write!(s, " pod {ns}/{p}");
+            let _ = write!(s, " pod {}/{}", shown(ns), shown(p));
         }
         (None, Some(p)) => {
-            let _ = write!(s, " pod {p}");
+            let _ = write!(s, " pod {}", shown(p));
         }
         _ => {}
     }
@@ -84,14 +86,14 @@ fn show(r: &Record, out: &mut String) {
         "started {} ({} ago), planned by {}",
         humantime::format_rfc3339_seconds(when),
         render::short_duration(when.elapsed().unwrap_or_default()),
-        r.by
+        shown(&r.by)
     );
     let p = &r.plan;
     let gpus = p.get("gpus").and_then(Value::as_array);
     match gpus {
         Some(g) if !g.is_empty() => {
             let src = p.get("source").and_then(Value::as_str).unwrap_or("?");
-            let _ = writeln!(out, "GPUs (from {src}, in CUDA order):");
+            let _ = writeln!(out, "GPUs (from {}, in CUDA order):", shown(src));
             let s = |g: &Value, k: &str| match g.get(k) {
                 Some(Value::String(v)) => v.clone(),
                 Some(v @ Value::Number(_)) => v.to_string(),
@@ -132,7 +134,12 @@ fn show(r: &Record, out: &mut String) {
             out.push_str("mounts (read-only):\n");
             for m in m {
                 let f = |k: &str| m.get(k).and_then(Value::as_str).unwrap_or("");
-                let _ = writeln!(out, "  {} from {}", f("destination"), f("source"));
+                let _ = writeln!(
+                    out,
+                    "  {} from {}",
+                    shown(f("destination")),
+                    shown(f("source"))
+                );
             }
         }
         _ => out.push_str("mounts: none\n"),
@@ -141,8 +148,56 @@ fn show(r: &Record, out: &mut String) {
     if !blocking.is_empty() {
         out.push_str("blocking (strict: true refuses such a start):\n");
         for b in &blocking {
-            let _ = writeln!(out, "  - {b}");
+            let _ = writeln!(out, "  - {}", shown(b));
         }
     }
     render::env_notes(env.into_iter(), &list("notes"), out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What an image author and a pod's author control, each with a
+    /// newline, a carriage return and escape sequences.
+    const FORGED: &str = "x\nstarted by root\r\u{1b}[2J\u{1b}]0;owned\u{7}\u{9b}31m";
+
+    #[test]
+    fn a_forged_record_prints_no_control_character_and_no_line_of_its_own() {
+        let plan = serde_json::json!({
+            "source": "NVIDIA_VISIBLE_DEVICES",
+            "gpus": [{"index": 0, "name": FORGED, "compute_capability": "8.6", "uuid": FORGED}],
+            "env": {"TORCH_CUDA_ARCH_LIST": FORGED},
+            "notes": [FORGED, format!("the image holds torch 2.7.1 ({FORGED:?})")],
+            "mounts": [{"destination": FORGED, "source": FORGED}],
+            "blocking": [FORGED],
+        });
+        let r = Record {
+            id: format!("abc{FORGED}"),
+            names: gpuarch_core::oci::Names {
+                id: None,
+                name: Some(FORGED.to_owned()),
+                pod: Some(FORGED.to_owned()),
+                namespace: Some(FORGED.to_owned()),
+            },
+            by: FORGED.to_owned(),
+            at: 0,
+            plan,
+        };
+        let mut out = String::new();
+        show(&r, &mut out);
+        let bad: Vec<char> = out
+            .chars()
+            .filter(|c| c.is_control() && *c != '\n')
+            .collect();
+        assert!(bad.is_empty(), "{bad:?} in:\n{out}");
+        // container, started; GPUs, mounts, blocking and env a header and
+        // a line each; notes a header and two: none forged.
+        assert_eq!(out.lines().count(), 13, "{out}");
+        assert!(
+            !out.lines().any(|l| l.starts_with("started by root")),
+            "{out}"
+        );
+        assert!(label(&r).lines().count() == 1);
+    }
 }

@@ -24,6 +24,7 @@ use serde_json::json;
 pub use crate::check::{Check, Status};
 use crate::check::{fail, ok, under};
 use crate::cli::{Cli, DoctorArgs};
+use crate::render;
 use crate::source::Daemon;
 use files::{cache, jit, nfd, registry, trust};
 use node::{ask_compiler, compiler, daemon, daemon_last_read, daemon_nvml, nvml, snapshot_judged};
@@ -44,9 +45,9 @@ pub fn run(cli: &Cli, args: &DoctorArgs, out: &mut String) -> Result<u8> {
                 Status::Warn => "WARN",
                 Status::Fail => "FAIL",
             };
-            let _ = writeln!(out, "{tag}  {:<12} {}", c.name, c.detail);
+            let _ = writeln!(out, "{tag}  {:<12} {}", c.name, render::shown(&c.detail));
             if let Some(fix) = &c.fix {
-                let _ = writeln!(out, "      {:<12} fix: {fix}", "");
+                let _ = writeln!(out, "      {:<12} fix: {}", "", render::shown(fix));
             }
         }
         let mut summary = if failed == 0 {
