@@ -361,13 +361,24 @@ fn level_word(level: LogLevel) -> &'static str {
     }
 }
 
+/// `path` opened to append, only where it is a regular file: a FIFO put
+/// there (in a sticky directory anyone can write to) would block a start
+/// until its timeout, and a device would be written to. Opened without
+/// blocking (a FIFO with no reader fails at once), then checked.
 fn open_append(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new()
+    let f = OpenOptions::new()
         .append(true)
         .create(true)
         .mode(0o640)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    if !f.metadata()?.file_type().is_file() {
+        return Err(std::io::Error::other(format!(
+            "{}: not a regular file",
+            path.display()
+        )));
+    }
+    Ok(f)
 }
 
 /// A line per message, all in one `write`, to `path`; past `max_bytes` the file is first
@@ -435,6 +446,42 @@ fn append_runtime_log(path: &Path, json: bool, program: &str, msg: &str) -> std:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fifo_or_a_device_at_the_log_file_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("hook.log");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+        let t = std::time::Instant::now();
+        // No reader: the open fails rather than waits for one.
+        assert!(to_file(&fifo, 1 << 20, LogLevel::Warn, "gpuarch-hook", &["x"]).is_err());
+        // A reader there: opened, and refused as not a regular file.
+        let _reader = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .unwrap();
+        let e = to_file(&fifo, 1 << 20, LogLevel::Warn, "gpuarch-hook", &["x"]).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        let e = to_file(
+            Path::new("/dev/null"),
+            1 << 20,
+            LogLevel::Warn,
+            "gpuarch-hook",
+            &["x"],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+        // A regular file is written as before.
+        let file = dir.path().join("ok.log");
+        to_file(&file, 1 << 20, LogLevel::Warn, "gpuarch-hook", &["x"]).unwrap();
+        assert!(
+            std::fs::read_to_string(&file)
+                .unwrap()
+                .ends_with("warn: x\n")
+        );
+    }
 
     #[test]
     fn a_record_is_one_bounded_line_whatever_it_carries() {
