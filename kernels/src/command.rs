@@ -4,8 +4,10 @@
 //! package), the command runs in a fresh work directory with a clean
 //! environment (`PATH` of the CUDA tool directories and `/usr/bin:/bin`,
 //! `HOME` and `TMPDIR` in the work directory, `LANG=C`, and `ARCH`,
-//! `CAPABILITY`, `TORCH_CUDA_ARCH_LIST`, `OUT`, `SRC`, `VARIANT`), in its
-//! own process group, killed whole when it overruns its time.
+//! `CAPABILITY`, `TORCH_CUDA_ARCH_LIST`, `OUT`, `SRC`, `VARIANT`), below
+//! a reaper of its own ([`reaper`]): when it ends or overruns its time,
+//! every process it started dies, including one that left its process
+//! group and session (`setsid`).
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -18,6 +20,8 @@ use std::time::{Duration, Instant};
 use gpuarch_core::arch::Target;
 
 use crate::error::BuildError;
+
+mod reaper;
 
 /// At most this much of a failed build's output is kept.
 const MAX_LOG: usize = 16 << 10;
@@ -141,8 +145,9 @@ pub fn run(
     let fd = prog.file.as_raw_fd();
     let mut cmd = Command::new(format!("/proc/self/fd/{fd}"));
     cmd.arg0(&expanded[0]);
-    // SAFETY: only fcntl, async-signal-safe, between fork and exec, on a
-    // descriptor the parent keeps open until the child is waited for.
+    // SAFETY: between fork and exec only async-signal-safe calls: fcntl
+    // on a descriptor the parent keeps open until the child is waited
+    // for, then `reaper::become_reaper` (see there).
     unsafe {
         cmd.pre_exec(move || {
             nix::fcntl::fcntl(
@@ -150,7 +155,8 @@ pub fn run(
                 nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
             )
             .map(drop)
-            .map_err(std::io::Error::from)
+            .map_err(std::io::Error::from)?;
+            reaper::become_reaper()
         });
     }
     cmd.args(&expanded[1..])
@@ -195,10 +201,11 @@ pub fn run(
         match child.try_wait() {
             Ok(Some(s)) => break s,
             Ok(None) if start.elapsed() >= timeout => {
-                kill_group(child.id());
-                let _ = child.wait();
+                // The reaper kills the command and every process it left,
+                // then exits; killed itself only if it does not.
+                reaper::stop(&mut child);
                 return Err(BuildError::Tool(format!(
-                    "{} ran past its {} s limit and was killed",
+                    "{} ran past its {} s limit and was killed, with every process it started",
                     expanded[0],
                     timeout.as_secs()
                 )));
@@ -207,7 +214,7 @@ pub fn run(
             Err(e) => return Err(BuildError::Tool(e.to_string())),
         }
     };
-    // Whatever the command left running in its group goes with it.
+    // The reaper has killed whatever the command left running.
     kill_group(child.id());
     let mut text = String::new();
     if let Ok(f) = std::fs::File::open(&log_path) {
