@@ -135,11 +135,12 @@ impl Names {
     }
 
     /// From the annotations that carry names (containerd's CRI, CRI-O,
-    /// nerdctl), and podman's userdata directory among `sources`.
-    fn from_config(a: &Annotations, sources: &[String]) -> Self {
+    /// nerdctl), and podman's userdata directory among the `mounts`
+    /// (source, destination).
+    fn from_config(a: &Annotations, mounts: &[(String, String)]) -> Self {
         let first = |keys: &[&str]| keys.iter().find_map(|k| a.get(*k)).map(|v| bounded(v));
         Self {
-            id: sources.iter().find_map(|s| podman_id(s)).map(str::to_owned),
+            id: podman_own_id(mounts).map(str::to_owned),
             name: first(&NAME_ANNOTATIONS[0..3]),
             pod: first(&NAME_ANNOTATIONS[3..5]),
             namespace: first(&[
@@ -172,6 +173,36 @@ pub const NAME_ANNOTATIONS: [&str; 5] = [
     "io.kubernetes.cri.sandbox-name",
     "io.kubernetes.pod.name",
 ];
+
+/// The id of a podman container, from the mounts podman itself gives it
+/// from its userdata directory (`/etc/hosts`, `/etc/hostname`,
+/// `/etc/resolv.conf`, `/run/.containerenv`, `/dev/shm`, each from the
+/// file of that name), when every mount from any container's userdata
+/// names that same id. A container that binds another's userdata in (as
+/// the probe did: a rootful user can) names two ids, and gets none: its
+/// record must never replace the other container's. (A rootful user who
+/// replaces every one of podman's own mounts with another container's
+/// files is root on the host already.)
+fn podman_own_id(mounts: &[(String, String)]) -> Option<&str> {
+    const OWN: [(&str, &str); 5] = [
+        ("/etc/hosts", "/userdata/hosts"),
+        ("/etc/hostname", "/userdata/hostname"),
+        ("/etc/resolv.conf", "/userdata/resolv.conf"),
+        ("/run/.containerenv", "/userdata/.containerenv"),
+        ("/dev/shm", "/userdata/shm"),
+    ];
+    let own = mounts.iter().find_map(|(src, dst)| {
+        OWN.iter()
+            .any(|(d, s)| dst == d && src.ends_with(s))
+            .then(|| podman_id(src))
+            .flatten()
+    })?;
+    mounts
+        .iter()
+        .filter_map(|(src, _)| podman_id(src))
+        .all(|id| id == own)
+        .then_some(own)
+}
 
 /// podman's container id in a mount source under its storage
 /// (`…/overlay-containers/<64 hex>/userdata/hosts`): the one place its
@@ -208,6 +239,8 @@ struct Raw {
 struct RawMount {
     #[serde(default)]
     source: Option<String>,
+    #[serde(default)]
+    destination: Option<String>,
 }
 
 /// A container's annotations, key to value.
@@ -409,15 +442,15 @@ impl ContainerView {
             None => Default::default(),
         };
         let annotations = raw.annotations.unwrap_or_default();
-        let sources: Vec<String> = raw
+        let mounts: Vec<(String, String)> = raw
             .mounts
             .unwrap_or_default()
             .into_iter()
-            .filter_map(|m| m.source)
+            .filter_map(|m| Some((m.source?, m.destination.unwrap_or_default())))
             .collect();
         Self {
             env,
-            names: Names::from_config(&annotations, &sources),
+            names: Names::from_config(&annotations, &mounts),
             annotations,
             devices: devices.into_iter().map(DeviceNode::from).collect(),
             user,
@@ -486,7 +519,10 @@ mod tests {
                 "io.kubernetes.cri.sandbox-namespace": "ml",
                 "org.example/other": "x"
             },
-            "mounts": [{"destination": "/etc/hosts", "source": format!("/var/lib/containers/storage/overlay-containers/{id}/userdata/hosts")}]
+            "mounts": [
+                {"destination": "/etc/hosts", "source": format!("/run/containers/storage/overlay-containers/{id}/userdata/hosts")},
+                {"destination": "/run/.containerenv", "source": format!("/run/containers/storage/overlay-containers/{id}/userdata/.containerenv")}
+            ]
         });
         let v = ContainerView::from_value(&cri).unwrap();
         assert_eq!(v.names.name.as_deref(), Some("trainer"));
@@ -505,6 +541,29 @@ mod tests {
                 ContainerView::from_value(&c).unwrap().names,
                 Names::default()
             );
+        }
+        // Only podman's own mounts name the id; a container that binds
+        // another's userdata in names none (its record must not replace
+        // the other's).
+        let other = "d".repeat(64);
+        let env = |id: &str| serde_json::json!({"destination": "/run/.containerenv", "source": format!("/run/containers/storage/overlay-containers/{id}/userdata/.containerenv")});
+        let user = |id: &str, dst: &str| serde_json::json!({"destination": dst, "source": format!("/run/containers/storage/overlay-containers/{id}/userdata")});
+        for (mounts, want) in [
+            (vec![env(id)], Some(id)),
+            (vec![env(id), user(&other, "/mnt/x")], None),
+            (vec![user(&other, "/mnt/x"), env(id)], None),
+            (vec![user(&other, "/run/.containerenv")], None),
+            (vec![user(&other, "/etc/hosts")], None),
+            (
+                vec![
+                    serde_json::json!({"destination": "/etc/hosts", "source": format!("/run/containers/storage/overlay-containers/{id}/userdata/hosts")}),
+                ],
+                Some(id),
+            ),
+        ] {
+            let c = serde_json::json!({ "mounts": mounts });
+            let got = ContainerView::from_value(&c).unwrap().names.id;
+            assert_eq!(got.as_deref(), want, "{c}");
         }
         let long = "é".repeat(300);
         let c = serde_json::json!({"annotations": {"io.kubernetes.pod.name": long}});

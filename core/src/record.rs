@@ -13,7 +13,9 @@
 //! - A write is one file named by the id (a hash of it when the engine's
 //!   id is not a plain name), renamed into place: no directory listing.
 //!   The pruning pass (a listing and a `stat` each) runs on one write in
-//!   [`PRUNE_EVERY`], chosen by the clock's nanoseconds, never by the id.
+//!   [`PRUNE_EVERY`], chosen by the clock's nanoseconds, never by the id,
+//!   and on every write to a directory whose size says it may be full (on
+//!   tmpfs a size counts its entries): there the cap is exact.
 //! - A file is at most [`MAX_RECORD_BYTES`].
 
 use std::io::{Read, Write};
@@ -162,7 +164,7 @@ fn keep_pruning(
     if only_first && std::fs::symlink_metadata(&path).is_ok() {
         return Ok(false);
     }
-    if prune_now {
+    if prune_now || may_be_full(dir) {
         prune(dir)?;
     }
     let tmp = dir.join(format!(".{name}.{}", std::process::id()));
@@ -183,6 +185,26 @@ fn keep_pruning(
     Ok(true)
 }
 
+/// What one entry adds to a directory's size on tmpfs (the kernel's
+/// `BOGO_DIRENT_SIZE`), where `/run/gpuarch` is.
+const DIRENT_BYTES: u64 = 20;
+/// Writers that may race to the last places: the cap is kept this far
+/// below [`MAX_RECORDS`] by a directory's size alone.
+const RACING: u64 = 16;
+
+/// Whether `dir` may already hold [`MAX_RECORDS`] records, from its size
+/// alone (one `stat`): then the write prunes first, and on tmpfs the cap
+/// is exact, not kept on average by the clock's pass. A size that is not
+/// a multiple of 20 is not tmpfs's count (a disk directory's is in
+/// blocks), and only the clock's pass prunes there; a disk size that is
+/// one is read as a count too, and at worst prunes once more.
+fn may_be_full(dir: &Path) -> bool {
+    std::fs::metadata(dir).is_ok_and(|m| {
+        let size = m.len();
+        size % DIRENT_BYTES == 0 && size / DIRENT_BYTES + RACING >= MAX_RECORDS as u64
+    })
+}
+
 /// Remove records older than [`MAX_AGE_S`], and past [`MAX_RECORDS`] the
 /// oldest until three quarters are left. Ages are the files' mtimes (when
 /// each was written).
@@ -196,7 +218,11 @@ fn prune(dir: &Path) -> std::io::Result<()> {
     let old =
         |t: std::time::SystemTime| now.duration_since(t).is_ok_and(|d| d.as_secs() > MAX_AGE_S);
     let over = all.len().saturating_sub(MAX_RECORDS * 3 / 4);
-    let excess = if all.len() >= MAX_RECORDS { over } else { 0 };
+    let excess = if all.len() + RACING as usize >= MAX_RECORDS {
+        over
+    } else {
+        0
+    };
     for (i, (t, p)) in all.iter().enumerate() {
         if i < excess || old(*t) {
             let _ = std::fs::remove_file(p);
@@ -320,6 +346,34 @@ mod tests {
                 .unwrap()
                 .contains("more notes left out")
         );
+    }
+
+    #[test]
+    fn the_cap_is_exact_on_tmpfs_whatever_the_clock_chooses() {
+        // /run/gpuarch is a tmpfs; /dev/shm is one here too.
+        let Some(shm) = Some(Path::new("/dev/shm")).filter(|p| p.is_dir()) else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI needs /dev/shm (a tmpfs)"
+            );
+            return;
+        };
+        let d = tempfile::tempdir_in(shm).unwrap();
+        let mut most = 0;
+        for i in 0..MAX_RECORDS + 300 {
+            // The clock's pass never chosen: the size alone prunes.
+            keep_pruning(
+                d.path(),
+                &Record::new(&format!("c{i}"), "t", &plan(0)),
+                false,
+                false,
+            )
+            .unwrap();
+            most = most.max(list(d.path()).unwrap().len());
+        }
+        assert!(most <= MAX_RECORDS, "{most} records at once");
+        // Pruned a few times, not at every write.
+        assert!(most >= MAX_RECORDS - RACING as usize - 1, "{most}");
     }
 
     #[test]

@@ -2007,9 +2007,26 @@ fn podman_logs_name_the_container_and_why_shows_what_it_got() {
     assert_eq!(seen.ok().hints().0, Some("8.6"));
     let id = std::fs::read_to_string(&cidfile).unwrap().trim().to_owned();
     assert_eq!(id.len(), 64, "{id}");
+    let log = s.take_log();
+    // A rootful user's container that binds this one's userdata in (the
+    // probe's record overwrite): it names two ids, so it gets no record,
+    // and this container's stays (its 8.6 below, not the other's 7.5).
+    let userdata = s
+        .path()
+        .join("podman/runroot/vfs-containers")
+        .join(&id)
+        .join("userdata");
+    assert!(userdata.is_dir(), "{}", userdata.display());
+    let bind = format!("{}:/mnt/victim:ro", userdata.display());
+    let seen = s.podman(&["-e", "NVIDIA_VISIBLE_DEVICES=0", "-v", &bind]);
+    assert_eq!(seen.ok().hints().0, Some("7.5"));
+    let other_log = s.take_log();
+    assert!(
+        other_log.contains("assigned from") && !other_log.contains(&id),
+        "{other_log}"
+    );
     let rm = s.podman_global().args(["rm", &id]).output().unwrap();
     assert!(rm.status.success(), "podman rm: {rm:?}");
-    let log = s.take_log();
     let lines: Vec<&str> = log.lines().collect();
     assert!(lines.iter().any(|l| l.contains("assigned from")), "{log}");
     for l in &lines {
@@ -2088,7 +2105,10 @@ fn journal_entries_carry_the_container_in_fields() {
             "io.kubernetes.cri.sandbox-name": "trainer-0",
             "io.kubernetes.cri.sandbox-namespace": "ml"
         },
-        "mounts": [{"destination": "/etc/hosts", "source": format!("/var/lib/containers/storage/overlay-containers/{id}/userdata/hosts")}]
+        "mounts": [
+            {"destination": "/etc/hosts", "source": format!("/run/containers/storage/overlay-containers/{id}/userdata/hosts")},
+            {"destination": "/run/.containerenv", "source": format!("/run/containers/storage/overlay-containers/{id}/userdata/.containerenv")}
+        ]
     });
     let script = format!(
         "mount -t tmpfs tmpfs /run && mkdir -p /run/systemd/journal && mount --bind {} /run/systemd/journal && exec {} precreate",
