@@ -102,6 +102,8 @@ fn the_unit_verifies_and_is_type_notify_with_hardening() {
         "WatchdogSec=",
         "PrivateNetwork=yes",
         "ExecReload=/usr/bin/gpuarchctl reload",
+        "MemoryMax=",
+        "TasksMax=",
     ] {
         assert!(unit.lines().any(|l| l.starts_with(line)), "missing {line}");
     }

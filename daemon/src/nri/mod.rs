@@ -477,6 +477,56 @@ mod tests {
             .collect()
     }
 
+    /// The probe's leak: a peer at the NRI socket that never registers
+    /// gpuarchd, and claims a 4 MiB frame it never sends. Each failed
+    /// session must close its connection (and so end its tasks).
+    #[tokio::test]
+    async fn a_peer_that_never_registers_leaves_no_connection_behind() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let s = shared(dir.path(), false);
+        let cfg = s.config().nri.clone();
+        let listener = tokio::net::UnixListener::bind(&cfg.socket).unwrap();
+        let rounds = 2;
+        let peer = tokio::spawn(async move {
+            let mut closed = 0;
+            for _ in 0..rounds {
+                let (mut c, _) = listener.accept().await.unwrap();
+                let mut h = Vec::new();
+                h.extend(mux::PLUGIN_SERVICE.to_be_bytes());
+                h.extend(mux::MAX_FRAME.to_be_bytes());
+                h.push(0);
+                c.write_all(&h).await.unwrap();
+                // Whatever gpuarchd sends (its registration), then its close.
+                let mut buf = [0u8; 4096];
+                loop {
+                    match tokio::time::timeout(Duration::from_secs(20), c.read(&mut buf)).await {
+                        Ok(Ok(0)) => {
+                            closed += 1;
+                            break;
+                        }
+                        Ok(Ok(_)) => {}
+                        _ => break,
+                    }
+                }
+            }
+            closed
+        });
+        let (_tx, mut stop) = watch::channel(false);
+        for _ in 0..rounds {
+            let e = session(&s, &cfg, &mut stop).await.unwrap_err();
+            assert!(
+                matches!(e, SessionError::NoAnswer(_) | SessionError::Refused { .. }),
+                "{e}"
+            );
+        }
+        assert_eq!(
+            peer.await.unwrap(),
+            rounds,
+            "each failed session's connection closed"
+        );
+    }
+
     #[tokio::test]
     async fn a_pod_gets_its_plan_and_the_containers_own_value_wins() {
         let dir = tempfile::tempdir().unwrap();

@@ -7,6 +7,7 @@
 
 use std::io;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, WriteHalf};
 use tokio::sync::Mutex;
@@ -22,6 +23,11 @@ pub const MAX_FRAME: u32 = 10 + (4 << 20);
 /// How much of one stream may wait unread before the trunk's reader waits.
 const PIPE: usize = 256 << 10;
 
+/// The rest of a frame, once its header is read, must come within this:
+/// a peer that stops mid-frame is not waited for. (Between frames a
+/// runtime may be silent for hours.)
+pub const FRAME_WITHIN: Duration = Duration::from_secs(10);
+
 /// One connection, split.
 #[derive(Debug)]
 pub struct Mux {
@@ -31,6 +37,21 @@ pub struct Mux {
     pub runtime: DuplexStream,
     /// Ends when the connection does, with why.
     pub done: JoinHandle<io::Error>,
+    /// The connection's tasks, ended when this is dropped: a session that
+    /// fails (a peer that never registers) leaves nothing behind.
+    pub tasks: Tasks,
+}
+
+/// Aborts the connection's tasks (and so closes it) when dropped.
+#[derive(Debug)]
+pub struct Tasks(Vec<tokio::task::AbortHandle>);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
 }
 
 /// Split `trunk` into its two streams. Frames for another stream id are
@@ -49,6 +70,7 @@ where
         tokio::spawn(pump(PLUGIN_SERVICE, plugin_out, to_trunk.clone())),
         tokio::spawn(pump(RUNTIME_SERVICE, runtime_out, to_trunk)),
     ];
+    let mut tasks: Vec<_> = up.iter().map(JoinHandle::abort_handle).collect();
     let done = tokio::spawn(async move {
         let why = demux(from_trunk, plugin_in, runtime_in).await;
         for p in up {
@@ -56,10 +78,12 @@ where
         }
         why
     });
+    tasks.push(done.abort_handle());
     Mux {
         plugin,
         runtime,
         done,
+        tasks: Tasks(tasks),
     }
 }
 
@@ -88,7 +112,9 @@ async fn demux<R: AsyncRead + Unpin>(
     mut runtime: WriteHalf<DuplexStream>,
 ) -> io::Error {
     let mut header = [0u8; 8];
-    let mut payload = Vec::new();
+    // A frame is passed on as it arrives, a piece at a time: what a peer
+    // claims is never allocated.
+    let mut piece = vec![0u8; 64 << 10];
     loop {
         if let Err(e) = from.read_exact(&mut header).await {
             return e;
@@ -100,17 +126,38 @@ async fn demux<R: AsyncRead + Unpin>(
                 format!("a frame of {len} bytes; NRI's limit is {MAX_FRAME}"),
             );
         }
-        payload.resize(len as usize, 0);
-        if let Err(e) = from.read_exact(&mut payload).await {
-            return e;
-        }
-        let to = match id {
-            PLUGIN_SERVICE => &mut plugin,
-            RUNTIME_SERVICE => &mut runtime,
-            _ => continue,
+        let mut to = match id {
+            PLUGIN_SERVICE => Some(&mut plugin),
+            RUNTIME_SERVICE => Some(&mut runtime),
+            _ => None,
         };
-        if let Err(e) = to.write_all(&payload).await {
-            return e;
+        let pass = async {
+            let mut left = len as usize;
+            while left > 0 {
+                let want = left.min(piece.len());
+                let n = from.read(&mut piece[..want]).await?;
+                if n == 0 {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                if let Some(to) = to.as_mut() {
+                    to.write_all(&piece[..n]).await?;
+                }
+                left -= n;
+            }
+            Ok::<(), io::Error>(())
+        };
+        match tokio::time::timeout(FRAME_WITHIN, pass).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return e,
+            Err(_) => {
+                return io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "a frame's {len} bytes did not come within {} s",
+                        FRAME_WITHIN.as_secs()
+                    ),
+                );
+            }
         }
     }
 }
