@@ -35,6 +35,8 @@ pub struct Plugin {
     pub events: i32,
     _server: ttrpc::r#async::Server,
     done: tokio::task::JoinHandle<io::Error>,
+    /// The connection's tasks, ended with it.
+    _tasks: mux::Tasks,
 }
 
 impl Drop for Plugin {
@@ -118,6 +120,7 @@ impl FakeRuntime {
             events,
             _server: server,
             done: m.done,
+            _tasks: m.tasks,
         })
     }
 }
