@@ -34,16 +34,9 @@ pub struct Plugin {
     /// The events it subscribed to.
     pub events: i32,
     _server: ttrpc::r#async::Server,
-    done: tokio::task::JoinHandle<io::Error>,
-    /// The connection's tasks, ended with it.
+    /// The connection's tasks: dropped with the plugin, they close the
+    /// connection, as a runtime going away does.
     _tasks: mux::Tasks,
-}
-
-impl Drop for Plugin {
-    fn drop(&mut self) {
-        // Closes the connection, as a runtime going away does.
-        self.done.abort();
-    }
 }
 
 struct Registrar(Mutex<Option<oneshot::Sender<RegisterPluginRequest>>>);
@@ -119,7 +112,6 @@ impl FakeRuntime {
             registered,
             events,
             _server: server,
-            done: m.done,
             _tasks: m.tasks,
         })
     }

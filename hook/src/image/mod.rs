@@ -153,7 +153,8 @@ fn read_version<T: Tree>(root: &T, rel: &str) -> Option<Release> {
     if let Some(r) = metadata_version(&head) {
         return Some(r);
     }
-    let headers_end = head.windows(2).any(|w| w == b"\n\n");
+    let headers_end =
+        head.windows(2).any(|w| w == b"\n\n") || head.windows(3).any(|w| w == b"\n\r\n");
     if head.len() < METADATA_HEAD || headers_end {
         return None;
     }

@@ -149,7 +149,8 @@ fn kill_children() {
         let mut pids = [0 as libc::pid_t; 512];
         let mut count = 0;
         let mut cur: Option<libc::pid_t> = None;
-        for &b in &buf[..n] {
+        // Each pid ends at a separator; one more ends the last.
+        for &b in buf[..n].iter().chain([&b' ']) {
             if b.is_ascii_digit() {
                 cur = Some(cur.unwrap_or(0) * 10 + libc::pid_t::from(b - b'0'));
             } else if let Some(p) = cur.take()
@@ -158,12 +159,6 @@ fn kill_children() {
                 pids[count] = p;
                 count += 1;
             }
-        }
-        if let Some(p) = cur
-            && count < pids.len()
-        {
-            pids[count] = p;
-            count += 1;
         }
         if count == 0 {
             // Nothing listed: reap any that exited between, and stop.

@@ -51,15 +51,18 @@ const MAX_OVERHEAD: u64 = 64 << 20;
 /// listed); one that would is an error, and `hit` says so.
 struct Window<'a> {
     file: &'a std::fs::File,
+    /// The file's size, taken before it was hashed.
+    len: u64,
     pos: u64,
     open: std::rc::Rc<std::cell::Cell<u64>>,
     hit: std::rc::Rc<std::cell::Cell<bool>>,
 }
 
 impl<'a> Window<'a> {
-    fn new(file: &'a std::fs::File, open: u64) -> Self {
+    fn new(file: &'a std::fs::File, len: u64, open: u64) -> Self {
         Self {
             file,
+            len,
             pos: 0,
             open: std::rc::Rc::new(std::cell::Cell::new(open)),
             hit: std::rc::Rc::new(std::cell::Cell::new(false)),
@@ -86,7 +89,7 @@ impl io::Seek for Window<'_> {
     fn seek(&mut self, to: io::SeekFrom) -> io::Result<u64> {
         let at = match to {
             io::SeekFrom::Start(n) => Some(n),
-            io::SeekFrom::End(d) => self.file.metadata()?.len().checked_add_signed(d),
+            io::SeekFrom::End(d) => self.len.checked_add_signed(d),
             io::SeekFrom::Current(d) => self.pos.checked_add_signed(d),
         };
         self.pos = at.ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
@@ -204,7 +207,7 @@ pub fn import_wheel(
         });
     }
     let (sha256, _) = sha256_of(wheel).map_err(io_at(Path::new(wheel_name)))?;
-    let window = Window::new(wheel, size.saturating_sub(MAX_DIRECTORY));
+    let window = Window::new(wheel, size, size.saturating_sub(MAX_DIRECTORY));
     let open = window.open.clone();
     let hit = window.hit.clone();
     let config = zip::read::Config {
