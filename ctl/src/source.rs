@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Result, anyhow};
 use gpuarch_core::snapshot::Snapshot;
-use gpuarch_wire::dbus::{BUS_NAME, InventoryProxy};
+use gpuarch_wire::dbus::{ADMIN_BUS_NAME, BUS_NAME, InventoryProxy};
 use zbus::Connection;
 
 use crate::cli::Cli;
@@ -90,6 +90,10 @@ impl BusError {
 pub struct Daemon {
     rt: tokio::runtime::Runtime,
     pub conn: Connection,
+    /// The name called: [`ADMIN_BUS_NAME`] for root and group gpuarch
+    /// where gpuarchd serves it (their calls then never wait behind
+    /// everyone else's), else [`BUS_NAME`].
+    pub dest: &'static str,
 }
 
 impl Daemon {
@@ -103,11 +107,29 @@ impl Daemon {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let conn = rt
-            .block_on(async { tokio::time::timeout(limit, Connection::system()).await })
+        let (conn, dest) = rt
+            .block_on(async {
+                tokio::time::timeout(limit, async {
+                    let conn = Connection::system().await?;
+                    let dest = destination(&conn).await;
+                    Ok::<_, zbus::Error>((conn, dest))
+                })
+                .await
+            })
             .map_err(|_| BusError::Timeout(limit.as_secs()))?
             .map_err(BusError::NoBus)?;
-        Ok(Daemon { rt, conn })
+        Ok(Daemon { rt, conn, dest })
+    }
+
+    /// A proxy of interface `P` of gpuarchd's object, on [`Daemon::dest`].
+    pub async fn proxy<'a, P>(&'a self) -> zbus::Result<P>
+    where
+        P: zbus::proxy::Defaults + From<zbus::Proxy<'a>>,
+    {
+        zbus::proxy::Builder::<P>::new(&self.conn)
+            .destination(self.dest)
+            .build()
+            .await
     }
 
     /// Run `work` against the daemon, giving up after [`PATIENCE`].
@@ -137,7 +159,7 @@ impl Daemon {
     pub fn inventory(&self) -> Result<Snapshot> {
         self.ask(async {
             let e = |e| BusError::of("devices", e);
-            let inv = InventoryProxy::new(&self.conn).await.map_err(e)?;
+            let inv: InventoryProxy = self.proxy().await.map_err(e)?;
             let list = inv.list_devices().await.map_err(e)?;
             Ok(Snapshot {
                 schema: gpuarch_core::snapshot::SCHEMA,
@@ -155,6 +177,39 @@ impl Daemon {
         })
         .map_err(Into::into)
     }
+}
+
+/// The name an admin's calls go to: [`ADMIN_BUS_NAME`] when this process
+/// is root or in group gpuarch (the bus policy lets no one else call it)
+/// and gpuarchd owns it; else [`BUS_NAME`]. Asking the bus costs one round
+/// trip to the bus itself, never one queued behind calls to gpuarchd.
+async fn destination(conn: &Connection) -> &'static str {
+    if !admin_here() {
+        return BUS_NAME;
+    }
+    let owned = async {
+        zbus::fdo::DBusProxy::builder(conn)
+            .cache_properties(zbus::proxy::CacheProperties::No)
+            .build()
+            .await?
+            .name_has_owner(zbus::names::BusName::try_from(ADMIN_BUS_NAME)?)
+            .await
+    };
+    match owned.await {
+        Ok(true) => ADMIN_BUS_NAME,
+        _ => BUS_NAME,
+    }
+}
+
+/// Whether this process is root or in group gpuarch.
+fn admin_here() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    let Ok(Some(g)) = nix::unistd::Group::from_name(gpuarch_wire::dbus::ADMIN_GROUP) else {
+        return false;
+    };
+    nix::unistd::getegid() == g.gid || nix::unistd::getgroups().is_ok_and(|gs| gs.contains(&g.gid))
 }
 
 /// The snapshot or NVML gpuarchctl reads itself.
@@ -225,7 +280,7 @@ impl Source {
     /// The inventory and where it came from, for display.
     pub fn inventory(&self) -> Result<(Snapshot, String)> {
         match self {
-            Source::Daemon(d) => Ok((d.inventory()?, format!("gpuarchd ({BUS_NAME})"))),
+            Source::Daemon(d) => Ok((d.inventory()?, format!("gpuarchd ({})", d.dest))),
             Source::Offline(o) => o.inventory(),
         }
     }

@@ -176,10 +176,10 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
             None
         }
     };
-    let (conn, mut lost) = connect(&shared, cache.as_ref(), &req_tx)
+    let (conns, mut lost) = connect(&shared, cache.as_ref(), &req_tx)
         .await
         .with_context(|| format!("owning {} on the system bus", service::BUS_NAME))?;
-    shared.set_bus(Some(conn));
+    shared.set_buses(conns);
     info!(
         "serving {} at {} on the system bus",
         service::BUS_NAME,
@@ -221,7 +221,7 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
             m = next_signal(&mut lost), if down.is_none() => match m {
                 None | Some(Err(_)) => {
                     warn!("lost the connection to the system bus; reconnecting");
-                    shared.set_bus(None);
+                    shared.set_buses(Vec::new());
                     let _ = sdnotify::notify("STATUS=reconnecting to the system bus");
                     down = Some(Reconnect::new());
                 }
@@ -237,14 +237,14 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
             _ = tokio::time::sleep_until(down.as_ref().map_or_else(tokio::time::Instant::now, |d| d.at)), if down.is_some() => {
                 let Some(d) = down.as_mut() else { continue };
                 match connect(&shared, cache.as_ref(), &req_tx).await {
-                    Ok((conn, stream)) => {
+                    Ok((conns, stream)) => {
                         info!(
                             "back on the system bus as {} after {:.1?} and {} attempts",
                             service::BUS_NAME,
                             d.since.elapsed(),
                             d.attempts + 1
                         );
-                        shared.set_bus(Some(conn));
+                        shared.set_buses(conns);
                         lost = stream;
                         down = None;
                         let _ = sdnotify::notify("STATUS=serving");
@@ -279,7 +279,7 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
     // finishes (it is a rename, so the file is whole either way).
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), refresh_task).await;
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), nri_task).await;
-    shared.set_bus(None);
+    shared.set_buses(Vec::new());
     outcome
 }
 
@@ -291,13 +291,47 @@ const MAX_QUEUED: std::num::NonZeroUsize = match std::num::NonZeroUsize::new(2) 
 };
 
 /// Connect to the system bus, serve gpuarchd's objects (and the jobs the
-/// cache keeps) and take the name; with the stream of `NameLost` signals,
-/// which ends when the connection does.
+/// cache keeps) and take the name, then do the same as the admins' name
+/// on a second connection (`ADMIN_BUS_NAME`: the bus queues calls per
+/// connection, so there an admin's call does not wait behind a flood of
+/// everyone's); with the stream of `NameLost` signals, which ends when
+/// the first connection does.
 async fn connect(
     shared: &Arc<Shared>,
     cache: Option<&Arc<cache::Cache>>,
     req_tx: &mpsc::Sender<Request>,
-) -> Result<(zbus::Connection, zbus::MessageStream)> {
+) -> Result<(Vec<zbus::Connection>, zbus::MessageStream)> {
+    let conn = serve_as(shared, cache, req_tx, service::BUS_NAME).await?;
+    let mut conns = vec![conn.clone()];
+    match serve_as(shared, cache, req_tx, service::ADMIN_BUS_NAME).await {
+        Ok(admin) => conns.push(admin),
+        // A bus policy of an older release (not reloaded since the
+        // upgrade): admins' calls then wait in line with everyone's.
+        Err(e) => warn!(
+            "not serving {}: {e:#}; root's and group gpuarch's calls go to {} with everyone's",
+            service::ADMIN_BUS_NAME,
+            service::BUS_NAME
+        ),
+    }
+    service::open_side_connection().await;
+    let rule = zbus::MatchRule::builder()
+        .msg_type(zbus::message::Type::Signal)
+        .sender("org.freedesktop.DBus")
+        .interface("org.freedesktop.DBus")
+        .member("NameLost")
+        .build()?;
+    let lost = zbus::MessageStream::for_match_rule(rule, &conn, None).await?;
+    Ok((conns, lost))
+}
+
+/// One connection to the system bus serving gpuarchd's objects and the
+/// jobs the cache keeps, owning `name`.
+async fn serve_as(
+    shared: &Arc<Shared>,
+    cache: Option<&Arc<cache::Cache>>,
+    req_tx: &mpsc::Sender<Request>,
+    name: &'static str,
+) -> Result<zbus::Connection> {
     // Read ahead at most MAX_QUEUED messages: each may be 32 MiB (the
     // bus's limit), and one not yet handled is held whole.
     let mut builder = zbus::connection::Builder::system().max_queued(MAX_QUEUED);
@@ -327,21 +361,13 @@ async fn connect(
                 requests: req_tx.clone(),
             },
         )
-        .name(service::BUS_NAME)
+        .name(name)
         .build()
         .await?;
     if let Some(c) = cache {
         c.serve_jobs(&conn).await?;
     }
-    service::open_side_connection().await;
-    let rule = zbus::MatchRule::builder()
-        .msg_type(zbus::message::Type::Signal)
-        .sender("org.freedesktop.DBus")
-        .interface("org.freedesktop.DBus")
-        .member("NameLost")
-        .build()?;
-    let lost = zbus::MessageStream::for_match_rule(rule, &conn, None).await?;
-    Ok((conn, lost))
+    Ok(conn)
 }
 
 async fn next_signal(s: &mut zbus::MessageStream) -> Option<zbus::Result<zbus::Message>> {

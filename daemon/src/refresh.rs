@@ -222,41 +222,40 @@ impl Refresher {
     async fn announce(&self, change: Change) {
         // While the bus is down nobody can hear a signal; a client that
         // reconnects reads the properties afresh.
-        let Some(conn) = self.shared.bus() else {
-            return;
-        };
         if !change.any() {
             return;
         }
-        let r: zbus::Result<()> = async {
-            let iface = conn
-                .object_server()
-                .interface::<_, service::Inventory>(service::OBJECT_PATH)
-                .await?;
-            let em = iface.signal_emitter();
-            let i = iface.get().await;
-            if change.devices {
-                i.compute_capabilities_changed(em).await?;
+        for conn in self.shared.buses() {
+            let r: zbus::Result<()> = async {
+                let iface = conn
+                    .object_server()
+                    .interface::<_, service::Inventory>(service::OBJECT_PATH)
+                    .await?;
+                let em = iface.signal_emitter();
+                let i = iface.get().await;
+                if change.devices {
+                    i.compute_capabilities_changed(em).await?;
+                }
+                if change.driver {
+                    i.driver_version_changed(em).await?;
+                    i.cuda_driver_version_changed(em).await?;
+                }
+                if change.stale {
+                    i.stale_changed(em).await?;
+                    i.last_error_changed(em).await?;
+                }
+                if change.devices || change.driver {
+                    i.generated_at_changed(em).await?;
+                }
+                if change.devices {
+                    service::Inventory::devices_changed(em).await?;
+                }
+                Ok(())
             }
-            if change.driver {
-                i.driver_version_changed(em).await?;
-                i.cuda_driver_version_changed(em).await?;
+            .await;
+            if let Err(e) = r {
+                warn!("could not signal the change on the bus: {e}");
             }
-            if change.stale {
-                i.stale_changed(em).await?;
-                i.last_error_changed(em).await?;
-            }
-            if change.devices || change.driver {
-                i.generated_at_changed(em).await?;
-            }
-            if change.devices {
-                service::Inventory::devices_changed(em).await?;
-            }
-            Ok(())
-        }
-        .await;
-        if let Err(e) = r {
-            warn!("could not signal the change on the bus: {e}");
         }
     }
 

@@ -87,10 +87,11 @@ pub struct Shared {
     /// The NVML library gpuarchd loads, as named (`--nvml-lib`,
     /// `GPUARCH_NVML_LIB`, else the driver's soname), for `doctor`.
     pub nvml_library: String,
-    /// The system bus connection in use; `None` while the bus is down.
-    /// Replaced when gpuarchd reconnects after a dbus-daemon restart, so
-    /// signals and job objects always go to the live one.
-    bus: RwLock<Option<zbus::Connection>>,
+    /// The system bus connections serving gpuarchd's objects: the one
+    /// owning `io.gpuarch1` first, then the admins' (`io.gpuarch1.Admin`)
+    /// where it could be made; empty while the bus is down. Replaced when
+    /// gpuarchd reconnects after a dbus-daemon restart.
+    bus: RwLock<Vec<zbus::Connection>>,
 }
 
 fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
@@ -116,17 +117,19 @@ impl Shared {
             config_path,
             config_must_exist,
             nvml_library: gpuarch_inventory::DEFAULT_NVML_LIB.to_owned(),
-            bus: RwLock::new(None),
+            bus: RwLock::new(Vec::new()),
         }
     }
 
-    /// The live bus connection, if gpuarchd is on the bus now.
-    pub fn bus(&self) -> Option<zbus::Connection> {
+    /// Every serving connection, if gpuarchd is on the bus now: a job or
+    /// a signal is served on each, so that a client sees it on the name it
+    /// called.
+    pub fn buses(&self) -> Vec<zbus::Connection> {
         read(&self.bus).clone()
     }
 
-    pub fn set_bus(&self, conn: Option<zbus::Connection>) {
-        *write(&self.bus) = conn;
+    pub fn set_buses(&self, conns: Vec<zbus::Connection>) {
+        *write(&self.bus) = conns;
     }
 
     pub fn inventory(&self) -> Inventory {

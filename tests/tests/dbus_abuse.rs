@@ -54,13 +54,13 @@ fn result(c: Child) -> BTreeMap<String, u64> {
         .collect()
 }
 
-/// Latencies of each of `members` (interface, member; no arguments),
-/// called in turn from a well-behaved client on a connection of its own,
-/// a pause of `pause` after each round, while `more(rounds so far, start)`
-/// says so. One list of latencies per member.
+/// Latencies of each of `members` (bus name, interface, member; no
+/// arguments), called in turn from a well-behaved client on a connection
+/// of its own, a pause of `pause` after each round, while `more(rounds so
+/// far, start)` says so. One list of latencies per member.
 fn timed_calls(
     node: &Node,
-    members: &[(&str, &str)],
+    members: &[(&str, &str, &str)],
     pause: Duration,
     more: impl Fn(usize, Instant) -> bool,
 ) -> Vec<Vec<Duration>> {
@@ -73,17 +73,11 @@ fn timed_calls(
         let mut seen = vec![Vec::new(); members.len()];
         let mut rounds = 0;
         while more(rounds, start) {
-            for ((interface, member), out) in members.iter().zip(&mut seen) {
+            for ((name, interface, member), out) in members.iter().zip(&mut seen) {
                 let t0 = Instant::now();
-                conn.call_method(
-                    Some("io.gpuarch1"),
-                    "/io/gpuarch1",
-                    Some(*interface),
-                    *member,
-                    &(),
-                )
-                .await
-                .unwrap();
+                conn.call_method(Some(*name), "/io/gpuarch1", Some(*interface), *member, &())
+                    .await
+                    .unwrap();
                 out.push(t0.elapsed());
             }
             rounds += 1;
@@ -97,7 +91,7 @@ fn timed_calls(
 /// 20 ms for `span`.
 fn observe(node: &Node, span: Duration) -> Vec<Duration> {
     let pause = Duration::from_millis(20);
-    let members = [("io.gpuarch1.Inventory", "ListDevices")];
+    let members = [(PUBLIC, "io.gpuarch1.Inventory", "ListDevices")];
     let mut seen = timed_calls(node, &members, pause, |_, t0| t0.elapsed() < span);
     seen.remove(0)
 }
@@ -304,18 +298,69 @@ fn huge_arguments_are_refused_cheaply() {
     }
 }
 
-/// Root's GarbageCollect and a `Peer.Ping` of gpuarchd, alternately,
-/// `calls` times each, 50 ms apart: the Ping is the bus's own round trip in
-/// the same moment, the baseline the GC's latency is judged against.
-fn root_gc(node: &Node, calls: usize) -> (Vec<Duration>, Vec<Duration>) {
+/// How long root's GarbageCollect and Ping on the admins' name may take
+/// under a flood: nine in ten within [`ROOT_BOUND`], every one within
+/// [`ROOT_WORST`]. (By hand, at 250 connections, every one took under
+/// 30 ms; a shared 2-core CI machine leaves room for its own stalls.)
+const ROOT_BOUND: Duration = Duration::from_millis(100);
+const ROOT_WORST: Duration = Duration::from_millis(250);
+
+/// Asserts the bounds above on root's calls `gc` and `ping`.
+fn root_in_time(gc: &mut [Duration], ping: &mut [Duration]) {
+    for (what, v) in [("GarbageCollect", gc), ("Ping", ping)] {
+        assert!(
+            percentile(v, 0.9) < ROOT_BOUND && percentile(v, 1.0) < ROOT_WORST,
+            "under the flood root's {what} took {:?} (p90), {:?} at worst",
+            percentile(v, 0.9),
+            percentile(v, 1.0)
+        );
+    }
+}
+
+const PUBLIC: &str = gpuarch_wire::dbus::BUS_NAME;
+const ADMIN: &str = gpuarch_wire::dbus::ADMIN_BUS_NAME;
+
+/// What [`root_gc`] timed: root's GarbageCollect and Ping on the admins'
+/// name, and a Ping of the public name in the same moments.
+struct RootCalls {
+    gc: Vec<Duration>,
+    ping: Vec<Duration>,
+    public_ping: Vec<Duration>,
+}
+
+/// Root's GarbageCollect and a `Peer.Ping` of gpuarchd's admins' name, as
+/// gpuarchctl calls them, and a Ping of its public name, in turn, `calls`
+/// times each, 50 ms apart.
+fn root_gc(node: &Node, calls: usize) -> RootCalls {
     let members = [
-        ("io.gpuarch1.KernelCache", "GarbageCollect"),
-        ("org.freedesktop.DBus.Peer", "Ping"),
+        (ADMIN, "io.gpuarch1.KernelCache", "GarbageCollect"),
+        (ADMIN, "org.freedesktop.DBus.Peer", "Ping"),
+        (PUBLIC, "org.freedesktop.DBus.Peer", "Ping"),
     ];
     let pause = Duration::from_millis(50);
     let mut seen = timed_calls(node, &members, pause, |n, _| n < calls);
-    let ping = seen.pop().unwrap();
-    (seen.pop().unwrap(), ping)
+    RootCalls {
+        public_ping: seen.pop().unwrap(),
+        ping: seen.pop().unwrap(),
+        gc: seen.pop().unwrap(),
+    }
+}
+
+/// nobody may not call gpuarchd's admins' name at all, a Ping included:
+/// the bus refuses each call itself, so a flood there never reaches
+/// gpuarchd, nor root's queue.
+#[test]
+fn nobody_cannot_reach_the_admins_name() {
+    alone_on_the_bus!();
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    node.start(&[]);
+    let r = result(flood(&node, "admin", 16, 1.0));
+    assert_eq!(r["ok"], 0, "nobody was answered on the admins' name: {r:?}");
+    assert!(r["calls"] > 0, "{r:?}");
+    assert_eq!(r.get(ACCESS_DENIED).copied(), Some(r["calls"]), "{r:?}");
+    // Root is answered there.
+    let seen = root_gc(&node, 1);
+    assert_eq!((seen.gc.len(), seen.ping.len()), (1, 1));
 }
 
 /// nobody builds a mount table of over 20,000 entries in a user namespace
@@ -370,14 +415,18 @@ fn root_is_not_queued_behind_a_flood_nor_slowed_by_a_huge_mount_table() {
     let mut node = Node::new("2080ti-3090", Policy::Shipped);
     node.start(&[]);
     let pid = node.daemon.as_ref().unwrap().id();
-    let (mut quiet, _) = root_gc(&node, 10);
+    let mut quiet = root_gc(&node, 10).gc;
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
     let before = proc_status_kib(pid, "VmHWM");
     let floods: Vec<Child> = (0..8)
         .map(|_| flood(&node, "disk-reads", 128, 6.0))
         .collect();
     std::thread::sleep(Duration::from_millis(500));
-    let (mut busy, mut bus) = root_gc(&node, 40);
+    let RootCalls {
+        gc: mut busy,
+        ping: mut bus,
+        public_ping: mut public,
+    } = root_gc(&node, 40);
     let results: Vec<_> = floods.into_iter().map(result).collect();
     let after = proc_status_kib(pid, "VmHWM");
     let _ = userns.kill();
@@ -386,15 +435,18 @@ fn root_is_not_queued_behind_a_flood_nor_slowed_by_a_huge_mount_table() {
     let ok: u64 = results.iter().map(|r| r["ok"]).sum();
     eprintln!(
         "{mounts} mounts in nobody's namespace; root's GarbageCollect quiet p50 {:?} max {:?}; \
-         under 8 x 128 disk reads in flight p50 {:?} p90 {:?} max {:?} (a Ping of gpuarchd \
-         meanwhile: p50 {:?}); {ok} reads answered, {limited} LimitsExceeded; \
-         gpuarchd VmHWM {before} -> {after} KiB",
+         under 8 x 128 disk reads in flight p50 {:?} p90 {:?} max {:?} (a Ping of the \
+         admins' name meanwhile: p50 {:?} max {:?}; of the public name: p50 {:?} max {:?}); \
+         {ok} reads answered, {limited} LimitsExceeded; gpuarchd VmHWM {before} -> {after} KiB",
         percentile(&mut quiet, 0.5),
         percentile(&mut quiet, 1.0),
         percentile(&mut busy, 0.5),
         percentile(&mut busy, 0.9),
         percentile(&mut busy, 1.0),
         percentile(&mut bus, 0.5),
+        percentile(&mut bus, 1.0),
+        percentile(&mut public, 0.5),
+        percentile(&mut public, 1.0),
     );
     assert!(limited > 0, "the flood never reached the bound");
     // Quiet, the scan skips nobody's table (reading it cost 90 ms a call).
@@ -403,19 +455,9 @@ fn root_is_not_queued_behind_a_flood_nor_slowed_by_a_huge_mount_table() {
         "root's GarbageCollect took {:?} (median) with no flood",
         percentile(&mut quiet, 0.5)
     );
-    // Under the flood, never queued behind it (it once waited 34 s), and
-    // gpuarchd adds under 100 ms to the bus's own round trip, which the
-    // flood slows as well (on 2 cores the bus is most of it).
-    assert!(
-        percentile(&mut busy, 1.0) < Duration::from_secs(2),
-        "root's GarbageCollect took {:?} at worst under the flood",
-        percentile(&mut busy, 1.0)
-    );
-    let (gc, ping) = (percentile(&mut busy, 0.5), percentile(&mut bus, 0.5));
-    assert!(
-        gc.saturating_sub(ping) < Duration::from_millis(100),
-        "root's GarbageCollect took {gc:?} (median) under the flood, a Ping {ping:?}"
-    );
+    // Under the flood, never queued behind it (it once waited 34 s): on
+    // the admins' name root's calls wait behind no one's.
+    root_in_time(&mut busy, &mut bus);
     assert!(
         after < before + 32 * 1024,
         "gpuarchd's peak memory grew from {before} to {after} KiB"
@@ -423,12 +465,14 @@ fn root_is_not_queued_behind_a_flood_nor_slowed_by_a_huge_mount_table() {
 }
 
 /// nobody floods gpuarchd from many connections at once, each with 128
-/// calls in flight, reads and disk reads mixed (before: at 250
-/// connections root's GarbageCollect waited 7.7 s median, 30 s at worst,
-/// and gpuarchd's RSS went from 8 to 207 MB and stayed there). Root's
-/// GarbageCollect is answered within 100 ms of a Ping of gpuarchd taken
-/// alternately with it, which waits in the same bus queue; gpuarchd's peak
-/// memory grows by under 32 MiB, and its RSS comes back down after.
+/// calls in flight (the bus's own limit per caller), reads and disk reads
+/// mixed. Before, at 250 connections, every call, root's included, waited
+/// 17-20 s (the bus queues calls per receiving connection, and 32,000 were
+/// ahead), and gpuarchd's RSS stayed 187 MB higher. Root's GarbageCollect
+/// and Ping on the admins' name are answered in time ([`root_in_time`]);
+/// gpuarchd's peak memory grows by under 32 MiB, and its RSS is back
+/// within 16 MiB 2 s after. A Ping of the public name is timed for the
+/// record: it waits in the flood's queue.
 ///
 /// CI runs 32 connections; `GPUARCH_FLOOD_CONNECTIONS=250` runs the size
 /// of the report (docs/SECURITY.md gives its figures).
@@ -452,7 +496,11 @@ fn a_flood_from_many_connections_neither_delays_root_nor_keeps_memory() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(1500));
-    let (mut gc, mut ping) = root_gc(&node, 30);
+    let RootCalls {
+        mut gc,
+        mut ping,
+        mut public_ping,
+    } = root_gc(&node, 30);
     let results: Vec<_> = floods.into_iter().map(result).collect();
     let hwm = proc_status_kib(pid, "VmHWM");
     std::thread::sleep(Duration::from_secs(2));
@@ -460,34 +508,25 @@ fn a_flood_from_many_connections_neither_delays_root_nor_keeps_memory() {
     let calls: u64 = results.iter().map(|r| r["calls"]).sum();
     let ok: u64 = results.iter().map(|r| r["ok"]).sum();
     let limited: u64 = results.iter().map(answered_or_limited).sum();
-    let mut over: Vec<Duration> = gc
-        .iter()
-        .zip(&ping)
-        .map(|(g, p)| g.saturating_sub(*p))
-        .collect();
     eprintln!(
         "{connections} x 128 in flight: {calls} calls, {ok} answered, {limited} LimitsExceeded; \
-         root's GarbageCollect p50 {:?} max {:?}, a Ping meanwhile p50 {:?} max {:?}, \
-         GC over its Ping p50 {:?} max {:?}; gpuarchd VmHWM {hwm0} -> {hwm} KiB, \
+         on the admins' name root's GarbageCollect p50 {:?} max {:?}, a Ping p50 {:?} max {:?}; \
+         a Ping of the public name p50 {:?} max {:?}; gpuarchd VmHWM {hwm0} -> {hwm} KiB, \
          VmRSS {rss0} -> {rss} KiB 2 s after",
         percentile(&mut gc, 0.5),
         percentile(&mut gc, 1.0),
         percentile(&mut ping, 0.5),
         percentile(&mut ping, 1.0),
-        percentile(&mut over, 0.5),
-        percentile(&mut over, 1.0),
+        percentile(&mut public_ping, 0.5),
+        percentile(&mut public_ping, 1.0),
     );
-    assert!(
-        percentile(&mut over, 0.5) < Duration::from_millis(100),
-        "root's GarbageCollect took {:?} more than a Ping (median)",
-        percentile(&mut over, 0.5)
-    );
+    root_in_time(&mut gc, &mut ping);
     assert!(
         hwm < hwm0 + 32 * 1024,
         "gpuarchd's peak memory grew from {hwm0} to {hwm} KiB"
     );
     assert!(
-        rss < rss0 + 8 * 1024,
+        rss < rss0 + 16 * 1024,
         "gpuarchd's RSS stayed up: {rss0} KiB before the flood, {rss} KiB 2 s after"
     );
 }

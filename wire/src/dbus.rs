@@ -16,6 +16,16 @@ use zbus::{DeserializeDict, OwnedObjectPath, SerializeDict, Type, proxy};
 
 /// The well-known name on the system bus.
 pub const BUS_NAME: &str = "io.gpuarch1";
+/// The same objects on a second connection of gpuarchd's, which only root
+/// and group gpuarch may call (the bus policy refuses everyone else). The
+/// bus queues calls per receiving connection, first in first out: on
+/// [`BUS_NAME`] an admin's call waits behind every call in flight from
+/// everyone (the bus lets each caller have 128); here, only behind those
+/// of root and group gpuarch.
+pub const ADMIN_BUS_NAME: &str = "io.gpuarch1.Admin";
+/// Members of this group (and root) may call privileged methods, and
+/// [`ADMIN_BUS_NAME`].
+pub const ADMIN_GROUP: &str = "gpuarch";
 /// The object serving every interface but the jobs'.
 pub const OBJECT_PATH: &str = "/io/gpuarch1";
 /// Where jobs appear: `/io/gpuarch1/jobs/N`.

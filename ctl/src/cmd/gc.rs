@@ -12,7 +12,7 @@ use crate::source::{BusError, Daemon};
 pub fn run(json: bool, d: Daemon, out: &mut String) -> Result<u8> {
     let freed = d.ask(async {
         let e = |e| BusError::of("gc", e);
-        let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+        let kc = d.proxy::<KernelCacheProxy>().await.map_err(e)?;
         kc.garbage_collect().await.map_err(e)
     })?;
     if json {

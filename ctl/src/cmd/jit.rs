@@ -13,7 +13,7 @@ use crate::source::{BusError, Daemon};
 pub fn ls(json: bool, d: Daemon, out: &mut String) -> Result<u8> {
     let (list, used, limit) = d.ask(async {
         let e = |e| BusError::of("jit ls", e);
-        let p = JitCacheProxy::new(&d.conn).await.map_err(e)?;
+        let p = d.proxy::<JitCacheProxy>().await.map_err(e)?;
         let list = p.list_caches().await.map_err(e)?;
         Ok((
             list,
@@ -69,7 +69,7 @@ pub fn ls(json: bool, d: Daemon, out: &mut String) -> Result<u8> {
 pub fn gc(json: bool, d: Daemon, out: &mut String) -> Result<u8> {
     let freed = d.ask(async {
         let e = |e| BusError::of("jit gc", e);
-        let p = JitCacheProxy::new(&d.conn).await.map_err(e)?;
+        let p = d.proxy::<JitCacheProxy>().await.map_err(e)?;
         p.garbage_collect().await.map_err(e)
     })?;
     if json {

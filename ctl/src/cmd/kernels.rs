@@ -13,7 +13,7 @@ use crate::source::{BusError, Daemon};
 pub fn run(json: bool, d: Daemon, out: &mut String) -> Result<u8> {
     let (mut list, used, limit, compiler) = d.ask(async {
         let e = |e| BusError::of("kernels", e);
-        let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+        let kc = d.proxy::<KernelCacheProxy>().await.map_err(e)?;
         let list = kc.list_kernels().await.map_err(e)?;
         Ok((
             list,
@@ -75,7 +75,7 @@ pub fn run(json: bool, d: Daemon, out: &mut String) -> Result<u8> {
 pub fn unimport(json: bool, d: Daemon, name: &str, out: &mut String) -> Result<u8> {
     let files = d.ask(async {
         let e = |e| BusError::of("unimport", e);
-        let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+        let kc = d.proxy::<KernelCacheProxy>().await.map_err(e)?;
         kc.remove_import(name).await.map_err(e)
     })?;
     if json {

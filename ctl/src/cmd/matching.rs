@@ -15,7 +15,7 @@ pub fn run(json: bool, src: &Source, requirement: &str, out: &mut String) -> Res
     let uuids = match src {
         Source::Daemon(d) => d.ask(async {
             let e = |e| BusError::of("match", e);
-            let inv = InventoryProxy::new(&d.conn).await.map_err(e)?;
+            let inv = d.proxy::<InventoryProxy>().await.map_err(e)?;
             inv.match_devices(requirement).await.map_err(e)
         })?,
         Source::Offline(o) => requirement::match_uuids(requirement, &o.inventory()?.0)?,

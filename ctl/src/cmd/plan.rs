@@ -64,7 +64,7 @@ pub fn run(cli: &Cli, src: &Source, args: &PlanArgs, out: &mut String) -> Result
     let list = args.devices.as_deref().unwrap_or_default();
     let (env, notes) = d.ask(async {
         let e = |e| BusError::of("plan", e);
-        let inv = InventoryProxy::new(&d.conn).await.map_err(e)?;
+        let inv = d.proxy::<InventoryProxy>().await.map_err(e)?;
         inv.plan(&entries(list)).await.map_err(e)
     })?;
     if cli.json {

@@ -83,7 +83,7 @@ pub fn run(json: bool, d: Daemon, args: &PrewarmArgs, out: &mut String) -> Resul
         // Starting the job is answered at once; the job then takes as long
         // as its builds take, and reports progress.
         let path = d.ask(async {
-            let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+            let kc = d.proxy::<KernelCacheProxy>().await.map_err(e)?;
             kc.prewarm(&pkgs, &archs).await.map_err(e)
         })?;
         jobs.add(follow(json, &d, path, "pre-warming")?);
@@ -100,7 +100,7 @@ pub fn pull(json: bool, d: Daemon, args: &SelectArgs, pin: bool, out: &mut Strin
         let archs = arch_list(args.arch.as_deref());
         let e = |e| BusError::of("pull", e);
         let path = d.ask(async {
-            let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+            let kc = d.proxy::<KernelCacheProxy>().await.map_err(e)?;
             kc.pull(&pkgs, &archs, pin).await.map_err(e)
         })?;
         jobs.add(follow(json, &d, path, "pulling")?);
@@ -113,7 +113,7 @@ fn pull_libraries(json: bool, d: &Daemon, libs: &[Library<'_>], jobs: &mut Jobs)
     for (dist, version) in libs {
         let e = |e| BusError::of("pull", e);
         let path = d.ask(async {
-            let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+            let kc = d.proxy::<KernelCacheProxy>().await.map_err(e)?;
             kc.pull_library(dist, version).await.map_err(e)
         })?;
         jobs.add(follow(json, d, path, "pulling")?);
@@ -133,7 +133,7 @@ pub fn push(json: bool, d: Daemon, args: &SelectArgs, out: &mut String) -> Resul
     }
     let e = |e| BusError::of("push", e);
     let path = d.ask(async {
-        let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+        let kc = d.proxy::<KernelCacheProxy>().await.map_err(e)?;
         kc.push(&pkgs, &archs).await.map_err(e)
     })?;
     follow(json, &d, path, "pushing")?.render(json, out)
@@ -148,7 +148,7 @@ pub fn import(json: bool, d: Daemon, args: &ImportArgs, out: &mut String) -> Res
     }
     let e = |e| BusError::of("import", e);
     let path = d.ask(async {
-        let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+        let kc = d.proxy::<KernelCacheProxy>().await.map_err(e)?;
         let fds: Vec<(&str, zbus::Fd<'_>)> = files
             .iter()
             .map(|(n, f)| (n.as_str(), zbus::Fd::from(f)))
@@ -168,7 +168,7 @@ pub fn import_wheel(
     let (name, f) = open_named(wheel)?;
     let e = |e| BusError::of("import-wheel", e);
     let path = d.ask(async {
-        let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+        let kc = d.proxy::<KernelCacheProxy>().await.map_err(e)?;
         kc.import_library(zbus::Fd::from(&f), &name)
             .await
             .map_err(e)
@@ -252,6 +252,7 @@ fn follow(
     let bar = bar(json, what);
     d.wait(async {
         let job = JobProxy::builder(&d.conn)
+            .destination(d.dest)
             .path(path.clone())
             .build()
             .await
@@ -277,6 +278,7 @@ fn follow(
     // Message and Log emit no change signals: read them fresh, not cached.
     let (state, message, log) = d.ask(async {
         let job = JobProxy::builder(&d.conn)
+            .destination(d.dest)
             .path(path.clone())
             .cache_properties(zbus::proxy::CacheProperties::No)
             .build()

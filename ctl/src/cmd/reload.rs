@@ -8,7 +8,7 @@ use crate::source::{BusError, Daemon};
 pub fn run(json: bool, d: Daemon, out: &mut String) -> Result<u8> {
     d.ask(async {
         let e = |e| BusError::of("reload", e);
-        DaemonProxy::new(&d.conn)
+        d.proxy::<DaemonProxy>()
             .await
             .map_err(e)?
             .reload()

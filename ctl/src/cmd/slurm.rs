@@ -85,7 +85,7 @@ fn from_daemon(gpus: &str) -> Result<Vec<(String, String)>> {
     let d = Daemon::connect_within(PROLOG_PATIENCE)?;
     let (env, _) = d.ask_within(PROLOG_PATIENCE, async {
         let e = |e| BusError::of("slurm plan", e);
-        let inv = InventoryProxy::new(&d.conn).await.map_err(e)?;
+        let inv = d.proxy::<InventoryProxy>().await.map_err(e)?;
         inv.slurm_plan(gpus).await.map_err(e)
     })?;
     // gpuarchd's env is a map: put it back in injection order.

@@ -34,8 +34,8 @@ struct Answer {
 fn ask(d: &Daemon) -> Result<Answer, BusError> {
     d.ask(async {
         let e = |e| BusError::of("status", e);
-        let daemon = DaemonProxy::new(&d.conn).await.map_err(e)?;
-        let inv = InventoryProxy::new(&d.conn).await.map_err(e)?;
+        let daemon = d.proxy::<DaemonProxy>().await.map_err(e)?;
+        let inv = d.proxy::<InventoryProxy>().await.map_err(e)?;
         Ok(Answer {
             version: daemon.version().await.map_err(e)?,
             started_at: daemon.started_at().await.map_err(e)?,

@@ -12,7 +12,7 @@ use crate::source::{BusError, Daemon};
 pub fn run(json: bool, d: Daemon, out: &mut String) -> Result<u8> {
     let list = d.ask(async {
         let e = |e| BusError::of("verify", e);
-        let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+        let kc = d.proxy::<KernelCacheProxy>().await.map_err(e)?;
         kc.verify().await.map_err(e)
     })?;
     let bad: Vec<_> = list.iter().filter(|r| !r.ok).collect();

@@ -300,7 +300,7 @@ where
         ..JobStatus::default()
     }));
     cache.add_job(&path, state.clone());
-    if let Some(conn) = cache.shared.bus() {
+    for conn in cache.shared.buses() {
         let job = Job {
             state: state.clone(),
         };
@@ -317,11 +317,11 @@ where
             let done = state.lock().map(|s| s.done).unwrap_or(0);
             if done != last {
                 last = done;
-                emit_progress(cache.shared.bus(), &path).await;
+                emit_progress(cache.shared.buses(), &path).await;
             }
         }
         let _ = run.await;
-        emit_progress(cache.shared.bus(), &path).await;
+        emit_progress(cache.shared.buses(), &path).await;
         let (ok, msg) = state
             .lock()
             .map(|s| (s.state == JobState::Done, s.message.clone()))
@@ -331,20 +331,21 @@ where
         } else {
             warn!("{path}: {msg}");
         }
-        let conn = cache.shared.bus();
-        if let Some(conn) = &conn
-            && let Ok(iface) = conn
+        let conns = cache.shared.buses();
+        for conn in &conns {
+            if let Ok(iface) = conn
                 .object_server()
                 .interface::<_, Job>(path.as_str())
                 .await
-        {
-            let em = iface.signal_emitter();
-            let i = iface.get().await;
-            let _ = i.state_changed(em).await;
-            let _ = Job::finished(em, ok, &msg).await;
+            {
+                let em = iface.signal_emitter();
+                let i = iface.get().await;
+                let _ = i.state_changed(em).await;
+                let _ = Job::finished(em, ok, &msg).await;
+            }
         }
         for old in cache.retire_job(path) {
-            if let Some(conn) = &conn {
+            for conn in &conns {
                 let _ = conn.object_server().remove::<Job, _>(old.as_str()).await;
             }
         }
@@ -352,11 +353,12 @@ where
     Ok(owned)
 }
 
-async fn emit_progress(conn: Option<Connection>, path: &str) {
-    let Some(conn) = conn else { return };
-    if let Ok(iface) = conn.object_server().interface::<_, Job>(path).await {
-        let i = iface.get().await;
-        let _ = i.progress_changed(iface.signal_emitter()).await;
+async fn emit_progress(conns: Vec<Connection>, path: &str) {
+    for conn in conns {
+        if let Ok(iface) = conn.object_server().interface::<_, Job>(path).await {
+            let i = iface.get().await;
+            let _ = i.progress_changed(iface.signal_emitter()).await;
+        }
     }
 }
 

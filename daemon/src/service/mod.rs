@@ -24,13 +24,10 @@ use tokio::sync::oneshot;
 pub use admission::{READS_IN_ALL, READS_PER_SENDER};
 pub(crate) use auth::{authorize, open_side_connection};
 pub use daemon::Daemon;
-pub use gpuarch_wire::dbus::{BUS_NAME, OBJECT_PATH};
+pub use gpuarch_wire::dbus::{ADMIN_BUS_NAME, ADMIN_GROUP, BUS_NAME, OBJECT_PATH};
 pub use inventory::Inventory;
 pub use jit_cache::JitCache;
 pub use kernel_cache::{KernelCache, compiler_line};
-
-/// Members of this group (and root) may call privileged methods.
-pub const ADMIN_GROUP: &str = "gpuarch";
 
 /// What the D-Bus side asks of the refresher.
 #[derive(Debug)]

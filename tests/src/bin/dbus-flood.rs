@@ -8,7 +8,8 @@
 //! `privileged` (Reload, Prewarm, GarbageCollect, Verify), `huge-plan:N`
 //! (Plan with N entries), `huge-match:N` (Match with an N-byte requirement),
 //! `huge-slurm:N` (SlurmPlan with an N-byte list of ranges),
-//! `huge-prewarm:N` (Prewarm with N packages).
+//! `huge-prewarm:N` (Prewarm with N packages), `admin` (ListDevices and a
+//! Ping, on the admins' name `io.gpuarch1.Admin` instead).
 //!
 //! usage: dbus-flood MODE WORKERS SECONDS
 
@@ -31,6 +32,14 @@ enum Body {
     Str(String),
     TwoLists(Vec<String>, Vec<String>),
     Prop(&'static str, &'static str),
+}
+
+/// The bus name the calls of `mode` go to.
+fn dest_of(mode: &str) -> &'static str {
+    match mode {
+        "admin" => "io.gpuarch1.Admin",
+        _ => "io.gpuarch1",
+    }
 }
 
 fn call_of(mode: &str, i: u64) -> (&'static str, &'static str, Body) {
@@ -69,6 +78,10 @@ fn call_of(mode: &str, i: u64) -> (&'static str, &'static str, Body) {
             2 => (kc, "GarbageCollect", Body::None),
             _ => (kc, "Verify", Body::None),
         },
+        "admin" => match i % 2 {
+            0 => (inv, "ListDevices", Body::None),
+            _ => ("org.freedesktop.DBus.Peer", "Ping", Body::None),
+        },
         "huge-plan" => (inv, "Plan", Body::Strings(vec!["0".into(); n])),
         "huge-match" => (inv, "Match", Body::Str("arch>=8.0,".repeat(n / 10))),
         "huge-slurm" => (inv, "SlurmPlan", Body::Str("0-1024,".repeat(n / 7))),
@@ -83,7 +96,7 @@ fn call_of(mode: &str, i: u64) -> (&'static str, &'static str, Body) {
 
 async fn one(conn: &zbus::Connection, mode: &str, i: u64) -> Result<(), zbus::Error> {
     let (iface, member, body) = call_of(mode, i);
-    let dest = Some("io.gpuarch1");
+    let dest = Some(dest_of(mode));
     let path = "/io/gpuarch1";
     let r = match body {
         Body::None => conn.call_method(dest, path, Some(iface), member, &()).await,

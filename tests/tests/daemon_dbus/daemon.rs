@@ -243,6 +243,22 @@ fn anyone_reads_only_root_and_group_gpuarch_reload() {
         assert!(o.status.success(), "group gpuarch: {}", text(&o).1);
         let o = node.ctl(None, &["reload"]);
         assert!(o.status.success(), "root: {}", text(&o).1);
+
+        // They call the admins' name, where no one else's calls queue;
+        // everyone else the public one.
+        for (who, groups, name) in [
+            ("nobody", Some(nobody), "(io.gpuarch1)"),
+            ("group gpuarch", Some(&[gid][..]), "(io.gpuarch1.Admin)"),
+            ("root", None, "(io.gpuarch1.Admin)"),
+        ] {
+            let o = node.ctl(groups, &["devices"]);
+            let (out, err) = text(&o);
+            assert!(o.status.success(), "{who}: {err}");
+            assert!(
+                out.contains(&format!("from gpuarchd {name}")),
+                "{who}: {out}"
+            );
+        }
     }
 }
 

@@ -36,13 +36,14 @@ pub(super) fn daemon(bus: &Result<Daemon>) -> Check {
     };
     let asked = d.ask_within(Duration::from_secs(5), async {
         let e = |e| BusError::of("asking gpuarchd", e);
-        let version = DaemonProxy::new(&d.conn)
+        let version = d
+            .proxy::<DaemonProxy>()
             .await
             .map_err(e)?
             .version()
             .await
             .map_err(e)?;
-        let inv = InventoryProxy::new(&d.conn).await.map_err(e)?;
+        let inv = d.proxy::<InventoryProxy>().await.map_err(e)?;
         let stale = inv.stale().await.map_err(e)?;
         let err = inv.last_error().await.map_err(e)?;
         let caps = inv.compute_capabilities().await.map_err(e)?;
@@ -81,7 +82,7 @@ pub(super) struct DaemonNvml {
 pub(super) fn daemon_nvml(d: &Daemon) -> Option<DaemonNvml> {
     d.ask_within(Duration::from_secs(5), async {
         let e = |e| BusError::of("asking gpuarchd", e);
-        let inv = InventoryProxy::new(&d.conn).await.map_err(e)?;
+        let inv = d.proxy::<InventoryProxy>().await.map_err(e)?;
         Ok(DaemonNvml {
             library: inv.nvml_library().await.map_err(e)?,
             last_ok: crate::render::age_of_usec(inv.last_refresh().await.map_err(e)?),
@@ -180,7 +181,7 @@ pub(super) fn daemon_last_read(d: &Daemon) -> Option<Duration> {
     let usec = d
         .ask_within(Duration::from_secs(5), async {
             let e = |e| BusError::of("asking gpuarchd", e);
-            let inv = InventoryProxy::new(&d.conn).await.map_err(e)?;
+            let inv = d.proxy::<InventoryProxy>().await.map_err(e)?;
             inv.last_refresh().await.map_err(e)
         })
         .ok()?;
@@ -262,7 +263,7 @@ pub(super) fn snapshot_judged(
 pub(super) fn ask_compiler(d: &Daemon) -> Option<String> {
     d.ask_within(Duration::from_secs(10), async {
         let e = |e| BusError::of("asking gpuarchd", e);
-        let kc = KernelCacheProxy::new(&d.conn).await.map_err(e)?;
+        let kc = d.proxy::<KernelCacheProxy>().await.map_err(e)?;
         kc.compiler().await.map_err(e)
     })
     .ok()
