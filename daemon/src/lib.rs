@@ -163,6 +163,8 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
     // The first read before the name is taken: READY=1 means "answering,
     // with an inventory" (or, if NVML is down, with the reason).
     let _ = refresher.refresh(true).await;
+    // Beside the snapshot the first refresh wrote (and its directory).
+    shared.publish_config();
 
     let (req_tx, req_rx) = mpsc::channel::<Request>(64);
     let kcfg = shared.config().kernels.clone();

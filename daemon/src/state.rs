@@ -155,6 +155,23 @@ impl Shared {
         true
     }
 
+    /// Publish the config in force beside the snapshot, for the hook and
+    /// the shim to plan with while the file is invalid
+    /// ([`gpuarch_fs::config::read_config_or_last_good`]).
+    pub fn publish_config(&self) {
+        let cfg = self.config();
+        if let Err(e) =
+            gpuarch_fs::config::publish_last_good(&self.snapshot_path, &cfg, &self.config_path)
+        {
+            tracing::warn!(
+                "cannot publish the config in force at {}: {e}; while {} is invalid, new \
+                 containers are not planned",
+                gpuarch_fs::config::last_good_path(&self.snapshot_path).display(),
+                self.config_path.display()
+            );
+        }
+    }
+
     /// Re-read the config file; put it in force if valid. Ok(true) when it
     /// changed. An invalid file is logged with its line and reason, and the
     /// config in force stays. (Here, not in the crate root, so that the
@@ -165,6 +182,7 @@ impl Shared {
                 let changed = self.set_config(cfg);
                 if changed {
                     tracing::info!("config {} reloaded", self.config_path.display());
+                    self.publish_config();
                 }
                 Ok(changed)
             }

@@ -71,3 +71,113 @@ pub fn read_config_at(
         error,
     })
 }
+
+/// The name of the file, beside gpuarchd's snapshot, that holds the config
+/// gpuarchd has in force: the last valid one it read.
+pub const LAST_GOOD_NAME: &str = "config.last-good.yaml";
+
+/// Where gpuarchd publishes the config in force when its snapshot is at
+/// `snapshot`.
+pub fn last_good_path(snapshot: &Path) -> PathBuf {
+    snapshot.with_file_name(LAST_GOOD_NAME)
+}
+
+/// Publish `config`, read from `source`, as the config in force, whole or
+/// not at all, as private as `source` (a config may name credentials).
+pub fn publish_last_good(
+    snapshot: &Path,
+    config: &gpuarch_core::config::Config,
+    source: &Path,
+) -> io::Result<()> {
+    let yaml = serde_yaml::to_string(config).map_err(io::Error::other)?;
+    let text = format!(
+        "# gpuarchd's config in force, read from {}. The hook and the shim plan with it\n\
+         # while that file is invalid. gpuarchd rewrites it: do not edit.\n{yaml}",
+        source.display()
+    );
+    let path = last_good_path(snapshot);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::symlink_metadata(source) {
+        Ok(m) if m.file_type().is_file() => {
+            crate::write_atomic_like(&path, text.as_bytes(), source)
+        }
+        _ => crate::write_atomic(&path, text.as_bytes()),
+    }
+}
+
+/// The config as the hook and the shim plan with it: the file, else, when
+/// the file cannot be used, the last valid one gpuarchd published.
+#[derive(Debug)]
+pub struct Loaded {
+    pub config: gpuarch_core::config::Config,
+    /// Why the file was not used, and what was used instead: for the Plan's
+    /// notes (so the record of every container planned meanwhile says it).
+    pub note: Option<String>,
+    /// Why no config could be used at all (the defaults then apply).
+    pub error: Option<String>,
+}
+
+/// [`read_config`], falling back to gpuarchd's last valid config when the
+/// file is invalid or cannot be trusted: a typo does not silently leave
+/// every new container unplanned. The published file is looked for beside
+/// the snapshot (`GPUARCH_INVENTORY`, else the broken file's own
+/// `daemon.snapshot` where it can be read as YAML, else the default).
+pub fn read_config_or_last_good() -> Loaded {
+    let (path, named) = config_path();
+    let error = match read_config_at(&path, named) {
+        Ok(config) => {
+            return Loaded {
+                config,
+                note: None,
+                error: None,
+            };
+        }
+        Err(e) => e,
+    };
+    let snapshot = std::env::var_os("GPUARCH_INVENTORY")
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| snapshot_named_in(&path))
+        .unwrap_or_else(|| PathBuf::from(gpuarch_core::config::DEFAULT_SNAPSHOT));
+    let last = last_good_path(&snapshot);
+    match read_config_at(&last, true) {
+        Ok(config) => Loaded {
+            config,
+            note: Some(format!(
+                "{error}; planned with gpuarchd's last valid config ({}): fix the file, \
+                 and gpuarchd and every new container take it",
+                last.display()
+            )),
+            error: None,
+        },
+        Err(e) => Loaded {
+            config: gpuarch_core::config::Config::default(),
+            note: None,
+            error: Some(if e_is_not_found(&e) {
+                format!(
+                    "{error} (and gpuarchd has published no valid config at {})",
+                    last.display()
+                )
+            } else {
+                format!("{error} (and gpuarchd's last valid config is unusable: {e})")
+            }),
+        },
+    }
+}
+
+fn e_is_not_found(e: &ConfigFileError) -> bool {
+    matches!(e, ConfigFileError::Read { error, .. } if error.kind() == io::ErrorKind::NotFound)
+}
+
+/// `daemon.snapshot` of the config at `path`, read as plain YAML (the file
+/// failed the config's own checks, perhaps only for a misspelt key).
+fn snapshot_named_in(path: &Path) -> Option<PathBuf> {
+    let f = trust::open(path).ok()?;
+    let mut text = String::new();
+    io::Read::read_to_string(&mut io::Read::take(f, 1 << 20), &mut text).ok()?;
+    let v: serde_yaml::Value = serde_yaml::from_str(&text).ok()?;
+    let s = v.get("daemon")?.get("snapshot")?.as_str()?;
+    Path::new(s).is_absolute().then(|| PathBuf::from(s))
+}

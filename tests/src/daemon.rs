@@ -298,6 +298,8 @@ impl Node {
         };
         cmd.args(args)
             .env("DBUS_SYSTEM_BUS_ADDRESS", &self.address)
+            // The node's config, never the host's /etc/gpuarch.
+            .env("GPUARCH_CONFIG", self.path("config.yaml"))
             .env_remove("GPUARCH_INVENTORY");
         cmd
     }

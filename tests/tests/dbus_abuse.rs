@@ -456,8 +456,16 @@ fn root_is_not_queued_behind_a_flood_nor_slowed_by_a_huge_mount_table() {
         percentile(&mut quiet, 0.5)
     );
     // Under the flood, never queued behind it (it once waited 34 s): on
-    // the admins' name root's calls wait behind no one's.
-    root_in_time(&mut busy, &mut bus);
+    // the admins' name root's calls wait behind no one's. Each scan does
+    // real work on a CPU the flood's 8 processes share: a median within
+    // ROOT_BOUND, each within 2 s.
+    assert!(
+        percentile(&mut busy, 0.5) < ROOT_BOUND
+            && percentile(&mut busy, 1.0) < Duration::from_secs(2),
+        "under the flood root's GarbageCollect took {:?} (median), {:?} at worst",
+        percentile(&mut busy, 0.5),
+        percentile(&mut busy, 1.0)
+    );
     assert!(
         after < before + 32 * 1024,
         "gpuarchd's peak memory grew from {before} to {after} KiB"

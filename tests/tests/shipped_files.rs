@@ -135,7 +135,7 @@ fn tmpfiles_and_sysusers_create_what_the_daemon_needs() {
     let o = std::process::Command::new("systemd-tmpfiles")
         .arg("--create")
         .arg(format!("--root={}", root.path().display()))
-        .arg(workspace_root().join("systemd/tmpfiles.d/gpuarch.conf"))
+        .arg(workspace_root().join("systemd/tmpfiles.d/gpuarchd.conf"))
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

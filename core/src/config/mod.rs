@@ -148,9 +148,15 @@ impl Config {
     /// Parse the YAML text of a config file. An empty file (or one of only
     /// comments) is the default config.
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
-        let err = |e: serde_yaml::Error| ConfigError::Syntax {
-            location: e.location().map(|l| (l.line(), l.column())),
-            message: e.to_string(),
+        let err = |e: serde_yaml::Error| {
+            let location = e.location().map(|l| (l.line(), l.column()));
+            let mut message = e.to_string();
+            // serde_yaml puts the position in its message too; it is said
+            // once, first.
+            if let Some((l, c)) = location {
+                message = message.replacen(&format!(" at line {l} column {c}"), "", 1);
+            }
+            ConfigError::Syntax { location, message }
         };
         let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(err)?;
         if value.is_null() {

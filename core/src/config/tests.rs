@@ -222,3 +222,28 @@ fn nri_index_is_two_digits_however_yaml_spells_it() {
     );
     assert!(!Config::default().nri.enable);
 }
+
+/// An error gives its position once, first (serde_yaml's own message
+/// repeated it: "line 2, column 1: ... at line 2 column 1").
+#[test]
+fn an_error_names_its_line_once() {
+    for text in ["strict: false\nstrictt: false\n", "kernels: [\n"] {
+        let e = Config::from_yaml(text).unwrap_err().to_string();
+        assert!(e.starts_with("line 2, column 1: "), "{e}");
+        assert_eq!(e.matches("line 2").count(), 1, "{e}");
+    }
+}
+
+/// What gpuarchd publishes as its config in force reads back as the same
+/// config, defaults and all.
+#[test]
+fn the_config_in_force_reads_back_as_itself() {
+    let c = Config::from_yaml("strict: true\njit_cache:\n  enable: true\n  scope: uid\n").unwrap();
+    let back = Config::from_yaml(&serde_yaml::to_string(&c).unwrap()).unwrap();
+    assert_eq!(back, c);
+    let d = Config::default();
+    assert_eq!(
+        Config::from_yaml(&serde_yaml::to_string(&d).unwrap()).unwrap(),
+        d
+    );
+}

@@ -12,9 +12,56 @@ use crate::render::{self, age_of_stamp, age_of_usec, short_duration};
 use crate::source::{BusError, Daemon, Offline, Source};
 
 pub fn run(json: bool, src: &Source, out: &mut String) -> Result<u8> {
-    match src {
-        Source::Daemon(d) => daemon(json, d, out),
-        Source::Offline(o) => offline(json, o, out),
+    let config = ConfigState::now();
+    let code = match src {
+        Source::Daemon(d) => daemon(json, d, &config, out),
+        Source::Offline(o) => offline(json, o, &config, out),
+    }?;
+    // A config file the hook and the shim cannot use is a failure, even
+    // where gpuarchd runs on its last valid one.
+    Ok(if config.problem.is_some() { 1 } else { code })
+}
+
+/// The config file as the hook and the shim read it at every start.
+struct ConfigState {
+    path: std::path::PathBuf,
+    /// Why the file cannot be used, and what new containers get meanwhile.
+    problem: Option<(String, String)>,
+}
+
+impl ConfigState {
+    fn now() -> Self {
+        let (path, _) = gpuarch_fs::config::config_path();
+        let problem = gpuarch_fs::config::read_config().err().map(|e| {
+            let l = gpuarch_fs::config::read_config_or_last_good();
+            let meanwhile = match l.error {
+                None => "new containers are planned with gpuarchd's last valid config".to_owned(),
+                Some(_) => {
+                    "new containers start unplanned (gpuarchd has published no valid config)"
+                        .to_owned()
+                }
+            };
+            (e.to_string(), meanwhile)
+        });
+        Self { path, problem }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "path": self.path,
+            "error": self.problem.as_ref().map(|p| &p.0),
+            "meanwhile": self.problem.as_ref().map(|p| &p.1),
+        })
+    }
+
+    fn line(&self, out: &mut String) {
+        if let Some((e, meanwhile)) = &self.problem {
+            let _ = writeln!(
+                out,
+                "CONFIG INVALID: {}; {meanwhile} until it is fixed",
+                render::shown(e)
+            );
+        }
     }
 }
 
@@ -50,7 +97,7 @@ fn ask(d: &Daemon) -> Result<Answer, BusError> {
     })
 }
 
-fn daemon(json: bool, d: &Daemon, out: &mut String) -> Result<u8> {
+fn daemon(json: bool, d: &Daemon, config: &ConfigState, out: &mut String) -> Result<u8> {
     let a = ask(d)?;
     let uptime = age_of_usec(a.started_at);
     let refreshed = age_of_usec(a.last_refresh);
@@ -58,6 +105,7 @@ fn daemon(json: bool, d: &Daemon, out: &mut String) -> Result<u8> {
     if json {
         let doc = json!({
             "daemon": {"version": a.version, "uptime_s": uptime.map(|d| d.as_secs())},
+            "config": config.json(),
             "inventory": {
                 "devices": a.caps.len(),
                 "compute_capabilities": a.caps,
@@ -85,6 +133,7 @@ fn daemon(json: bool, d: &Daemon, out: &mut String) -> Result<u8> {
         a.version,
         uptime.map_or_else(|| "?".to_owned(), short_duration)
     );
+    config.line(out);
     if a.generated_at.is_empty() {
         let _ = writeln!(out, "inventory: none yet: {}", a.last_error);
         return Ok(0);
@@ -118,12 +167,13 @@ fn daemon(json: bool, d: &Daemon, out: &mut String) -> Result<u8> {
     Ok(0)
 }
 
-fn offline(json: bool, o: &Offline, out: &mut String) -> Result<u8> {
+fn offline(json: bool, o: &Offline, config: &ConfigState, out: &mut String) -> Result<u8> {
     let (snap, from) = o.inventory()?;
     let age = age_of_stamp(&snap.generated_at);
     if json {
         let doc = json!({
             "daemon": null,
+            "config": config.json(),
             "inventory": {
                 "source": from,
                 "devices": snap.devices.len(),
@@ -135,6 +185,7 @@ fn offline(json: bool, o: &Offline, out: &mut String) -> Result<u8> {
         render::json(out, &doc)?;
     } else {
         let _ = writeln!(out, "daemon: not asked (--offline)");
+        config.line(out);
         let _ = writeln!(
             out,
             "inventory: {} GPU(s) from {from}, read {}{}{}",

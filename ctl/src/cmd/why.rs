@@ -19,7 +19,7 @@ pub fn run(json: bool, args: &WhyArgs, out: &mut String) -> Result<u8> {
     };
     if !dir.is_dir() {
         bail!(
-            "{} does not exist: gpuarch keeps what containers got only where it does (the package's tmpfiles.d makes it; `systemd-tmpfiles --create gpuarch.conf`)",
+            "{} does not exist: gpuarch keeps what containers got only where it does (the package's tmpfiles.d makes it; `systemd-tmpfiles --create gpuarchd.conf`)",
             dir.display()
         );
     }

@@ -71,8 +71,11 @@ fn precreate() -> ExitCode {
     if bytes.len() as u64 > limit {
         return too_large(&bytes, stdin);
     }
-    let (cfg, cfg_err) = gpuarch_hook::load_config();
+    let (cfg, cfg_err, cfg_note) = gpuarch_hook::load_config();
     log::configure(&cfg.log);
+    if let Some(n) = &cfg_note {
+        log::warn(n);
+    }
     let strict = cfg.strict;
     let records = cfg.hook.record_dir.clone();
     let result = match cfg_err {
@@ -87,6 +90,10 @@ fn precreate() -> ExitCode {
                 .and_then(|ctx| gpuarch_hook::precreate(&bytes, &ctx).map_err(|e| e.to_string()))
         }
     };
+    let result = result.map(|(out, mut plan)| {
+        plan.notes.extend(cfg_note);
+        (out, plan)
+    });
     let out: &[u8] = match &result {
         Ok((out, plan)) => {
             // podman gives precreate no OCI state: the id, when there is
@@ -123,7 +130,7 @@ fn too_large(head: &[u8], mut rest: impl Read) -> ExitCode {
         "OCI config is over {} MiB; not planning it",
         gpuarch_core::oci::MAX_CONFIG_BYTES >> 20
     );
-    let (cfg, _) = gpuarch_hook::load_config();
+    let (cfg, _, _) = gpuarch_hook::load_config();
     log::configure(&cfg.log);
     if cfg.strict {
         log::fatal(&format!(
@@ -147,8 +154,11 @@ fn too_large(head: &[u8], mut rest: impl Read) -> ExitCode {
 }
 
 fn in_container(which: Stage) -> ExitCode {
-    let (cfg, cfg_err) = gpuarch_hook::load_config();
+    let (cfg, cfg_err, cfg_note) = gpuarch_hook::load_config();
     log::configure(&cfg.log);
+    if let Some(n) = &cfg_note {
+        log::warn(n);
+    }
     let strict = cfg.strict;
     let records = cfg.hook.record_dir.clone();
     let mut id = None;
@@ -173,7 +183,8 @@ fn in_container(which: Stage) -> ExitCode {
         },
     };
     match result {
-        Ok(out) => {
+        Ok(mut out) => {
+            out.plan.notes.extend(cfg_note);
             log::set_container(id.as_deref(), &out.plan.container);
             log::plan(&out.plan);
             let by = match which {

@@ -29,7 +29,7 @@ fn main() -> ExitCode {
     if let Some(path) = &inv.log {
         log::set_runtime_log(path.clone(), inv.log_json);
     }
-    let (cfg, cfg_err) = gpuarch_hook::load_config();
+    let (cfg, cfg_err, cfg_note) = gpuarch_hook::load_config();
     log::configure(&cfg.log);
     log::set_container(inv.id.as_deref(), &Default::default());
     let records = cfg.hook.record_dir.clone();
@@ -70,7 +70,11 @@ fn main() -> ExitCode {
             }
         };
         match result {
-            Ok(plan) => {
+            Ok(mut plan) => {
+                if let Some(n) = cfg_note {
+                    log::warn(&n);
+                    plan.notes.push(n);
+                }
                 log::set_container(inv.id.as_deref(), &plan.container);
                 log::plan(&plan);
                 let by = format!("gpuarch-runtime {}", inv.command.as_deref().unwrap_or(""));

@@ -310,12 +310,14 @@ fn a_topology_change_emits_one_signal_and_rewrites_the_snapshot() {
     let after = node.snapshot();
     assert_eq!(after.devices[0].name, "NVIDIA GeForce RTX 4090");
     assert!(!after.stale);
-    // The directory holds the snapshot and nothing half-written.
-    let names: Vec<_> = std::fs::read_dir(node.path("run"))
+    // The directory holds the snapshot and the config in force, and
+    // nothing half-written.
+    let mut names: Vec<_> = std::fs::read_dir(node.path("run"))
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
-    assert_eq!(names, ["inventory.json"]);
+    names.sort();
+    assert_eq!(names, ["config.last-good.yaml", "inventory.json"]);
 }
 
 #[test]
@@ -544,6 +546,59 @@ fn config_errors_refuse_a_start_and_leave_a_running_daemon_as_it_was() {
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).1.contains("line 3"), "{}", text(&o).1);
     assert!(node.daemon.as_mut().unwrap().try_wait().unwrap().is_none());
+
+    // The hook, which reads the file at every start, plans with gpuarchd's
+    // last valid config (GPUARCH_FP8 disabled there), and says so in the
+    // Plan's notes; before, the container started unplanned.
+    let spec = serde_json::json!({
+        "ociVersion": "1.2.0", "root": {"path": "rootfs"}, "mounts": [],
+        "process": {"args": ["sh"], "env": ["NVIDIA_VISIBLE_DEVICES=1"],
+                    "user": {"uid": 0, "gid": 0}},
+    });
+    let o = gpuarch_tests::output_with_stdin(
+        Command::new(&artifacts().gpuarch_hook)
+            .arg("precreate")
+            .env("GPUARCH_CONFIG", node.path("config.yaml"))
+            .env("GPUARCH_INVENTORY", node.path("run/inventory.json"))
+            .env("GPUARCH_LOG", "stderr"),
+        spec.to_string().as_bytes(),
+    );
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let env = serde_json::from_str::<serde_json::Value>(&out).unwrap()["process"]["env"].clone();
+    let env: Vec<&str> = env
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert!(
+        env.contains(&"TORCH_CUDA_ARCH_LIST=8.6"),
+        "unplanned: {env:?}\n{err}"
+    );
+    assert!(
+        !env.iter().any(|e| e.starts_with("GPUARCH_FP8=")),
+        "not the last valid config: {env:?}"
+    );
+    assert!(
+        err.contains("line 3") && err.contains("planned with gpuarchd's last valid config"),
+        "{err}"
+    );
+    // status fails, naming the line and what containers get meanwhile (as
+    // the hook finds the published config: beside the snapshot it reads).
+    let o = node
+        .ctl_cmd(None, &["status"])
+        .env("GPUARCH_INVENTORY", node.path("run/inventory.json"))
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(
+        out.contains("CONFIG INVALID")
+            && out.contains("line 3")
+            && out.contains("last valid config"),
+        "{out}"
+    );
 }
 
 #[test]
