@@ -126,6 +126,14 @@ pub struct Loaded {
 /// `daemon.snapshot` where it can be read as YAML, else the default).
 pub fn read_config_or_last_good() -> Loaded {
     let (path, named) = config_path();
+    let inventory = std::env::var_os("GPUARCH_INVENTORY").map(PathBuf::from);
+    read_config_or_last_good_at(&path, named, inventory)
+}
+
+/// [`read_config_or_last_good`] of the config at `path`, with
+/// `GPUARCH_INVENTORY` given as `inventory`.
+pub fn read_config_or_last_good_at(path: &Path, named: bool, inventory: Option<PathBuf>) -> Loaded {
+    let path = path.to_owned();
     let error = match read_config_at(&path, named) {
         Ok(config) => {
             return Loaded {
@@ -136,9 +144,8 @@ pub fn read_config_or_last_good() -> Loaded {
         }
         Err(e) => e,
     };
-    let snapshot = std::env::var_os("GPUARCH_INVENTORY")
-        .filter(|s| !s.is_empty())
-        .map(PathBuf::from)
+    let snapshot = inventory
+        .filter(|s| !s.as_os_str().is_empty())
         .or_else(|| snapshot_named_in(&path))
         .unwrap_or_else(|| PathBuf::from(gpuarch_core::config::DEFAULT_SNAPSHOT));
     let last = last_good_path(&snapshot);
@@ -180,4 +187,98 @@ fn snapshot_named_in(path: &Path) -> Option<PathBuf> {
     let v: serde_yaml::Value = serde_yaml::from_str(&text).ok()?;
     let s = v.get("daemon")?.get("snapshot")?.as_str()?;
     Path::new(s).is_absolute().then(|| PathBuf::from(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn dir() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        d
+    }
+
+    /// A typo: the published config in force is used, and the note names
+    /// the file's line and what was used.
+    #[test]
+    fn an_invalid_file_is_planned_with_the_published_config() {
+        let d = dir();
+        let cfg = d.path().join("config.yaml");
+        let snap = d.path().join("inventory.json");
+        let good = gpuarch_core::config::Config::from_yaml(
+            "strict: true
+",
+        )
+        .unwrap();
+        std::fs::write(
+            &cfg,
+            "strict: true
+",
+        )
+        .unwrap();
+        publish_last_good(&snap, &good, &cfg).unwrap();
+        std::fs::write(
+            &cfg,
+            "strict: true
+strictt: false
+",
+        )
+        .unwrap();
+        let l = read_config_or_last_good_at(&cfg, true, Some(snap.clone()));
+        assert_eq!(l.config, good);
+        assert!(l.error.is_none());
+        let note = l.note.unwrap();
+        assert!(
+            note.contains("line 2") && note.contains("last valid config"),
+            "{note}"
+        );
+        // Found beside the snapshot the broken file names, too.
+        std::fs::write(
+            &cfg,
+            format!("daemon:\n  snapshot: {}\nstrictt: 1\n", snap.display()),
+        )
+        .unwrap();
+        let l = read_config_or_last_good_at(&cfg, true, None);
+        assert_eq!(l.config, good, "{:?}", l.error);
+    }
+
+    /// Another user could have written the published file: it is not
+    /// used, and the error says why; nor is a missing one invented.
+    #[test]
+    fn a_published_config_anyone_could_write_is_refused() {
+        let d = dir();
+        let cfg = d.path().join("config.yaml");
+        let snap = d.path().join("inventory.json");
+        std::fs::write(
+            &cfg,
+            "strict: true
+",
+        )
+        .unwrap();
+        let good = gpuarch_core::config::Config::from_yaml(
+            "strict: true
+",
+        )
+        .unwrap();
+        publish_last_good(&snap, &good, &cfg).unwrap();
+        std::fs::write(
+            &cfg,
+            "bogus: 1
+",
+        )
+        .unwrap();
+        let last = last_good_path(&snap);
+        std::fs::set_permissions(&last, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let l = read_config_or_last_good_at(&cfg, true, Some(snap.clone()));
+        assert_eq!(l.config, gpuarch_core::config::Config::default());
+        let e = l.error.unwrap();
+        assert!(e.contains("bogus") && e.contains("unusable"), "{e}");
+        std::fs::remove_file(&last).unwrap();
+        let e = read_config_or_last_good_at(&cfg, true, Some(snap))
+            .error
+            .unwrap();
+        assert!(e.contains("has published no valid config"), "{e}");
+    }
 }
