@@ -96,6 +96,53 @@ pub(super) fn doctor_on(node: &Node, root: &Path, inventory: &Path) -> (i32, Str
     doctor(node, root, &args)
 }
 
+/// The kernel cache's free space is weighed against what the store may
+/// still take: a disk with less room than `kernels.max_bytes` allows is a
+/// warning naming the limit to set, a full one a failure (before, both
+/// were "ok ... writable, 0.0 GiB free" while every build failed ENOSPC).
+#[test]
+fn doctor_weighs_the_caches_free_space_against_what_the_store_may_take() {
+    need_bus!();
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    node.start(&[]);
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    doctor_root(root);
+    let snapshot = node.path("run/inventory.json");
+    let cache = root.join("var/cache/gpuarch");
+    let _fs = gpuarch_tests::Tmpfs::mount(&cache, "size=512m,mode=0755");
+    let (_, out) = doctor_on(&node, root, &snapshot);
+    let line = out
+        .lines()
+        .find(|l| l.contains("kernel cache"))
+        .unwrap_or_default();
+    assert!(
+        line.starts_with("WARN") && line.contains("may grow 10.0 GiB more"),
+        "{out}"
+    );
+    assert!(out.contains("lower kernels.max_bytes to at most"), "{out}");
+    // A limit the disk can hold is ok.
+    std::fs::write(
+        root.join("etc/gpuarch/config.yaml"),
+        "kernels:\n  cache_dir: /var/cache/gpuarch\n  max_bytes: 268435456\n",
+    )
+    .unwrap();
+    let (_, out) = doctor_on(&node, root, &snapshot);
+    assert!(out.contains("ok    kernel cache"), "{out}");
+    // Full: builds and imports fail, and doctor says so.
+    let _ = Command::new("dd")
+        .args(["if=/dev/zero", "bs=1M", "count=400"])
+        .arg(format!("of={}", cache.join("fill").display()))
+        .output()
+        .unwrap();
+    let (code, out) = doctor_on(&node, root, &snapshot);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("FAIL  kernel cache") && out.contains("builds and imports fail (ENOSPC)"),
+        "{out}"
+    );
+}
+
 /// A wired host passes every check; each way of breaking it is named, with
 /// the line that fixes it, and makes the exit status 1.
 #[test]

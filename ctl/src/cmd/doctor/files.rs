@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::node::snapshot_path;
-use crate::check::{Check, fail, ok, skip, under};
+use crate::check::{Check, fail, ok, skip, under, warn};
 use crate::cli::Cli;
 
 /// What gpuarch runs or loads as root besides its config: kernel packages
@@ -61,7 +61,83 @@ pub(super) fn trust(config: &gpuarch_core::config::Config, root: &Path) -> Check
     fail("trust", details.join("; "), fixes.join("; "))
 }
 
-pub(super) fn cache(dir: &Path) -> Check {
+/// Below this much free space a build or an import fails (ENOSPC).
+const LEAST_FREE: u64 = 256 << 20;
+
+/// Bytes of the regular files under `dir` (not following links, staying
+/// on its filesystem).
+fn bytes_under(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(top) = std::fs::symlink_metadata(dir) else {
+        return 0;
+    };
+    let mut total = 0;
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            if m.is_dir() && m.dev() == top.dev() {
+                todo.push(e.path());
+            } else if m.is_file() {
+                total += m.blocks() * 512;
+            }
+        }
+    }
+    total
+}
+
+/// Free space against what the store may still take: under
+/// [`LEAST_FREE`] builds and imports fail; under what `kernels.max_bytes`
+/// still allows the store, eviction (which works to that limit) cannot
+/// keep them from failing.
+fn free_space(dir: &Path, free: u64, max_bytes: u64) -> Check {
+    const NAME: &str = "kernel cache";
+    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+    if free < LEAST_FREE {
+        return fail(
+            NAME,
+            format!(
+                "{} is writable, but only {:.2} GiB is free: builds and imports fail (ENOSPC)",
+                dir.display(),
+                gib(free)
+            ),
+            "free space on that filesystem, or point kernels.cache_dir at one with room",
+        );
+    }
+    let used = bytes_under(dir);
+    let room = max_bytes.saturating_sub(used);
+    if free < room {
+        return warn(
+            NAME,
+            format!(
+                "{} is writable, {:.1} GiB free, but the store may grow {:.1} GiB more (kernels.max_bytes {:.1} GiB, {:.1} GiB used): builds and imports will fail before eviction frees room",
+                dir.display(),
+                gib(free),
+                gib(room),
+                gib(max_bytes),
+                gib(used)
+            ),
+            format!(
+                "lower kernels.max_bytes to at most {} (used + free), or free space",
+                used + free
+            ),
+        );
+    }
+    ok(
+        NAME,
+        format!(
+            "{} is writable, {:.1} GiB free; the store may grow {:.1} GiB more (kernels.max_bytes)",
+            dir.display(),
+            gib(free),
+            gib(room)
+        ),
+    )
+}
+
+pub(super) fn cache(dir: &Path, max_bytes: u64) -> Check {
     const NAME: &str = "kernel cache";
     use nix::sys::statvfs::{FsFlags, statvfs};
     use nix::unistd::{AccessFlags, access};
@@ -112,14 +188,7 @@ pub(super) fn cache(dir: &Path) -> Check {
         );
     }
     let free = vfs.blocks_available() as u64 * vfs.fragment_size() as u64;
-    ok(
-        NAME,
-        format!(
-            "{} is writable, {:.1} GiB free",
-            dir.display(),
-            free as f64 / f64::from(1u32 << 30)
-        ),
-    )
+    free_space(dir, free, max_bytes)
 }
 
 /// The JIT caches, when on: their directory is root's and no one else's

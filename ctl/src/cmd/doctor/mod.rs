@@ -108,7 +108,10 @@ pub fn checks(cli: &Cli, root: &Path) -> Vec<Check> {
         &config.daemon,
         d.and_then(daemon_last_read),
     ));
-    checks.push(cache(&under(root, &config.kernels.cache_dir)));
+    checks.push(cache(
+        &under(root, &config.kernels.cache_dir),
+        config.kernels.max_bytes,
+    ));
     checks.push(compiler(&config.kernels, root, d.and_then(ask_compiler)));
     checks.push(jit(&config.jit_cache, root));
     checks.push(nfd(cli, &config, root));
