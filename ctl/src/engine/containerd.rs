@@ -498,7 +498,28 @@ fn wiring(root: &Path) -> crate::check::Check {
         "gpuarchctl engine containerd --write (a drop-in at {}), systemctl restart containerd, and give pods runtimeClassName: gpuarch ({EXAMPLES}/containerd/runtimeclass.yaml)",
         DROPIN
     );
+    // Docker's containerd (docker.io pulls it in) with no kubelet to use
+    // its CRI: nothing of gpuarch's to wire, and nothing wrong.
+    let kubelet = [
+        "/usr/bin/kubelet",
+        "/usr/local/bin/kubelet",
+        "/var/lib/kubelet",
+    ]
+    .iter()
+    .find(|p| under(root, Path::new(p)).exists());
+    let no_cri_user = |why: String| {
+        crate::check::skip(
+            NAME,
+            format!(
+                "{why}, and no kubelet here uses its CRI (Docker's own containerd needs no handler); \
+                 for Kubernetes: {fix}"
+            ),
+        )
+    };
     if !file.exists() {
+        if kubelet.is_none() {
+            return no_cri_user(format!("{} does not exist", file.display()));
+        }
         return fail(NAME, format!("{} does not exist", file.display()), fix);
     }
     let eff = match effective(root, &file, None) {
@@ -522,14 +543,14 @@ fn wiring(root: &Path) -> crate::check::Check {
         );
     }
     if handlers.is_empty() {
-        return fail(
-            NAME,
-            format!(
-                "{}: no CRI runtime handler runs gpuarch-runtime",
-                file.display()
-            ),
-            fix,
+        let why = format!(
+            "{}: no CRI runtime handler runs gpuarch-runtime",
+            file.display()
         );
+        if kubelet.is_none() {
+            return no_cri_user(why);
+        }
+        return fail(NAME, why, fix);
     }
     if dropin.exists() && stale(root, &file, &dropin).unwrap_or(false) {
         return fail(

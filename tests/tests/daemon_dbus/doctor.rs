@@ -143,6 +143,55 @@ fn doctor_weighs_the_caches_free_space_against_what_the_store_may_take() {
     );
 }
 
+/// A Docker-only host (Debian's docker.io pulls in containerd, with no
+/// config of its own) passes: containerd with no kubelet to use its CRI
+/// needs no handler. With a kubelet, the same containerd fails with the fix.
+#[test]
+fn doctor_passes_a_docker_only_host_and_fails_containerd_once_a_kubelet_uses_it() {
+    need_bus!();
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    node.start(&[]);
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    doctor_root(root);
+    for gone in [
+        "etc/containerd",
+        "etc/crio",
+        "usr/bin/crio",
+        "usr/bin/podman",
+    ] {
+        let p = root.join(gone);
+        if p.is_dir() {
+            std::fs::remove_dir_all(p).unwrap();
+        } else {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+    let snapshot = node.path("run/inventory.json");
+    let (code, out) = doctor_on(&node, root, &snapshot);
+    let line = |out: &str| {
+        out.lines()
+            .find(|l| l.contains(" containerd "))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(
+        line(&out).starts_with("-     containerd")
+            && line(&out).contains("no kubelet here uses its CRI"),
+        "{out}"
+    );
+    assert!(out.contains("ok    docker"), "{out}");
+    assert_eq!(code, 0, "{out}");
+    std::fs::write(root.join("usr/bin/kubelet"), b"").unwrap();
+    let (code, out) = doctor_on(&node, root, &snapshot);
+    assert!(line(&out).starts_with("FAIL  containerd"), "{out}");
+    assert!(
+        out.contains("fix: gpuarchctl engine containerd --write"),
+        "{out}"
+    );
+    assert_eq!(code, 1, "{out}");
+}
+
 /// A wired host passes every check; each way of breaking it is named, with
 /// the line that fixes it, and makes the exit status 1.
 #[test]
