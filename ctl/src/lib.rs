@@ -46,7 +46,9 @@ pub fn run(cli: &Cli) -> Result<u8> {
         // Questions that need no GPU and no daemon.
         Cmd::Arch(a) => cmd::arch::run(cli.json, a, &mut out)?,
         Cmd::Inspect(args) => cmd::inspect::run(cli, args, &mut out)?,
-        Cmd::Engine(EngineCmd::Containerd(args)) => cmd::engine::containerd(args, &mut out)?,
+        Cmd::Engine(EngineCmd::Containerd(args)) => {
+            cmd::engine::containerd(cli.json, args, &mut out)?
+        }
         Cmd::Doctor(args) => cmd::doctor::run(cli, args, &mut out)?,
         Cmd::Why(args) => cmd::why::run(cli.json, args, &mut out)?,
         // A plan for a container's own config or env is made here.
@@ -97,7 +99,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
         Cmd::Slurm(SlurmCmd::Gres { write, node }) => {
             cmd::slurm::gres(cli, write.as_ref(), node.as_deref(), &mut out)?
         }
-        Cmd::Slurm(SlurmCmd::TaskProlog) => cmd::slurm::task_prolog(&mut out),
+        Cmd::Slurm(SlurmCmd::TaskProlog) => cmd::slurm::task_prolog(cli.json, &mut out),
         Cmd::Jit(JitCmd::Ls) => cmd::jit::ls(cli.json, daemon(JIT_IS_THE_DAEMONS)?, &mut out)?,
         Cmd::Jit(JitCmd::Gc) => cmd::jit::gc(cli.json, daemon(JIT_IS_THE_DAEMONS)?, &mut out)?,
         Cmd::Verify => cmd::verify::run(cli.json, daemon(CACHE_IS_THE_DAEMONS)?, &mut out)?,

@@ -14,7 +14,24 @@ use anyhow::{Context, Result, bail};
 use crate::cli::ContainerdArgs;
 use crate::engine::containerd;
 
-pub fn containerd(args: &ContainerdArgs, out: &mut String) -> Result<u8> {
+pub fn containerd(json: bool, args: &ContainerdArgs, out: &mut String) -> Result<u8> {
+    let mut doc = serde_json::Map::new();
+    let mut text = String::new();
+    let code = containerd_into(args, &mut text, &mut doc)?;
+    if json {
+        crate::render::json(out, &doc)?;
+    } else {
+        out.push_str(&text);
+    }
+    Ok(code)
+}
+
+fn containerd_into(
+    args: &ContainerdArgs,
+    out: &mut String,
+    doc: &mut serde_json::Map<String, serde_json::Value>,
+) -> Result<u8> {
+    use serde_json::Value;
     let target = args
         .write
         .clone()
@@ -29,6 +46,9 @@ pub fn containerd(args: &ContainerdArgs, out: &mut String) -> Result<u8> {
     for n in &drop.notes {
         eprintln!("gpuarchctl: {n}");
     }
+    doc.insert("dropin".into(), Value::from(drop.text.clone()));
+    doc.insert("handler".into(), Value::from(args.handler.clone()));
+    doc.insert("imports_needed".into(), Value::from(drop.import.clone()));
     let Some(path) = &args.write else {
         out.push_str(&drop.text);
         if let Some(entry) = &drop.import {
@@ -46,9 +66,15 @@ pub fn containerd(args: &ContainerdArgs, out: &mut String) -> Result<u8> {
     gpuarch_fs::write_atomic(path, drop.text.as_bytes())
         .with_context(|| path.display().to_string())?;
     let _ = writeln!(out, "wrote {}", path.display());
+    doc.insert("written".into(), Value::from(path.display().to_string()));
     if let Some(entry) = &drop.import {
         match import(&args.config, entry) {
             Ok(backup) => {
+                doc.insert(
+                    "imports_added_to".into(),
+                    Value::from(args.config.display().to_string()),
+                );
+                doc.insert("backup".into(), Value::from(backup.display().to_string()));
                 let _ = writeln!(
                     out,
                     "added \"{entry}\" to the imports of {} (the old file is {})",
@@ -76,11 +102,12 @@ pub fn containerd(args: &ContainerdArgs, out: &mut String) -> Result<u8> {
             args.handler
         );
     }
-    let _ = writeln!(
-        out,
+    let next = format!(
         "restart containerd, then give pods runtimeClassName: {}",
         args.handler
     );
+    let _ = writeln!(out, "{next}");
+    doc.insert("next".into(), Value::from(next));
     Ok(0)
 }
 

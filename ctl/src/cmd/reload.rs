@@ -15,7 +15,9 @@ pub fn run(json: bool, d: Daemon, out: &mut String) -> Result<u8> {
             .await
             .map_err(e)
     })?;
-    if !json {
+    if json {
+        crate::render::json(out, &serde_json::json!({"reloaded": true}))?;
+    } else {
         out.push_str("reloaded\n");
     }
     Ok(0)

@@ -26,10 +26,24 @@ pub fn gres(
         .unwrap_or_default();
     let node = node.map_or_else(|| slurm::short_name(&host), str::to_owned);
     let conf = slurm::gres_conf(&inv, &node)?;
+    if let Some(path) = write {
+        gpuarch_fs::write_atomic(path, conf.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if cli.json {
+        crate::render::json(
+            out,
+            &serde_json::json!({
+                "node": node,
+                "gpus": inv.devices.len(),
+                "written": write,
+                "gres_conf": conf,
+            }),
+        )?;
+        return Ok(0);
+    }
     match write {
         Some(path) => {
-            gpuarch_fs::write_atomic(path, conf.as_bytes())
-                .with_context(|| format!("writing {}", path.display()))?;
             let _ = writeln!(out, "wrote {} ({} GPUs)", path.display(), inv.devices.len());
         }
         None => out.push_str(&conf),
@@ -45,7 +59,23 @@ const PROLOG_PATIENCE: Duration = Duration::from_secs(2);
 /// shipped TaskProlog (`slurm-task-prolog`) plans from the snapshot itself
 /// and runs this only when that gives no Plan. It never fails a job: on
 /// any error it prints nothing, says why in the log, and exits 0.
-pub fn task_prolog(out: &mut String) -> u8 {
+pub fn task_prolog(json: bool, out: &mut String) -> u8 {
+    if !json {
+        return task_prolog_lines(out);
+    }
+    // The same lines, as a JSON object of what the step would get.
+    let mut lines = String::new();
+    let code = task_prolog_lines(&mut lines);
+    let export: serde_json::Map<String, serde_json::Value> = lines
+        .lines()
+        .filter_map(|l| l.strip_prefix("export ")?.split_once('='))
+        .map(|(k, v)| (k.to_owned(), serde_json::Value::from(v)))
+        .collect();
+    let _ = crate::render::json(out, &serde_json::json!({ "export": export }));
+    code
+}
+
+fn task_prolog_lines(out: &mut String) -> u8 {
     let Some((gpus, from)) = task_prolog::step_gpus() else {
         return 0;
     };

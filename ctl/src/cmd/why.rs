@@ -36,6 +36,9 @@ pub fn run(json: bool, args: &WhyArgs, out: &mut String) -> Result<u8> {
                 dir.display(),
                 record::MAX_RECORDS
             );
+            if json {
+                render::json(out, &serde_json::json!({"records": []}))?;
+            }
             Ok(crate::cli::EXIT_NO)
         }
         [r] => {

@@ -80,5 +80,6 @@ async fn empty_prewarm(conn: &zbus::Connection) -> zbus::OwnedObjectPath {
 mod daemon;
 mod doctor;
 mod jit_cache;
+mod json;
 mod kernel_cache;
 mod nfd;
