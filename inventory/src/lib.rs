@@ -337,6 +337,15 @@ pub fn read_inventory(
     read_nvml(configured)
 }
 
+/// `GPUARCH_INVENTORY`, where it names a path: set but empty (a unit's
+/// `Environment=GPUARCH_INVENTORY=`, a script's `GPUARCH_INVENTORY= cmd`)
+/// is unset, not the path "".
+pub fn inventory_env() -> Option<PathBuf> {
+    std::env::var_os("GPUARCH_INVENTORY")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
 /// The snapshot [`read_inventory`] reads when not told to use NVML:
 /// `snapshot`, else `GPUARCH_INVENTORY`, else `configured` (the config's
 /// `daemon.snapshot`, [`DEFAULT_SNAPSHOT`] unless set) if it exists; `None`
@@ -344,7 +353,7 @@ pub fn read_inventory(
 pub fn snapshot_source(snapshot: Option<&Path>, configured: &Path) -> Option<PathBuf> {
     snapshot
         .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os("GPUARCH_INVENTORY").map(PathBuf::from))
+        .or_else(inventory_env)
         .or_else(|| configured.exists().then(|| configured.to_path_buf()))
 }
 

@@ -8,7 +8,6 @@
 //! which the former runs when the snapshot cannot give a Plan.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 
 use gpuarch_core::config::Config;
 use gpuarch_core::slurm;
@@ -42,9 +41,7 @@ pub fn note_for(gpus: &str, from: &str) -> Option<String> {
 /// (`GPUARCH_INVENTORY`, else the config's `daemon.snapshot`), never NVML:
 /// a prolog must not wait on a driver.
 pub fn plan_from_snapshot(gpus: &str, config: &Config) -> Result<Vec<(String, String)>, String> {
-    let path = std::env::var_os("GPUARCH_INVENTORY")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| config.daemon.snapshot.clone());
+    let path = crate::inventory_env().unwrap_or_else(|| config.daemon.snapshot.clone());
     let inv = crate::read_snapshot(&path).map_err(|e| e.to_string())?;
     let plan = slurm::plan(gpus, &inv, &config.env).map_err(|e| e.to_string())?;
     Ok(plan.env)

@@ -163,10 +163,23 @@ def _package_dir(package, env):
     return root, real
 
 
-def kernel_manifest(package, env=None):
+# No default given: outside gpuarch, kernel_file and kernel_manifest raise.
+_RAISE = object()
+
+
+def _outside(env):
+    """Whether this process is outside a gpuarch container (no kernels
+    directory named)."""
+    return not _get(env, "GPUARCH_KERNELS_DIR")
+
+
+def kernel_manifest(package, env=None, default=_RAISE):
     """The manifest of kernel package ``package`` as this container sees it
-    (which build serves each GPU), a dict. Raises GpuarchError when gpuarch
-    mounted no such package or its manifest cannot be read."""
+    (which build serves each GPU), a dict. Outside a gpuarch container,
+    ``default`` when one is given. Raises GpuarchError when gpuarch mounted
+    no such package or its manifest cannot be read."""
+    if default is not _RAISE and _outside(env):
+        return default
     return _manifest(package, env)[1]
 
 
@@ -192,13 +205,18 @@ def _manifest(package, env):
     return pkg, manifest
 
 
-def kernel_file(package, device_index=0, env=None):
+def kernel_file(package, device_index=0, env=None, default=_RAISE):
     """The path of the file that serves GPU ``device_index`` (its CUDA
     index in this container) in kernel package ``package``: the build of
     its own architecture, or the best that runs there. Always a regular
-    file inside the package's directory. Raises GpuarchError with gpuarch's
-    reason when there is none (not mounted, or no build for that GPU yet:
-    gpuarchd was asked for one)."""
+    file inside the package's directory. Outside a gpuarch container,
+    ``default`` when one is given (the application's own build:
+    ``kernel_file("rmsnorm", 0, default=my_path)``). Raises GpuarchError
+    with gpuarch's reason when there is none (not mounted, or no build for
+    that GPU yet: gpuarchd was asked for one), and outside gpuarch when no
+    default is given."""
+    if default is not _RAISE and _outside(env):
+        return default
     if isinstance(device_index, bool) or not isinstance(device_index, int) or device_index < 0:
         raise GpuarchError(f"not a device index: {device_index!r}")
     pkg, manifest = _manifest(package, env)

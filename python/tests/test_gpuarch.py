@@ -69,6 +69,10 @@ def test_outside_gpuarch_every_answer_is_the_default(no_torch):
     assert p["compute_capabilities"] == [] and p["dtype"] is None and p["kernels"] == {}
     with pytest.raises(gpuarch.GpuarchError, match="GPUARCH_KERNELS_DIR is not set"):
         gpuarch.kernel_file("rmsnorm", env={})
+    # With a default, the application's own file, as every other function.
+    assert gpuarch.kernel_file("rmsnorm", 0, env={}, default="/opt/app/rmsnorm.cubin") \
+        == "/opt/app/rmsnorm.cubin"
+    assert gpuarch.kernel_manifest("rmsnorm", env={}, default=None) is None
 
 
 def test_zonos_bf16_becomes_fp16_on_turing(fake_torch):

@@ -410,6 +410,16 @@ fn the_config_names_the_snapshot() {
     let env = serde_json::from_slice::<Value>(&o.stdout).unwrap()["process"]["env"].to_string();
     assert!(env.contains("TORCH_CUDA_ARCH_LIST=8.6"), "{env}");
 
+    // Set but empty is unset (it was read as the path "", and the
+    // container started unplanned with nothing said).
+    let o = hook_env(
+        config(&["NVIDIA_VISIBLE_DEVICES=1"]).to_string().as_bytes(),
+        &yaml,
+        &[("GPUARCH_INVENTORY", std::ffi::OsStr::new(""))],
+    );
+    let env = serde_json::from_slice::<Value>(&o.stdout).unwrap()["process"]["env"].to_string();
+    assert!(env.contains("GPUARCH_COMPUTE_CAPABILITIES=9.0"), "{env}");
+
     // gpuarchctl --offline reads the same key.
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("config.yaml");

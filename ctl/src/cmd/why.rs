@@ -23,8 +23,19 @@ pub fn run(json: bool, args: &WhyArgs, out: &mut String) -> Result<u8> {
             dir.display()
         );
     }
-    let found = record::find(&dir, &args.container)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+    let found = record::find(&dir, &args.container).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::PermissionDenied {
+            // Group gpuarch may call gpuarchd, but the records hold every
+            // container's env and are root's alone (mode 0700).
+            anyhow::anyhow!(
+                "{}: permission denied: the records hold every container's env and are root's alone (mode 0700); run `sudo gpuarchctl why {}`",
+                dir.display(),
+                args.container
+            )
+        } else {
+            anyhow::anyhow!("{}: {e}", dir.display())
+        }
+    })?;
     // The newest record of each container.
     let mut seen = std::collections::BTreeSet::new();
     let found: Vec<&Record> = found.iter().filter(|r| seen.insert(&r.id)).collect();

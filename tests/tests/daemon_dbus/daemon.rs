@@ -259,6 +259,26 @@ fn anyone_reads_only_root_and_group_gpuarch_reload() {
                 "{who}: {out}"
             );
         }
+
+        // The records are root's alone: group gpuarch is told so and what
+        // to run, not a bare "Permission denied".
+        let records = node.path("records");
+        std::fs::create_dir_all(&records).unwrap();
+        std::fs::set_permissions(
+            &records,
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )
+        .unwrap();
+        let o = node.ctl(
+            Some(&[gid]),
+            &["why", "0123456789ab", "--dir", records.to_str().unwrap()],
+        );
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("root's alone") && err.contains("sudo gpuarchctl why 0123456789ab"),
+            "{err}"
+        );
     }
 }
 

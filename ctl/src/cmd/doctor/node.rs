@@ -170,7 +170,7 @@ pub(super) fn snapshot_path(
 ) -> PathBuf {
     cli.inventory
         .clone()
-        .or_else(|| std::env::var_os("GPUARCH_INVENTORY").map(PathBuf::from))
+        .or_else(gpuarch_inventory::inventory_env)
         .unwrap_or_else(|| under(root, &daemon.snapshot))
 }
 
