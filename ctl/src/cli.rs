@@ -141,6 +141,12 @@ pub enum EngineCmd {
     /// CRI section of config.toml; run this again after changing that
     /// section (doctor says when).
     Containerd(ContainerdArgs),
+    /// Docker's daemon.json with runtime NAME running gpuarch-runtime (and,
+    /// with --default, as the default runtime): printed, or with --write
+    /// merged into the file in place (a backup first, atomic, its owner and
+    /// mode kept, read back), then the restart that applies it. Nothing is
+    /// written when the file already says so.
+    Docker(DockerArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -153,6 +159,26 @@ pub struct WhyArgs {
     /// /run/gpuarch/containers].
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DockerArgs {
+    /// dockerd's config.
+    #[arg(long, value_name = "PATH", default_value = "/etc/docker/daemon.json")]
+    pub config: PathBuf,
+    /// The shim dockerd runs for the runtime.
+    #[arg(long, value_name = "PATH", default_value = "/usr/bin/gpuarch-runtime")]
+    pub runtime: PathBuf,
+    /// The runtime's name (docker run --runtime NAME).
+    #[arg(long, value_name = "NAME", default_value = "gpuarch")]
+    pub name: String,
+    /// Make it dockerd's default-runtime: every container is planned,
+    /// without --runtime.
+    #[arg(long)]
+    pub default: bool,
+    /// Merge into the config file instead of printing the result.
+    #[arg(long)]
+    pub write: bool,
 }
 
 #[derive(Debug, clap::Args)]

@@ -49,6 +49,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
         Cmd::Engine(EngineCmd::Containerd(args)) => {
             cmd::engine::containerd(cli.json, args, &mut out)?
         }
+        Cmd::Engine(EngineCmd::Docker(args)) => cmd::engine::docker(cli.json, args, &mut out)?,
         Cmd::Doctor(args) => cmd::doctor::run(cli, args, &mut out)?,
         Cmd::Why(args) => cmd::why::run(cli.json, args, &mut out)?,
         // A plan for a container's own config or env is made here.

@@ -437,9 +437,12 @@ state = "{d}/run/containerd"
             &std::fs::read(workspace_root().join("packaging/docker/daemon.json")).unwrap(),
         )
         .unwrap();
-        daemon["runtimes"]["gpuarch"]["path"] =
-            artifacts().gpuarch_runtime.display().to_string().into();
-        daemon["default-runtime"] = "gpuarch".into();
+        // gpuarch's runtime is merged in by `gpuarchctl engine docker`, as
+        // an admin does; the shipped example's entry is taken out first.
+        daemon["runtimes"]
+            .as_object_mut()
+            .unwrap()
+            .remove("gpuarch");
         let chain = self.chain_scripts();
         daemon["runtimes"]["nvidia-standin"] = serde_json::json!({"path": chain});
         if self.root.is_some() {
@@ -449,6 +452,19 @@ state = "{d}/run/containerd"
         }
         let file = self.path("daemon.json");
         std::fs::write(&file, daemon.to_string()).unwrap();
+        let o = Command::new(&artifacts().gpuarchctl)
+            .args(["engine", "docker", "--default", "--write", "--config"])
+            .arg(&file)
+            .arg("--runtime")
+            .arg(&artifacts().gpuarch_runtime)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            o.status.success() && said.contains("systemctl restart docker"),
+            "gpuarchctl engine docker: {said}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         // A stand-in for NVIDIA's hook on dockerd's PATH: with it dockerd
         // registers its `gpu` device driver, which `--gpus` and compose's
         // GPU reservations need; it records each call and does nothing.

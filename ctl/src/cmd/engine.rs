@@ -131,3 +131,133 @@ fn backup_name(main: &Path) -> Result<PathBuf> {
         .find(|p| std::fs::symlink_metadata(p).is_err())
         .with_context(|| format!("{base}.1 to .99 all exist"))
 }
+
+/// `gpuarchctl engine docker`: `daemon.json` with the runtime merged in,
+/// printed, or written in place (`--write`).
+pub fn docker(json: bool, args: &crate::cli::DockerArgs, out: &mut String) -> Result<u8> {
+    use serde_json::{Value, json};
+    let path = &args.config;
+    let (old, exists) = match std::fs::read(path) {
+        Ok(b) => (b, true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (b"{}".to_vec(), false),
+        Err(e) => bail!("{}: {e}", path.display()),
+    };
+    let mut doc: Value = serde_json::from_slice(&old).with_context(|| {
+        format!(
+            "{} is not JSON (dockerd refuses to start with it too); correct it first",
+            path.display()
+        )
+    })?;
+    let Some(top) = doc.as_object_mut() else {
+        bail!("{}: a JSON object is what dockerd reads", path.display());
+    };
+    let runtime = args.runtime.display().to_string();
+    let runtimes = top.entry("runtimes").or_insert_with(|| json!({}));
+    let Some(runtimes) = runtimes.as_object_mut() else {
+        bail!("{}: \"runtimes\" is not an object", path.display());
+    };
+    // Other keys of an existing entry (runtimeArgs) are kept.
+    let entry = runtimes
+        .entry(args.name.clone())
+        .or_insert_with(|| json!({}));
+    let Some(entry) = entry.as_object_mut() else {
+        bail!(
+            "{}: runtimes.{} is not an object",
+            path.display(),
+            args.name
+        );
+    };
+    entry.insert("path".into(), Value::from(runtime.clone()));
+    if args.default {
+        top.insert("default-runtime".into(), Value::from(args.name.clone()));
+    }
+    let before: Value = serde_json::from_slice(&old).unwrap_or(Value::Null);
+    let changed = !exists || before != doc;
+    let text = format!("{}\n", serde_json::to_string_pretty(&doc)?);
+    let restart = "systemctl restart docker";
+    let usage = if args.default {
+        "every container is planned".to_owned()
+    } else {
+        format!("docker run --runtime {} ...", args.name)
+    };
+    let mut report = serde_json::Map::new();
+    report.insert("config".into(), Value::from(path.display().to_string()));
+    report.insert("runtime".into(), Value::from(args.name.clone()));
+    report.insert("changed".into(), Value::from(changed));
+    if !args.write {
+        report.insert("daemon_json".into(), doc.clone());
+        if json {
+            crate::render::json(out, &report)?;
+        } else {
+            out.push_str(&text);
+        }
+        return Ok(0);
+    }
+    if changed {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
+        }
+        if exists {
+            let backup = backup_name(path)?;
+            gpuarch_fs::write_atomic_like(&backup, &old, path)
+                .with_context(|| format!("backup {}", backup.display()))?;
+            gpuarch_fs::rewrite_atomic(path, text.as_bytes())
+                .with_context(|| path.display().to_string())?;
+            report.insert("backup".into(), Value::from(backup.display().to_string()));
+        } else {
+            gpuarch_fs::write_atomic(path, text.as_bytes())
+                .with_context(|| path.display().to_string())?;
+        }
+        // What dockerd will read, read back.
+        let back: Value = serde_json::from_slice(&std::fs::read(path)?)
+            .with_context(|| format!("{} as written", path.display()))?;
+        if back["runtimes"][&args.name]["path"].as_str() != Some(runtime.as_str())
+            || (args.default && back["default-runtime"].as_str() != Some(args.name.as_str()))
+        {
+            bail!(
+                "{} does not say runtime {} runs {runtime} after the edit",
+                path.display(),
+                args.name
+            );
+        }
+        report.insert(
+            "next".into(),
+            Value::from(format!("{restart}, then {usage}")),
+        );
+    }
+    if json {
+        crate::render::json(out, &report)?;
+        return Ok(0);
+    }
+    if !changed {
+        let _ = writeln!(
+            out,
+            "{} already has runtime {} running {runtime}{}; nothing written",
+            path.display(),
+            args.name,
+            if args.default { " as the default" } else { "" }
+        );
+        return Ok(0);
+    }
+    let _ = writeln!(
+        out,
+        "wrote {}: runtime {} runs {runtime}{}{}",
+        path.display(),
+        args.name,
+        if args.default {
+            ", the default runtime"
+        } else {
+            ""
+        },
+        report
+            .get("backup")
+            .and_then(Value::as_str)
+            .map(|b| format!(" (the old file is {b})"))
+            .unwrap_or_default()
+    );
+    let _ = writeln!(
+        out,
+        "{restart} (dockerd reads daemon.json only at its start), then {usage}"
+    );
+    Ok(0)
+}

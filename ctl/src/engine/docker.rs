@@ -59,7 +59,7 @@ fn runtime(root: &Path) -> Check {
     const NAME: &str = "docker";
     let file = under(root, Path::new("/etc/docker/daemon.json"));
     let fix = format!(
-        "add \"runtimes\": {{\"gpuarch\": {{\"path\": \"{RUNTIME}\"}}}} to /etc/docker/daemon.json (as in {EXAMPLES}/docker/daemon.json), systemctl restart docker, then docker run --runtime gpuarch (or set \"default-runtime\": \"gpuarch\")"
+        "gpuarchctl engine docker --write (it merges \"runtimes\": {{\"gpuarch\": {{\"path\": \"{RUNTIME}\"}}}} into /etc/docker/daemon.json, as in {EXAMPLES}/docker/daemon.json, keeping a backup; --default makes it the default runtime), systemctl restart docker, then docker run --runtime gpuarch"
     );
     let doc: Value = match std::fs::read(&file) {
         Ok(b) => match serde_json::from_slice(&b) {

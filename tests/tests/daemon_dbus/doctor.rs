@@ -271,7 +271,7 @@ fn doctor_checks_the_daemon_nvml_snapshot_cache_and_each_engine() {
         "gpuarchd does not answer, so whether it is current is not known",
         "FAIL  docker",
         "has no runtime running gpuarch-runtime",
-        "fix: add \"runtimes\": {\"gpuarch\": {\"path\": \"/usr/bin/gpuarch-runtime\"}} to /etc/docker/daemon.json",
+        "fix: gpuarchctl engine docker --write (it merges \"runtimes\": {\"gpuarch\": {\"path\": \"/usr/bin/gpuarch-runtime\"}} into /etc/docker/daemon.json",
         "FAIL  containerd",
         "not TOML",
         "FAIL  cri-o        no runtime handler runs gpuarch-runtime",

@@ -38,6 +38,7 @@ fn case(leaf: &str, dir: &Path) -> Option<(Vec<String>, Option<&'static str>)> {
             ],
             None,
         ),
+        "engine docker" => (vec!["--config".into(), p("daemon.json")], None),
         "why" => (
             vec!["0123456789ab".into(), "--dir".into(), p("records")],
             None,
