@@ -12,6 +12,7 @@
 pub mod check;
 pub mod cli;
 pub mod cmd;
+pub mod docker_api;
 pub mod engine;
 pub mod render;
 pub mod source;

@@ -36,16 +36,35 @@ pub fn run(json: bool, args: &WhyArgs, out: &mut String) -> Result<u8> {
             anyhow::anyhow!("{}: {e}", dir.display())
         }
     })?;
+    // Docker gives the runtime no names: a name is asked of Docker, and its
+    // container's record looked up by id.
+    let mut docker_said = None;
+    let found = if found.is_empty() {
+        match crate::docker_api::container_id(&args.container) {
+            Ok(id) => {
+                record::find(&dir, &id).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?
+            }
+            Err(e) => {
+                docker_said = Some(e.to_string());
+                found
+            }
+        }
+    } else {
+        found
+    };
     // The newest record of each container.
     let mut seen = std::collections::BTreeSet::new();
     let found: Vec<&Record> = found.iter().filter(|r| seen.insert(&r.id)).collect();
     match found.as_slice() {
         [] => {
             eprintln!(
-                "gpuarchctl: no record of {:?} in {}: one is kept for each container that asked for a GPU since boot, until {} newer ones push it out or it is 30 days old",
+                "gpuarchctl: no record of {:?} in {}: one is kept for each container that asked for a GPU since boot, until {} newer ones push it out or it is 30 days old{}",
                 args.container,
                 dir.display(),
-                record::MAX_RECORDS
+                record::MAX_RECORDS,
+                docker_said
+                    .map(|d| format!(" (as a Docker name: {d})"))
+                    .unwrap_or_default()
             );
             if json {
                 render::json(out, &serde_json::json!({"records": []}))?;
