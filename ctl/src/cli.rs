@@ -181,7 +181,7 @@ pub struct DockerArgs {
     pub write: bool,
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct ContainerdArgs {
     /// Absolute imports are read below this directory (an image, a chroot).
     #[arg(long, value_name = "DIR", default_value = "/")]

@@ -15,6 +15,15 @@ use crate::cli::ContainerdArgs;
 use crate::engine::containerd;
 
 pub fn containerd(json: bool, args: &ContainerdArgs, out: &mut String) -> Result<u8> {
+    // The drop-in's path goes into containerd's imports, which containerd
+    // 1.x resolves from `/`: a relative one is made absolute here.
+    let mut args = args.clone();
+    if let Some(w) = &args.write
+        && w.is_relative()
+    {
+        args.write = Some(std::path::absolute(w)?);
+    }
+    let args = &args;
     let mut doc = serde_json::Map::new();
     let mut text = String::new();
     let code = containerd_into(args, &mut text, &mut doc)?;
@@ -96,7 +105,8 @@ fn containerd_into(
     if let Some(problem) = eff.cri_problem() {
         bail!("containerd's CRI would not load: {problem}");
     }
-    if !eff.gpuarch_handlers().contains(&args.handler) {
+    // The handler written, by the program it runs (whatever it is named).
+    if eff.handler_binary(&args.handler).as_deref() != Some(&*args.runtime.to_string_lossy()) {
         bail!(
             "containerd still has no runtime handler {} after the edit (a later import overrides it?)",
             args.handler

@@ -147,6 +147,8 @@ pub struct Effective {
     pub version: i64,
     pub cri: Table,
     main: Table,
+    /// The host's `/`, where the handlers' programs are looked at.
+    root: std::path::PathBuf,
 }
 
 /// [`Effective`] for the containerd reading `main` on a host whose `/` is
@@ -176,6 +178,7 @@ pub fn effective(root: &Path, main: &Path, skip: Option<&Path>) -> Result<Effect
         version,
         cri,
         main: doc,
+        root: root.to_owned(),
     })
 }
 
@@ -217,6 +220,16 @@ impl Effective {
         }
     }
 
+    /// The BinaryName of handler `name`, if it has one.
+    pub fn handler_binary(&self, name: &str) -> Option<String> {
+        self.runtimes()?
+            .get(name)?
+            .get("options")?
+            .get("BinaryName")?
+            .as_str()
+            .map(str::to_owned)
+    }
+
     /// The handlers whose BinaryName is a gpuarch-runtime.
     pub fn gpuarch_handlers(&self) -> Vec<String> {
         self.runtimes()
@@ -226,7 +239,7 @@ impl Effective {
                 r.get("options")
                     .and_then(|o| o.get("BinaryName"))
                     .and_then(Value::as_str)
-                    .is_some_and(|b| b.ends_with("gpuarch-runtime"))
+                    .is_some_and(|b| super::is_gpuarch_runtime(&self.root, b))
             })
             .map(|(k, _)| k.clone())
             .collect()
@@ -450,7 +463,7 @@ pub fn stale(root: &Path, main: &Path, dropin: &Path) -> Result<bool> {
                 r.get("options")
                     .and_then(|o| o.get("BinaryName"))
                     .and_then(Value::as_str)
-                    .is_none_or(|b| !b.ends_with("gpuarch-runtime"))
+                    .is_none_or(|b| !super::is_gpuarch_runtime(root, b))
             });
             rt.remove("runc");
             if rt.is_empty() {

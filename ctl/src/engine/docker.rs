@@ -84,7 +84,7 @@ fn runtime(root: &Path) -> Check {
                 .filter(|(_, r)| {
                     r["path"]
                         .as_str()
-                        .is_some_and(|p| p.ends_with("gpuarch-runtime"))
+                        .is_some_and(|p| super::is_gpuarch_runtime(root, p))
                 })
                 .map(|(n, _)| n)
                 .collect()

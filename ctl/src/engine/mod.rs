@@ -47,6 +47,49 @@ pub fn check(engine: &dyn Engine, root: &Path) -> Vec<Check> {
     engine.wiring(root)
 }
 
+/// The bytes every gpuarch-runtime build carries (hook/src/bin/
+/// gpuarch-runtime.rs), in two pieces here so that gpuarchctl itself does
+/// not carry them whole.
+const RUNTIME_MARK: [&[u8]; 2] = [b"gpuarch-runtime: ", b"OCI runtime shim"];
+/// Most bytes of a program read looking for the mark.
+const MOST_SCANNED: u64 = 256 << 20;
+
+/// Does the program at `path` (as an engine's config names it, on the host
+/// whose `/` is `root`) run gpuarch-runtime: named so, or, whatever its
+/// name, a gpuarch-runtime build (its mark), so a copy or a renamed one
+/// counts. A bare name (looked up on the engine's PATH) goes by its name.
+pub fn is_gpuarch_runtime(root: &Path, path: &str) -> bool {
+    use std::io::Read;
+    if path.ends_with("gpuarch-runtime") {
+        return true;
+    }
+    if !path.starts_with('/') {
+        return false;
+    }
+    let Ok(f) = std::fs::File::open(under(root, Path::new(path))) else {
+        return false;
+    };
+    if !f.metadata().is_ok_and(|m| m.is_file()) {
+        return false;
+    }
+    let mark = RUNTIME_MARK.concat();
+    let mut r = f.take(MOST_SCANNED);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut carry: Vec<u8> = Vec::new();
+    loop {
+        let n = match r.read(&mut buf) {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => n,
+        };
+        carry.extend_from_slice(&buf[..n]);
+        if carry.windows(mark.len()).any(|w| w == mark) {
+            return true;
+        }
+        let keep = carry.len().min(mark.len() - 1);
+        carry.drain(..carry.len() - keep);
+    }
+}
+
 /// The installed programs and their example configs.
 const RUNTIME: &str = "/usr/bin/gpuarch-runtime";
 const EXAMPLES: &str = "/usr/share/doc/gpuarch/examples";

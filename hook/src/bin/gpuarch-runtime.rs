@@ -16,7 +16,14 @@ use std::process::ExitCode;
 use gpuarch_hook::log;
 use gpuarch_hook::shim::{self, Invocation};
 
+/// What marks this program whatever its file is named, for gpuarchctl's
+/// engine checks (a containerd BinaryName or a Docker runtime path that is
+/// a copy or a wrapper named otherwise): `gpuarchctl::engine::RUNTIME_MARK`.
+static MARK: [u8; 33] = *b"gpuarch-runtime: OCI runtime shim";
+
 fn main() -> ExitCode {
+    // Kept in the binary, whatever the linker and LTO drop.
+    std::hint::black_box(MARK.as_ptr());
     log::init("gpuarch-runtime");
     if std::env::var_os(shim::ACTIVE_ENV).is_some() {
         log::fatal(

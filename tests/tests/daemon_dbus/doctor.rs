@@ -192,6 +192,79 @@ fn doctor_passes_a_docker_only_host_and_fails_containerd_once_a_kubelet_uses_it(
     assert_eq!(code, 1, "{out}");
 }
 
+/// The shim may be a copy or a wrapper named otherwise: `engine containerd
+/// --write --runtime /opt/shims/gpu-shim` succeeds (it once exited 2, "no
+/// runtime handler gpuarch after the edit", having written it), and doctor
+/// recognises a gpuarch-runtime build by what it is, not by its file name,
+/// for containerd and Docker alike. A relative --write path goes into
+/// containerd's imports absolute (containerd 1.x resolves it from `/`).
+#[test]
+fn a_shim_named_otherwise_is_wired_and_recognised() {
+    need_bus!();
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    node.start(&[]);
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    doctor_root(root);
+    std::fs::create_dir_all(root.join("opt/shims")).unwrap();
+    std::fs::copy(
+        &artifacts().gpuarch_runtime,
+        root.join("opt/shims/gpu-shim"),
+    )
+    .unwrap();
+    let etc = root.join("etc/containerd");
+    // Debian's config without the conf.d import: --write must add its own.
+    std::fs::remove_dir_all(etc.join("conf.d")).unwrap();
+    std::fs::copy(
+        workspace_root().join("tests/fixtures/containerd/debian-1.6.toml"),
+        etc.join("config.toml"),
+    )
+    .unwrap();
+    let o = Command::new(&artifacts().gpuarchctl)
+        .current_dir(&etc)
+        .args(["engine", "containerd", "--root"])
+        .arg(root)
+        .arg("--config")
+        .arg(etc.join("config.toml"))
+        .args([
+            "--runtime",
+            "/opt/shims/gpu-shim",
+            "--write",
+            "conf.d/gpuarch.toml",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let main = std::fs::read_to_string(etc.join("config.toml")).unwrap();
+    // Absolute on the host whose `/` is root (it was "conf.d/gpuarch*.toml").
+    assert!(
+        main.contains("imports = [\"/etc/containerd/conf.d/gpuarch*.toml\"]"),
+        "the import is not absolute:\n{main}"
+    );
+    let mut daemon: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("etc/docker/daemon.json")).unwrap())
+            .unwrap();
+    daemon["runtimes"]["gpuarch"]["path"] = "/opt/shims/gpu-shim".into();
+    std::fs::write(root.join("etc/docker/daemon.json"), daemon.to_string()).unwrap();
+    let (_, out) = doctor_on(&node, root, &node.path("run/inventory.json"));
+    assert!(
+        out.contains("ok    containerd   CRI loads; runtime handler gpuarch runs gpuarch-runtime"),
+        "{out}"
+    );
+    assert!(
+        out.contains("ok    docker       wired: runtime \"gpuarch\""),
+        "{out}"
+    );
+    // A program that is not gpuarch-runtime is not taken for it.
+    std::fs::write(
+        root.join("opt/shims/gpu-shim"),
+        b"#!/bin/sh\nexec runc \"$@\"\n",
+    )
+    .unwrap();
+    let (_, out) = doctor_on(&node, root, &node.path("run/inventory.json"));
+    assert!(out.contains("FAIL  docker"), "{out}");
+}
+
 /// A wired host passes every check; each way of breaking it is named, with
 /// the line that fixes it, and makes the exit status 1.
 #[test]
