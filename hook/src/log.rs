@@ -272,9 +272,11 @@ fn emit_all(level: LogLevel, msgs: &[&str]) {
     let program = s.program;
     let sink = sink(&mut s);
     if sink == Sink::Journal && s.journal_installed {
+        // The container in fields to filter on, and in the text too: what
+        // `journalctl -t gpuarch-hook` shows names it.
         let w = &s.who;
         for msg in &cleaned {
-            journal(level, w, msg);
+            journal(level, w, &clean(&format!("{}{msg}", w.head)));
         }
         return;
     }
