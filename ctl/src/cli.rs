@@ -20,8 +20,9 @@ pub const EXIT_ERROR: u8 = 2;
     after_help = "Source: gpuarchd on the system bus (DBUS_SYSTEM_BUS_ADDRESS to name another bus). \
 With --offline: --nvml-lib reads NVML from that library; otherwise --inventory or \
 GPUARCH_INVENTORY names a snapshot; otherwise /run/gpuarch/inventory.json if present; otherwise NVML \
-(GPUARCH_NVML_LIB or libnvidia-ml.so.1). --nvml-lib and --inventory imply --offline; so do \
-plan --config and plan --env, which plan locally.\n\
+(GPUARCH_NVML_LIB or libnvidia-ml.so.1). --nvml-lib and --inventory imply --offline. \
+plan --config, plan --env and inspect plan here, with gpuarchd's inventory when it runs and no \
+source is named (else as --offline).\n\
 Config: GPUARCH_CONFIG or /etc/gpuarch/config.yaml (absent: defaults).\n\
 Exit status: 0 ok (or yes), 1 no (arch check, match with no GPU), 2 error."
 )]

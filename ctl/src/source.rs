@@ -157,7 +157,12 @@ impl Daemon {
 
     /// The inventory as gpuarchd serves it, with what it was read from.
     pub fn inventory(&self) -> Result<Snapshot> {
-        self.ask(async {
+        self.inventory_within(PATIENCE)
+    }
+
+    /// [`Daemon::inventory`], giving up after `limit`.
+    pub fn inventory_within(&self, limit: Duration) -> Result<Snapshot> {
+        self.ask_within(limit, async {
             let e = |e| BusError::of("devices", e);
             let inv: InventoryProxy = self.proxy().await.map_err(e)?;
             let list = inv.list_devices().await.map_err(e)?;
@@ -231,6 +236,25 @@ impl Offline {
     /// even where a command could answer without one).
     pub fn named(&self) -> bool {
         self.nvml_lib.is_some() || self.inventory.is_some()
+    }
+
+    /// The inventory for a command that plans here (plan --config or -e,
+    /// inspect): gpuarchd's, when it runs and neither --offline nor a
+    /// source (flags, GPUARCH_INVENTORY) was given (its snapshot may be
+    /// anywhere its config says);
+    /// else as [`Offline::inventory`].
+    pub fn inventory_live(&self, offline: bool) -> Result<(Snapshot, String)> {
+        const LIVE_PATIENCE: Duration = Duration::from_secs(3);
+        if !offline && !self.named() && gpuarch_inventory::inventory_env().is_none() {
+            let live = Daemon::connect_within(LIVE_PATIENCE).and_then(|d| {
+                let snap = d.inventory_within(LIVE_PATIENCE)?;
+                Ok((snap, format!("gpuarchd ({})", d.dest)))
+            });
+            if let Ok(found) = live {
+                return Ok(found);
+            }
+        }
+        self.inventory()
     }
 
     /// The inventory and a phrase saying where it came from: `--nvml-lib`,

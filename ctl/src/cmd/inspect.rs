@@ -33,7 +33,7 @@ fn judges(cli: &Cli, args: &InspectArgs) -> Result<Judges> {
     // (--inventory, --nvml-lib, --devices), a missing inventory stays an
     // error.
     let offline = Offline::of(cli);
-    let snap = match offline.inventory() {
+    let snap = match offline.inventory_live(cli.offline) {
         Ok((snap, _)) => snap,
         Err(e) if !offline.named() && args.devices.is_none() => {
             return Ok((Vec::new(), None, Some(format!("{e:#}"))));

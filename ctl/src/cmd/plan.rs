@@ -98,7 +98,7 @@ pub fn local(cli: &Cli, args: &PlanArgs, out: &mut String) -> Result<u8> {
     }
     let software = software(&args.software)?;
     let cfg = gpuarch_fs::config::read_config()?;
-    let (snap, _) = Offline::of(cli).inventory()?;
+    let (snap, _) = Offline::of(cli).inventory_live(cli.offline)?;
     let plan = match view {
         Some(mut view) => {
             view.software = software;

@@ -621,6 +621,30 @@ fn config_errors_refuse_a_start_and_leave_a_running_daemon_as_it_was() {
     );
 }
 
+/// Commands that plan here (plan -e, plan --config, inspect) take the
+/// running gpuarchd's inventory, wherever its snapshot is (here its own
+/// directory, as in the demo); they looked only at
+/// /run/gpuarch/inventory.json and failed.
+#[test]
+fn local_plans_use_the_running_daemons_inventory() {
+    need_bus!();
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    node.start(&[]);
+    let o = node.ctl(None, &["plan", "--devices", "1", "-e", "FOO=1", "--json"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("\"TORCH_CUDA_ARCH_LIST\": \"8.6\""), "{out}");
+    let dir = tempfile::tempdir().unwrap();
+    let ptx = dir.path().join("k.ptx");
+    std::fs::write(&ptx, ".version 8.0\n.target sm_80\n.address_size 64\n").unwrap();
+    let o = node.ctl(None, &["inspect", ptx.to_str().unwrap()]);
+    let (out, err) = text(&o);
+    assert!(
+        out.contains("RTX 3090") && out.contains("RTX 2080 Ti"),
+        "{out}{err}"
+    );
+}
+
 #[test]
 fn gpuarchctl_talks_to_the_daemon_and_says_when_it_is_down() {
     need_bus!();
