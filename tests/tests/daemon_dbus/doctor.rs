@@ -294,6 +294,11 @@ fn doctor_checks_the_daemon_nvml_snapshot_cache_and_each_engine() {
     ] {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");
     }
+    // What doctor asked of this host, not of --root's, says so.
+    for name in ["gpuarchd", "NVML", "snapshot"] {
+        let l = out.lines().find(|l| l[6..].starts_with(name)).unwrap();
+        assert!(l.contains("[this host's gpuarchd and NVML, not "), "{l}");
+    }
     // Docker without NVIDIA's hook: --gpus cannot work, the rest does.
     assert!(
         out.contains("WARN  docker gpus  docker run --gpus and compose GPU reservations fail")

@@ -100,14 +100,23 @@ pub fn checks(cli: &Cli, root: &Path) -> Vec<Check> {
     // One connection for every question to gpuarchd.
     let bus = Daemon::connect();
     let d = bus.as_ref().ok();
-    checks.push(daemon(&bus));
-    checks.push(nvml(cli, d.and_then(daemon_nvml)));
-    checks.push(snapshot_judged(
-        cli,
-        root,
-        &config.daemon,
-        d.and_then(daemon_last_read),
-    ));
+    let mut live = vec![
+        daemon(&bus),
+        nvml(cli, d.and_then(daemon_nvml)),
+        snapshot_judged(cli, root, &config.daemon, d.and_then(daemon_last_read)),
+    ];
+    // gpuarchd and NVML are this host's, whatever --root says: each such
+    // answer says so, not to be taken for the other root's.
+    if root != Path::new("/") {
+        for c in &mut live {
+            c.detail = format!(
+                "{} [this host's gpuarchd and NVML, not {}'s: --root reads only files there]",
+                c.detail,
+                root.display()
+            );
+        }
+    }
+    checks.extend(live);
     checks.push(cache(
         &under(root, &config.kernels.cache_dir),
         config.kernels.max_bytes,
