@@ -15,7 +15,16 @@ use crate::render::{self, shown};
 pub fn run(json: bool, args: &WhyArgs, out: &mut String) -> Result<u8> {
     let dir = match &args.dir {
         Some(d) => d.clone(),
-        None => gpuarch_fs::config::read_config()?.hook.record_dir,
+        // Where the hook keeps records, as the hook reads the config: with
+        // the file invalid, gpuarchd's last valid one (whose records are
+        // the ones asked about).
+        None => {
+            let l = gpuarch_fs::config::read_config_or_last_good();
+            if let Some(e) = l.error {
+                bail!("{e}");
+            }
+            l.config.hook.record_dir
+        }
     };
     if !dir.is_dir() {
         bail!(
