@@ -427,6 +427,9 @@ async fn jit_gc_every(shared: Arc<Shared>) {
 fn start_kernels(cache: Arc<cache::Cache>) -> Option<notify::RecommendedWatcher> {
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let watcher = cache::watch(&cache.cfg, tx);
+    // What an earlier run could not build may build now (a restart is what
+    // applies a newly installed NVRTC): containers ask again.
+    let _ = std::fs::remove_file(gpuarch_wire::spool::unbuildable_path(&cache.cfg.spool_dir));
     tokio::spawn(async move {
         let c = cache.clone();
         let _ = tokio::task::spawn_blocking(move || {

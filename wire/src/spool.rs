@@ -8,6 +8,24 @@ pub fn request_name(package: &str, arch: &str) -> String {
     format!("{package}@{arch}")
 }
 
+/// Where gpuarchd says which requests it could not build, and why: beside
+/// the spool (`/run/gpuarch/kernel-requests.unbuildable.json`), a JSON
+/// object of [`request_name`] to a one-line reason. The hook reads it
+/// before asking again; gpuarchd empties it at its start (a restart is
+/// what applies a newly installed NVRTC).
+pub fn unbuildable_path(spool_dir: &std::path::Path) -> std::path::PathBuf {
+    let name = spool_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "kernel-requests".to_owned());
+    spool_dir.with_file_name(format!("{name}.unbuildable.json"))
+}
+
+/// Most bytes of the unbuildable file read.
+pub const MAX_UNBUILDABLE: u64 = 256 << 10;
+/// Most entries it keeps.
+pub const MOST_UNBUILDABLE: usize = 1024;
+
 /// The package and arch a request's file name asks for, unchecked (the
 /// reader checks both and says what it drops); `None` when it has no `@`.
 pub fn parse_request(name: &str) -> Option<(&str, &str)> {

@@ -85,21 +85,80 @@ impl Cache {
         }
         let mut failed = Vec::new();
         let mut touched = BTreeSet::new();
+        let mut unbuildable = Vec::new();
         for h in handles {
             if let Ok(r) = h.await {
                 touched.insert(r.package.clone());
+                let key = gpuarch_wire::spool::request_name(&r.package, &r.arch.to_string());
                 if r.served.is_none() {
-                    failed.push((
-                        format!("{} {}", r.package, r.arch),
-                        r.error
-                            .clone()
-                            .unwrap_or_else(|| "no variant builds for it".into()),
-                    ));
+                    let why = r
+                        .error
+                        .clone()
+                        .unwrap_or_else(|| match r.unavailable.first() {
+                            Some(u) => format!(
+                                "no variant builds for it ({}: {})",
+                                u.variant,
+                                gpuarch_core::text::first_line(&u.reason)
+                            ),
+                            None => "no variant builds for it".into(),
+                        });
+                    failed.push((format!("{} {}", r.package, r.arch), why.clone()));
+                    unbuildable.push((key, Some(why)));
+                } else {
+                    unbuildable.push((key, None));
                 }
             }
         }
+        // Only a build says what cannot be built (a pull's miss does not).
+        if fetch == Fetch::Build {
+            self.note_unbuildable(&unbuildable);
+        }
         self.republish(touched.into_iter().collect()).await;
         finish(&state, &failed, "served");
+    }
+
+    /// Say, beside the spool, which builds could not be made and why (and
+    /// forget those that now could), so that containers stop asking for
+    /// what cannot be built until gpuarchd restarts
+    /// (`gpuarch_wire::spool::unbuildable_path`).
+    fn note_unbuildable(&self, results: &[(String, Option<String>)]) {
+        use gpuarch_wire::spool::{MAX_UNBUILDABLE, MOST_UNBUILDABLE, unbuildable_path};
+        let path = unbuildable_path(&self.cfg.spool_dir);
+        let mut map: serde_json::Map<String, serde_json::Value> = std::fs::File::open(&path)
+            .ok()
+            .and_then(|f| {
+                let mut b = Vec::new();
+                std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_UNBUILDABLE), &mut b)
+                    .ok()?;
+                serde_json::from_slice(&b).ok()
+            })
+            .unwrap_or_default();
+        let before = map.clone();
+        for (key, why) in results {
+            match why {
+                Some(w) if map.len() < MOST_UNBUILDABLE || map.contains_key(key) => {
+                    let w: String = gpuarch_core::text::first_line(w)
+                        .chars()
+                        .take(300)
+                        .collect();
+                    map.insert(key.clone(), serde_json::Value::from(w));
+                }
+                Some(_) => {}
+                None => {
+                    map.remove(key);
+                }
+            }
+        }
+        if map == before {
+            return;
+        }
+        let text = serde_json::Value::Object(map).to_string();
+        if let Err(e) = gpuarch_fs::write_atomic(&path, text.as_bytes()) {
+            warn!(
+                "cannot say which builds cannot be made at {}: {e}",
+                path.display()
+            );
+        }
     }
 
     /// Publish `names` again and sweep the views no one mounts.

@@ -408,10 +408,31 @@ fn make_view(
     res
 }
 
+/// Why gpuarchd said it cannot build request `name`, if it did.
+fn unbuildable(spool_dir: &std::path::Path, name: &str) -> Option<String> {
+    use gpuarch_wire::spool::{MAX_UNBUILDABLE, unbuildable_path};
+    use std::io::Read;
+    let f = std::fs::File::open(unbuildable_path(spool_dir)).ok()?;
+    let mut bytes = Vec::new();
+    f.take(MAX_UNBUILDABLE).read_to_end(&mut bytes).ok()?;
+    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes).ok()?;
+    let why = map.get(name)?.as_str()?;
+    Some(gpuarch_core::text::clean(why).into_owned())
+}
+
 /// Leave a request for a build of `package` for `arch`; an existing request
 /// is enough. Never fails the container: a failure is a note.
 fn request(cfg: &KernelsConfig, package: &str, arch: Target, notes: &mut Vec<String>) {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let name = gpuarch_wire::spool::request_name(package, &arch.to_string());
+    // What gpuarchd said it cannot build is not asked again: the note
+    // says why (until gpuarchd restarts, which is what applies a fix).
+    if let Some(why) = unbuildable(&cfg.spool_dir, &name) {
+        notes.push(format!(
+            "kernel package {package}: no {arch} build, and gpuarchd could not build one: {why} (gpuarchctl doctor says how to fix it; not asked again until gpuarchd restarts)"
+        ));
+        return;
+    }
     let _ = std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)

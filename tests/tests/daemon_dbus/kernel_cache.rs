@@ -1185,3 +1185,64 @@ fn a_runaway_build_is_killed_and_gpuarchd_never_loads_nvrtc() {
     );
     node.stop();
 }
+
+/// With no NVRTC, a container's request is answered once: gpuarchd says
+/// beside the spool that it cannot build it and why, and later containers
+/// say so in their notes instead of asking again (each start said "no
+/// sm_86 build yet; requested it", and gpuarchd answered each request with
+/// "NVRTC not found"). A restart of gpuarchd lets them ask again.
+#[test]
+fn what_cannot_be_built_is_asked_once_and_said() {
+    need_bus!();
+    let none = tempfile::tempdir().unwrap();
+    let mut node = Node::with_kernels(none.path(), "");
+    // Only containers ask: no pre-warm.
+    let yaml = std::fs::read_to_string(node.path("config.yaml")).unwrap();
+    std::fs::write(
+        node.path("config.yaml"),
+        yaml.replace("kernels:\n", "kernels:\n  prewarm: false\n"),
+    )
+    .unwrap();
+    node.start(&[]);
+    let unbuildable = gpuarch_wire::spool::unbuildable_path(&node.path("spool"));
+    // Once gpuarchd has published its packages.
+    let t0 = Instant::now();
+    let log = loop {
+        let (_, log) = precreate(&node, "1");
+        if log.contains("kernel package") || t0.elapsed() > Duration::from_secs(30) {
+            break log;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        log.contains("no sm_86 build yet; requested it from gpuarchd"),
+        "{log}"
+    );
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&unbuildable).is_ok_and(|t| t.contains("@sm_86")) {
+        assert!(t0.elapsed() < Duration::from_secs(30), "{}", node.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (_, log) = precreate(&node, "1");
+    assert!(
+        log.contains("no sm_86 build, and gpuarchd could not build one")
+            && log.contains("NVRTC")
+            && !log.contains("requested it"),
+        "{log}"
+    );
+    let left: Vec<_> = std::fs::read_dir(node.path("spool")).unwrap().collect();
+    assert!(left.is_empty(), "a request was left: {left:?}");
+    // A restart (what applies a newly installed NVRTC) forgets it.
+    node.stop();
+    node.start(&[]);
+    let t0 = Instant::now();
+    while unbuildable.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "not forgotten at restart"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (_, log) = precreate(&node, "1");
+    assert!(log.contains("requested it from gpuarchd"), "{log}");
+}
