@@ -74,9 +74,23 @@ impl Change {
     }
 }
 
+/// The NRI plugin as an admin sees it (`gpuarchctl status`, doctor).
+#[derive(Debug, Clone, Default)]
+pub struct NriStatus {
+    /// "off (nri.enable)", "registered with RUNTIME at SOCKET since T",
+    /// or "not registered: WHY".
+    pub state: String,
+    /// Containers given a Plan since gpuarchd started.
+    pub planned: u64,
+    /// The last of them ("ns/pod container at T"), or "".
+    pub last: String,
+}
+
 /// Everything shared between the tasks of the daemon.
 #[derive(Debug)]
 pub struct Shared {
+    /// What the NRI plugin is doing, for `status` and doctor.
+    pub nri: std::sync::Mutex<NriStatus>,
     inventory: RwLock<Inventory>,
     config: RwLock<Arc<Config>>,
     pub started: SystemTime,
@@ -118,6 +132,7 @@ impl Shared {
             config_must_exist,
             nvml_library: gpuarch_inventory::DEFAULT_NVML_LIB.to_owned(),
             bus: RwLock::new(Vec::new()),
+            nri: std::sync::Mutex::new(NriStatus::default()),
         }
     }
 

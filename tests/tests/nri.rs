@@ -268,6 +268,20 @@ fn cases(suite: &str) {
     );
     let why = s.why(&name);
     assert!(why.contains(r#""by": "nri""#), "{why}");
+    // An admin sees NRI working: registered, how many planned, the last.
+    let o = s.node.ctl(None, &["status"]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        out.contains("nri: registered with containerd")
+            && out.contains("container(s) planned, the last "),
+        "{out}"
+    );
+    let o = s.node.ctl(None, &["doctor"]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        out.contains("ok    NRI          registered with containerd"),
+        "{out}"
+    );
 
     // An image with Python in its layers: read from them, through the
     // whiteout and the opaque directory, from the venv on PATH and

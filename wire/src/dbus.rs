@@ -302,6 +302,12 @@ pub trait Daemon {
     fn version(&self) -> zbus::Result<String>;
     #[zbus(property)]
     fn started_at(&self) -> zbus::Result<u64>;
+    #[zbus(property)]
+    fn nri_state(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn nri_planned(&self) -> zbus::Result<u64>;
+    #[zbus(property)]
+    fn nri_last(&self) -> zbus::Result<String>;
 }
 
 /// `io.gpuarch1.KernelCache`.

@@ -76,6 +76,7 @@ struct Answer {
     last_error: String,
     driver: String,
     cuda: String,
+    nri: (String, u64, String),
 }
 
 fn ask(d: &Daemon) -> Result<Answer, BusError> {
@@ -93,6 +94,11 @@ fn ask(d: &Daemon) -> Result<Answer, BusError> {
             last_error: inv.last_error().await.map_err(e)?,
             driver: inv.driver_version().await.map_err(e)?,
             cuda: inv.cuda_driver_version().await.map_err(e)?,
+            nri: (
+                daemon.nri_state().await.map_err(e)?,
+                daemon.nri_planned().await.map_err(e)?,
+                daemon.nri_last().await.map_err(e)?,
+            ),
         })
     })
 }
@@ -106,6 +112,7 @@ fn daemon(json: bool, d: &Daemon, config: &ConfigState, out: &mut String) -> Res
         let doc = json!({
             "daemon": {"version": a.version, "uptime_s": uptime.map(|d| d.as_secs())},
             "config": config.json(),
+            "nri": {"state": a.nri.0, "planned": a.nri.1, "last": a.nri.2},
             "inventory": {
                 "devices": a.caps.len(),
                 "compute_capabilities": a.caps,
@@ -134,6 +141,19 @@ fn daemon(json: bool, d: &Daemon, config: &ConfigState, out: &mut String) -> Res
         uptime.map_or_else(|| "?".to_owned(), short_duration)
     );
     config.line(out);
+    if !a.nri.0.starts_with("off") {
+        let _ = writeln!(
+            out,
+            "nri: {}; {} container(s) planned{}",
+            render::shown(&a.nri.0),
+            a.nri.1,
+            if a.nri.2.is_empty() {
+                String::new()
+            } else {
+                format!(", the last {}", render::shown(&a.nri.2))
+            }
+        );
+    }
     if a.generated_at.is_empty() {
         let _ = writeln!(out, "inventory: none yet: {}", a.last_error);
         return Ok(0);

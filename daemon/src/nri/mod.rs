@@ -80,19 +80,32 @@ const CONFIGURE_WITHIN: Duration = Duration::from_secs(5);
 /// until `stop`.
 pub async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let mut last_failure: Option<String> = None;
+    let say = |state: String| {
+        shared.nri.lock().unwrap_or_else(|p| p.into_inner()).state = state;
+    };
     loop {
         let cfg = shared.config().nri.clone();
-        if cfg.enable {
+        if !cfg.enable {
+            say("off (nri.enable)".to_owned());
+        } else {
             match session(&shared, &cfg, &mut stop).await {
                 Ok(why) => {
                     info!(
                         "NRI: the connection to {} ended ({why}); connecting again",
                         cfg.socket.display()
                     );
+                    say(format!(
+                        "not registered: the connection to {} ended ({why}); connecting again",
+                        cfg.socket.display()
+                    ));
                     last_failure = None;
                 }
                 Err(e) => {
                     let e = e.to_string();
+                    say(format!(
+                        "not registered: {e}; trying again every {} s",
+                        RETRY.as_secs()
+                    ));
                     // Said once, not every second while the runtime is down.
                     if last_failure.as_deref() != Some(&e) {
                         warn!("NRI: {e}; trying again every {} s", RETRY.as_secs());
@@ -194,6 +207,12 @@ async fn session(
         "NRI: registered with {runtime} at {} as plugin {}-{PLUGIN_NAME}",
         cfg.socket.display(),
         cfg.index
+    );
+    shared.nri.lock().unwrap_or_else(|p| p.into_inner()).state = format!(
+        "registered with {runtime} at {} as plugin {}-{PLUGIN_NAME} since {}",
+        cfg.socket.display(),
+        cfg.index,
+        gpuarch_inventory::now_rfc3339()
     );
     let why = loop {
         tokio::select! {
@@ -385,6 +404,11 @@ impl proto::nri_ttrpc::Plugin for Plugin {
                     info!("NRI: {who}: {n}");
                 }
                 keep_record(&record_dir, &container.id, &plan);
+                {
+                    let mut n = self.shared.nri.lock().unwrap_or_else(|p| p.into_inner());
+                    n.planned += 1;
+                    n.last = format!("{who} at {}", gpuarch_inventory::now_rfc3339());
+                }
                 resp.adjust = protobuf::MessageField::some(*adj);
             }
             Ok(Outcome::Nothing(plan)) => {

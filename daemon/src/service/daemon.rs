@@ -46,6 +46,40 @@ impl Daemon {
         env!("CARGO_PKG_VERSION").to_owned()
     }
 
+    /// The NRI plugin: "off (nri.enable)", "registered with RUNTIME at
+    /// SOCKET as plugin IDX-gpuarch since T", or "not registered: WHY".
+    /// Read it fresh: no change signal.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn nri_state(&self) -> String {
+        self.shared
+            .nri
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .state
+            .clone()
+    }
+
+    /// Containers the NRI plugin gave a Plan since gpuarchd started.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn nri_planned(&self) -> u64 {
+        self.shared
+            .nri
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .planned
+    }
+
+    /// The last of them, "NAMESPACE/POD CONTAINER at T", or "".
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn nri_last(&self) -> String {
+        self.shared
+            .nri
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .last
+            .clone()
+    }
+
     /// When gpuarchd started, in microseconds since the epoch.
     #[zbus(property(emits_changed_signal = "const"))]
     fn started_at(&self) -> u64 {

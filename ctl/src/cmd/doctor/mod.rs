@@ -27,7 +27,9 @@ use crate::cli::{Cli, DoctorArgs};
 use crate::render;
 use crate::source::Daemon;
 use files::{cache, jit, nfd, registry, trust};
-use node::{ask_compiler, compiler, daemon, daemon_last_read, daemon_nvml, nvml, snapshot_judged};
+use node::{
+    ask_compiler, compiler, daemon, daemon_last_read, daemon_nvml, nri, nvml, snapshot_judged,
+};
 
 /// Run every check; print them; 1 when any failed.
 pub fn run(cli: &Cli, args: &DoctorArgs, out: &mut String) -> Result<u8> {
@@ -124,6 +126,7 @@ pub fn checks(cli: &Cli, root: &Path) -> Vec<Check> {
     checks.push(compiler(&config.kernels, root, d.and_then(ask_compiler)));
     checks.push(jit(&config.jit_cache, root));
     checks.push(nfd(cli, &config, root));
+    checks.push(nri(d, config.nri.enable));
     checks.push(registry(&config.kernels, root));
     for e in crate::engine::ALL {
         checks.extend(crate::engine::check(e, root));

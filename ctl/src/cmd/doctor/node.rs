@@ -70,6 +70,47 @@ pub(super) fn daemon(bus: &Result<Daemon>) -> Check {
     }
 }
 
+/// The NRI plugin, as gpuarchd says it is: registered with the runtime
+/// (and what it planned last), or why not; skipped when `nri.enable` is
+/// off or gpuarchd does not answer (its own check says that).
+pub(super) fn nri(d: Option<&Daemon>, enabled: bool) -> crate::check::Check {
+    const NAME: &str = "NRI";
+    if !enabled {
+        return crate::check::skip(NAME, "off (nri.enable)");
+    }
+    let Some(d) = d else {
+        return crate::check::skip(NAME, "gpuarchd does not answer");
+    };
+    let asked = d.ask_within(Duration::from_secs(5), async {
+        let e = |e| BusError::of("asking gpuarchd", e);
+        let p = d.proxy::<DaemonProxy>().await.map_err(e)?;
+        Ok((
+            p.nri_state().await.map_err(e)?,
+            p.nri_planned().await.map_err(e)?,
+            p.nri_last().await.map_err(e)?,
+        ))
+    });
+    match asked {
+        Ok((state, planned, last)) if state.starts_with("registered") => ok(
+            NAME,
+            format!(
+                "{state}; {planned} container(s) planned{}",
+                if last.is_empty() {
+                    String::new()
+                } else {
+                    format!(", the last {last}")
+                }
+            ),
+        ),
+        Ok((state, _, _)) => fail(
+            NAME,
+            crate::render::shown(&state).into_owned(),
+            "check nri.socket against the runtime's NRI socket, and that NRI is enabled in the runtime (containerd: [plugins.\"io.containerd.nri.v1.nri\"] disable = false)",
+        ),
+        Err(e) => fail(NAME, gpuarch_core::one_line(&e), "restart gpuarchd"),
+    }
+}
+
 /// What gpuarchd says of its own NVML reads.
 pub(super) struct DaemonNvml {
     library: String,
