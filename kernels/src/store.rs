@@ -445,8 +445,8 @@ impl Store {
         ));
         let out = tmp.join("out");
         let work = tmp.join("work");
-        fs::create_dir_all(&out)?;
-        fs::create_dir_all(&work)?;
+        fs::create_dir_all(&out).map_err(at(&out))?;
+        fs::create_dir_all(&work).map_err(at(&work))?;
         let result = self.build_in(key, meta, &tmp, build);
         if result.is_err() {
             let _ = fs::remove_dir_all(&tmp);
@@ -485,17 +485,19 @@ impl Store {
         };
         let body =
             serde_json::to_vec_pretty(&manifest).map_err(|e| BuildError::Tool(e.to_string()))?;
-        let mut f = File::create(out.join(MANIFEST))?;
-        f.write_all(&body)?;
-        f.sync_all()?;
+        let mpath = out.join(MANIFEST);
+        let mut f = File::create(&mpath).map_err(at(&mpath))?;
+        f.write_all(&body).map_err(at(&mpath))?;
+        f.sync_all().map_err(at(&mpath))?;
         for name in manifest.files.keys() {
-            File::open(out.join(name))?.sync_all()?;
+            let p = out.join(name);
+            File::open(&p).and_then(|f| f.sync_all()).map_err(at(&p))?;
         }
-        fsync_dir(&out)?;
+        fsync_dir(&out).map_err(at(&out))?;
         let dest = self.entry_dir(key);
         let shard = dest.parent().unwrap_or(&self.root);
-        fs::create_dir_all(shard)?;
-        fs::rename(&out, &dest)?;
+        fs::create_dir_all(shard).map_err(at(shard))?;
+        fs::rename(&out, &dest).map_err(at(&dest))?;
         fsync_dir(shard)?;
         let _ = fs::remove_dir_all(tmp);
         self.touch(key);
@@ -646,4 +648,10 @@ pub fn check_outputs(out: &Path, meta: &Meta) -> Result<BTreeMap<String, FileInf
         )));
     }
     Ok(files)
+}
+
+/// An I/O error that names the path it happened at (ENOSPC alone says not
+/// which filesystem is full).
+fn at(path: &Path) -> impl FnOnce(io::Error) -> io::Error + '_ {
+    move |e| io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }

@@ -323,6 +323,8 @@ fn a_full_cache_disk_fails_the_build_clearly_and_stores_nothing_corrupt() {
     assert_eq!(o.status.code(), Some(1), "{out}");
     assert!(out.contains("saxpy sm_86"), "{out}");
     assert!(out.contains("No space left on device"), "{out}");
+    // Which filesystem is full: the path is named (it was not).
+    assert!(out.contains("/cache/tmp/"), "{out}");
     assert!(
         store_entries(&cache).is_empty(),
         "{:?}",
