@@ -1,8 +1,9 @@
 //! The one question gpuarchctl asks Docker: a container's id from its name
 //! (or any prefix Docker accepts), over dockerd's own API socket
-//! (`DOCKER_HOST=unix://PATH`, else `/var/run/docker.sock`). Docker gives
-//! the runtime no names, so records carry only ids; `gpuarchctl why web`
-//! asks Docker which container `web` is.
+//! (`DOCKER_HOST=unix://PATH`, else `/var/run/docker.sock`, else podman's
+//! Docker-compatible `/run/podman/podman.sock`). Neither gives the runtime
+//! or the hook names, so records carry only ids; `gpuarchctl why web`
+//! asks the engine which container `web` is.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -14,11 +15,22 @@ const MAX_ANSWER: u64 = 4 << 20;
 /// How long Docker may take to answer.
 const PATIENCE: Duration = Duration::from_secs(3);
 
-/// dockerd's API socket.
+/// Podman's Docker-compatible API socket (`podman.socket`), asked when
+/// dockerd's is not there.
+const PODMAN_SOCKET: &str = "/run/podman/podman.sock";
+
+/// The engine's API socket: `DOCKER_HOST`, else dockerd's, else podman's.
 pub fn socket() -> Option<PathBuf> {
     match std::env::var("DOCKER_HOST") {
         Ok(h) if !h.is_empty() => h.strip_prefix("unix://").map(PathBuf::from),
-        _ => Some(PathBuf::from("/var/run/docker.sock")),
+        _ => {
+            let docker = PathBuf::from("/var/run/docker.sock");
+            if !docker.exists() && std::path::Path::new(PODMAN_SOCKET).exists() {
+                Some(PathBuf::from(PODMAN_SOCKET))
+            } else {
+                Some(docker)
+            }
+        }
     }
 }
 

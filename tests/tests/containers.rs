@@ -1997,8 +1997,11 @@ fn podman_logs_name_the_container_and_why_shows_what_it_got() {
     need_containers!("podman");
     let s = Scene::new();
     let cidfile = s.path().join("cid");
+    let name = format!("gpuarch-why-{}", std::process::id());
     let seen = s.podman(&[
         "--rm=false",
+        "--name",
+        &name,
         "--cidfile",
         cidfile.to_str().unwrap(),
         "-e",
@@ -2008,6 +2011,32 @@ fn podman_logs_name_the_container_and_why_shows_what_it_got() {
     let id = std::fs::read_to_string(&cidfile).unwrap().trim().to_owned();
     assert_eq!(id.len(), 64, "{id}");
     let log = s.take_log();
+    // By its name, asked of podman's Docker-compatible API (what
+    // podman.socket serves), as gpuarchctl asks Docker's.
+    let sock = s.path().join("podman.sock");
+    let mut service = s
+        .podman_global()
+        .args(["system", "service", "--time", "0"])
+        .arg(format!("unix://{}", sock.display()))
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !sock.exists() && t0.elapsed() < std::time::Duration::from_secs(20) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let o = Command::new(&artifacts().gpuarchctl)
+        .args(["why", &name])
+        .env("GPUARCH_CONFIG", s.config_file(None))
+        .env("DOCKER_HOST", format!("unix://{}", sock.display()))
+        .output()
+        .unwrap();
+    let _ = service.kill();
+    let _ = service.wait();
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).starts_with(&format!("container {id}\n")),
+        "{o:?}"
+    );
     // A rootful user's container that binds this one's userdata in (the
     // probe's record overwrite): it names two ids, so it gets no record,
     // and this container's stays (its 8.6 below, not the other's 7.5).

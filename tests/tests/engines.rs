@@ -221,7 +221,7 @@ fn docker_logs_name_the_container_and_why_shows_what_it_got() {
     assert_eq!(o.status.code(), Some(1), "{o:?}");
     assert!(
         text(&o.stderr).contains(&format!(
-            "as a Docker name: Docker knows no container \"{name}\""
+            "as a Docker or podman name: Docker knows no container \"{name}\""
         )),
         "{o:?}"
     );

@@ -72,7 +72,7 @@ pub fn run(json: bool, args: &WhyArgs, out: &mut String) -> Result<u8> {
                 dir.display(),
                 record::MAX_RECORDS,
                 docker_said
-                    .map(|d| format!(" (as a Docker name: {d})"))
+                    .map(|d| format!(" (as a Docker or podman name: {d})"))
                     .unwrap_or_default()
             );
             if json {
