@@ -75,12 +75,10 @@ pub fn container_id_at(path: &std::path::Path, name: &str) -> Result<String, Doc
     let mut s = UnixStream::connect(path).map_err(io)?;
     s.set_read_timeout(Some(PATIENCE)).map_err(io)?;
     s.set_write_timeout(Some(PATIENCE)).map_err(io)?;
-    // HTTP/1.0: the answer is whole and ends with the connection.
-    write!(
-        s,
-        "GET /containers/{name}/json HTTP/1.0\r\nHost: docker\r\n\r\n"
-    )
-    .map_err(io)?;
+    // HTTP/1.0: the answer is whole and ends with the connection. The
+    // request goes in one write.
+    let request = format!("GET /containers/{name}/json HTTP/1.0\r\nHost: docker\r\n\r\n");
+    s.write_all(request.as_bytes()).map_err(io)?;
     let mut answer = Vec::new();
     s.take(MAX_ANSWER).read_to_end(&mut answer).map_err(io)?;
     let text = String::from_utf8_lossy(&answer);
@@ -123,8 +121,16 @@ mod tests {
         std::thread::spawn(move || {
             for c in l.incoming() {
                 let Ok(mut c) = c else { return };
+                // The whole request, as a server reads it: closing with
+                // some of it unread would reset the connection.
+                let mut req = Vec::new();
                 let mut buf = [0u8; 4096];
-                let _ = c.read(&mut buf);
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => req.extend_from_slice(&buf[..n]),
+                    }
+                }
                 match &answer {
                     Some(a) => {
                         let _ = c.write_all(a);
