@@ -90,7 +90,7 @@ pub struct NriStatus {
 #[derive(Debug)]
 pub struct Shared {
     /// What the NRI plugin is doing, for `status` and doctor.
-    pub nri: std::sync::Mutex<NriStatus>,
+    nri: RwLock<NriStatus>,
     inventory: RwLock<Inventory>,
     config: RwLock<Arc<Config>>,
     pub started: SystemTime,
@@ -132,8 +132,25 @@ impl Shared {
             config_must_exist,
             nvml_library: gpuarch_inventory::DEFAULT_NVML_LIB.to_owned(),
             bus: RwLock::new(Vec::new()),
-            nri: std::sync::Mutex::new(NriStatus::default()),
+            nri: RwLock::new(NriStatus::default()),
         }
+    }
+
+    /// What the NRI plugin is doing now.
+    pub fn nri(&self) -> NriStatus {
+        read(&self.nri).clone()
+    }
+
+    /// The NRI plugin's state changed ([`NriStatus::state`]).
+    pub fn set_nri_state(&self, state: String) {
+        write(&self.nri).state = state;
+    }
+
+    /// The NRI plugin planned container `who`.
+    pub fn nri_planned(&self, who: &str) {
+        let mut n = write(&self.nri);
+        n.planned += 1;
+        n.last = format!("{who} at {}", gpuarch_inventory::now_rfc3339());
     }
 
     /// Every serving connection, if gpuarchd is on the bus now: a job or

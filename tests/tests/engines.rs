@@ -199,12 +199,15 @@ fn docker_logs_name_the_container_and_why_shows_what_it_got() {
     assert!(out.contains("  TORCH_CUDA_ARCH_LIST=8.6\n"), "{out}");
     // By the name Docker knows it by, asked of Docker's own API (Docker
     // gives the runtime no names; before, this was "no record").
-    let o = std::process::Command::new(&gpuarch_tests::artifacts().gpuarchctl)
-        .args(["why", &name])
-        .env("GPUARCH_CONFIG", &e.gpuarch_config)
-        .env("DOCKER_HOST", &e.docker_host)
-        .output()
-        .unwrap();
+    let why_by_name = || {
+        std::process::Command::new(&gpuarch_tests::artifacts().gpuarchctl)
+            .args(["why", &name])
+            .env("GPUARCH_CONFIG", &e.gpuarch_config)
+            .env("DOCKER_HOST", &e.docker_host)
+            .output()
+            .unwrap()
+    };
+    let o = why_by_name();
     assert!(o.status.success(), "{o:?}");
     assert!(
         text(&o.stdout).starts_with(&format!("container {id}\n")),
@@ -212,12 +215,7 @@ fn docker_logs_name_the_container_and_why_shows_what_it_got() {
     );
     assert!(e.docker(&["rm", &name]).status.success());
     // Gone from Docker, the name is said to be unknown there.
-    let o = std::process::Command::new(&gpuarch_tests::artifacts().gpuarchctl)
-        .args(["why", &name])
-        .env("GPUARCH_CONFIG", &e.gpuarch_config)
-        .env("DOCKER_HOST", &e.docker_host)
-        .output()
-        .unwrap();
+    let o = why_by_name();
     assert_eq!(o.status.code(), Some(1), "{o:?}");
     assert!(
         text(&o.stderr).contains(&format!(

@@ -23,6 +23,19 @@ pub fn unbuildable_path(spool_dir: &std::path::Path) -> std::path::PathBuf {
 
 /// Most bytes of the unbuildable file read.
 pub const MAX_UNBUILDABLE: u64 = 256 << 10;
+
+/// The unbuildable file beside `spool_dir`, request name to reason (at
+/// most [`MAX_UNBUILDABLE`] bytes read); empty when there is none or it
+/// cannot be read as such.
+pub fn read_unbuildable(spool_dir: &std::path::Path) -> serde_json::Map<String, serde_json::Value> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(unbuildable_path(spool_dir))
+        .and_then(|f| f.take(MAX_UNBUILDABLE).read_to_end(&mut bytes))
+        .ok()
+        .and_then(|_| serde_json::from_slice(&bytes).ok())
+        .unwrap_or_default()
+}
 /// Most entries it keeps.
 pub const MOST_UNBUILDABLE: usize = 1024;
 

@@ -158,6 +158,7 @@ pub fn docker(json: bool, args: &crate::cli::DockerArgs, out: &mut String) -> Re
             path.display()
         )
     })?;
+    let before = doc.clone();
     let Some(top) = doc.as_object_mut() else {
         bail!("{}: a JSON object is what dockerd reads", path.display());
     };
@@ -181,7 +182,6 @@ pub fn docker(json: bool, args: &crate::cli::DockerArgs, out: &mut String) -> Re
     if args.default {
         top.insert("default-runtime".into(), Value::from(args.name.clone()));
     }
-    let before: Value = serde_json::from_slice(&old).unwrap_or(Value::Null);
     let changed = !exists || before != doc;
     let text = format!("{}\n", serde_json::to_string_pretty(&doc)?);
     let restart = "systemctl restart docker";

@@ -122,17 +122,9 @@ impl Cache {
     /// what cannot be built until gpuarchd restarts
     /// (`gpuarch_wire::spool::unbuildable_path`).
     fn note_unbuildable(&self, results: &[(String, Option<String>)]) {
-        use gpuarch_wire::spool::{MAX_UNBUILDABLE, MOST_UNBUILDABLE, unbuildable_path};
+        use gpuarch_wire::spool::{MOST_UNBUILDABLE, read_unbuildable, unbuildable_path};
         let path = unbuildable_path(&self.cfg.spool_dir);
-        let mut map: serde_json::Map<String, serde_json::Value> = std::fs::File::open(&path)
-            .ok()
-            .and_then(|f| {
-                let mut b = Vec::new();
-                std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_UNBUILDABLE), &mut b)
-                    .ok()?;
-                serde_json::from_slice(&b).ok()
-            })
-            .unwrap_or_default();
+        let mut map = read_unbuildable(&self.cfg.spool_dir);
         let before = map.clone();
         for (key, why) in results {
             match why {

@@ -80,9 +80,7 @@ const CONFIGURE_WITHIN: Duration = Duration::from_secs(5);
 /// until `stop`.
 pub async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let mut last_failure: Option<String> = None;
-    let say = |state: String| {
-        shared.nri.lock().unwrap_or_else(|p| p.into_inner()).state = state;
-    };
+    let say = |state: String| shared.set_nri_state(state);
     loop {
         let cfg = shared.config().nri.clone();
         if !cfg.enable {
@@ -208,12 +206,12 @@ async fn session(
         cfg.socket.display(),
         cfg.index
     );
-    shared.nri.lock().unwrap_or_else(|p| p.into_inner()).state = format!(
+    shared.set_nri_state(format!(
         "registered with {runtime} at {} as plugin {}-{PLUGIN_NAME} since {}",
         cfg.socket.display(),
         cfg.index,
         gpuarch_inventory::now_rfc3339()
-    );
+    ));
     let why = loop {
         tokio::select! {
             r = &mut m.done => break match r {
@@ -404,11 +402,7 @@ impl proto::nri_ttrpc::Plugin for Plugin {
                     info!("NRI: {who}: {n}");
                 }
                 keep_record(&record_dir, &container.id, &plan);
-                {
-                    let mut n = self.shared.nri.lock().unwrap_or_else(|p| p.into_inner());
-                    n.planned += 1;
-                    n.last = format!("{who} at {}", gpuarch_inventory::now_rfc3339());
-                }
+                self.shared.nri_planned(&who);
                 resp.adjust = protobuf::MessageField::some(*adj);
             }
             Ok(Outcome::Nothing(plan)) => {

@@ -51,33 +51,19 @@ impl Daemon {
     /// Read it fresh: no change signal.
     #[zbus(property(emits_changed_signal = "false"))]
     fn nri_state(&self) -> String {
-        self.shared
-            .nri
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .state
-            .clone()
+        self.shared.nri().state
     }
 
     /// Containers the NRI plugin gave a Plan since gpuarchd started.
     #[zbus(property(emits_changed_signal = "false"))]
     fn nri_planned(&self) -> u64 {
-        self.shared
-            .nri
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .planned
+        self.shared.nri().planned
     }
 
     /// The last of them, "NAMESPACE/POD CONTAINER at T", or "".
     #[zbus(property(emits_changed_signal = "false"))]
     fn nri_last(&self) -> String {
-        self.shared
-            .nri
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .last
-            .clone()
+        self.shared.nri().last
     }
 
     /// When gpuarchd started, in microseconds since the epoch.

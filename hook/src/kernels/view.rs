@@ -410,12 +410,7 @@ fn make_view(
 
 /// Why gpuarchd said it cannot build request `name`, if it did.
 fn unbuildable(spool_dir: &std::path::Path, name: &str) -> Option<String> {
-    use gpuarch_wire::spool::{MAX_UNBUILDABLE, unbuildable_path};
-    use std::io::Read;
-    let f = std::fs::File::open(unbuildable_path(spool_dir)).ok()?;
-    let mut bytes = Vec::new();
-    f.take(MAX_UNBUILDABLE).read_to_end(&mut bytes).ok()?;
-    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes).ok()?;
+    let map = gpuarch_wire::spool::read_unbuildable(spool_dir);
     let why = map.get(name)?.as_str()?;
     Some(gpuarch_core::text::clean(why).into_owned())
 }

@@ -570,22 +570,8 @@ fn config_errors_refuse_a_start_and_leave_a_running_daemon_as_it_was() {
     // The hook, which reads the file at every start, plans with gpuarchd's
     // last valid config (GPUARCH_FP8 disabled there), and says so in the
     // Plan's notes; before, the container started unplanned.
-    let spec = serde_json::json!({
-        "ociVersion": "1.2.0", "root": {"path": "rootfs"}, "mounts": [],
-        "process": {"args": ["sh"], "env": ["NVIDIA_VISIBLE_DEVICES=1"],
-                    "user": {"uid": 0, "gid": 0}},
-    });
-    let o = gpuarch_tests::output_with_stdin(
-        Command::new(&artifacts().gpuarch_hook)
-            .arg("precreate")
-            .env("GPUARCH_CONFIG", node.path("config.yaml"))
-            .env("GPUARCH_INVENTORY", node.path("run/inventory.json"))
-            .env("GPUARCH_LOG", "stderr"),
-        spec.to_string().as_bytes(),
-    );
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "{err}");
-    let env = serde_json::from_str::<serde_json::Value>(&out).unwrap()["process"]["env"].clone();
+    let (config, err) = precreate(&node, "1");
+    let env = config["process"]["env"].clone();
     let env: Vec<&str> = env
         .as_array()
         .unwrap()

@@ -50,6 +50,15 @@ pub(super) fn doctor_root(dir: &Path) {
     );
 }
 
+/// A running gpuarchd and a host root wired as [`doctor_root`] makes it.
+fn wired_node() -> (Node, tempfile::TempDir) {
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    node.start(&[]);
+    let tmp = tempfile::tempdir().unwrap();
+    doctor_root(tmp.path());
+    (node, tmp)
+}
+
 /// `gpuarchctl engine containerd --write` on the root's own config, as an
 /// admin runs it; it must succeed.
 pub(super) fn write_dropin(root: &Path) {
@@ -103,11 +112,8 @@ pub(super) fn doctor_on(node: &Node, root: &Path, inventory: &Path) -> (i32, Str
 #[test]
 fn doctor_weighs_the_caches_free_space_against_what_the_store_may_take() {
     need_bus!();
-    let mut node = Node::new("2080ti-3090", Policy::Shipped);
-    node.start(&[]);
-    let tmp = tempfile::tempdir().unwrap();
+    let (node, tmp) = wired_node();
     let root = tmp.path();
-    doctor_root(root);
     let snapshot = node.path("run/inventory.json");
     let cache = root.join("var/cache/gpuarch");
     let _fs = gpuarch_tests::Tmpfs::mount(&cache, "size=512m,mode=0755");
@@ -149,11 +155,8 @@ fn doctor_weighs_the_caches_free_space_against_what_the_store_may_take() {
 #[test]
 fn doctor_passes_a_docker_only_host_and_fails_containerd_once_a_kubelet_uses_it() {
     need_bus!();
-    let mut node = Node::new("2080ti-3090", Policy::Shipped);
-    node.start(&[]);
-    let tmp = tempfile::tempdir().unwrap();
+    let (node, tmp) = wired_node();
     let root = tmp.path();
-    doctor_root(root);
     for gone in [
         "etc/containerd",
         "etc/crio",
@@ -201,11 +204,8 @@ fn doctor_passes_a_docker_only_host_and_fails_containerd_once_a_kubelet_uses_it(
 #[test]
 fn a_shim_named_otherwise_is_wired_and_recognised() {
     need_bus!();
-    let mut node = Node::new("2080ti-3090", Policy::Shipped);
-    node.start(&[]);
-    let tmp = tempfile::tempdir().unwrap();
+    let (node, tmp) = wired_node();
     let root = tmp.path();
-    doctor_root(root);
     std::fs::create_dir_all(root.join("opt/shims")).unwrap();
     std::fs::copy(
         &artifacts().gpuarch_runtime,
@@ -270,11 +270,8 @@ fn a_shim_named_otherwise_is_wired_and_recognised() {
 #[test]
 fn doctor_checks_the_daemon_nvml_snapshot_cache_and_each_engine() {
     need_bus!();
-    let mut node = Node::new("2080ti-3090", Policy::Shipped);
-    node.start(&[]);
-    let tmp = tempfile::tempdir().unwrap();
+    let (mut node, tmp) = wired_node();
     let root = tmp.path();
-    doctor_root(root);
     let snapshot = node.path("run/inventory.json");
     let (code, out) = doctor_on(&node, root, &snapshot);
     assert_eq!(code, 0, "{out}");

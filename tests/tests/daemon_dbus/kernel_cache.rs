@@ -469,26 +469,6 @@ fn a_second_node_prewarms_from_the_registry_with_no_build() {
     c.stop();
 }
 
-/// `gpuarch-hook precreate` on `node`'s config and inventory for a
-/// container given `visible` (NVIDIA_VISIBLE_DEVICES): the config it
-/// returns, and its log (the plan's notes).
-fn precreate(node: &Node, visible: &str) -> (serde_json::Value, String) {
-    let config = serde_json::json!({"ociVersion": "1.2.0",
-        "process": {"args": ["sh"], "env": [format!("NVIDIA_VISIBLE_DEVICES={visible}")]},
-        "root": {"path": "rootfs"}});
-    let o = gpuarch_tests::output_with_stdin(
-        Command::new(&artifacts().gpuarch_hook)
-            .arg("precreate")
-            .env("GPUARCH_CONFIG", node.path("config.yaml"))
-            .env("GPUARCH_INVENTORY", node.path("run/inventory.json"))
-            .env("GPUARCH_LOG", "stderr"),
-        config.to_string().as_bytes(),
-    );
-    let (out, log) = text(&o);
-    assert!(o.status.success(), "{log}");
-    (serde_json::from_str(&out).unwrap(), log)
-}
-
 /// The view manifest of `package` a precreate config mounts, if it does.
 fn view_manifest(config: &serde_json::Value, package: &str) -> Option<serde_json::Value> {
     let view = config["mounts"]
