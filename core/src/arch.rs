@@ -429,6 +429,56 @@ pub fn best_target(
         .max_by_key(|t| (t.kind == CodeKind::Sass, *t))
 }
 
+/// How a binary's code gets onto one GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Machine code for it is there.
+    Sass(Target),
+    /// Only PTX fits: the driver JIT-compiles it at load.
+    Jit(Target),
+    /// Nothing in the binary runs there: why.
+    No(String),
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Placement::Sass(t) => write!(f, "runs from SASS {t}"),
+            Placement::Jit(t) => write!(f, "runs by PTX JIT from {t}"),
+            Placement::No(why) => write!(f, "will not run: {why}"),
+        }
+    }
+}
+
+/// Where code carrying `targets` runs on a GPU of capability `cap`: the
+/// best SASS (the highest that fits), else PTX the driver can JIT, else
+/// why not. `gpuarchctl inspect`'s and the image audit's verdict.
+pub fn placement(
+    targets: impl IntoIterator<Item = Target>,
+    cap: ComputeCapability,
+    driver_cuda: Option<CudaVersion>,
+) -> Placement {
+    let targets: Vec<Target> = targets.into_iter().collect();
+    match best_target(targets.iter().copied(), cap, driver_cuda, true) {
+        Some(t) if t.kind == CodeKind::Sass => return Placement::Sass(t),
+        Some(t) => return Placement::Jit(t),
+        None => {}
+    }
+    if targets.is_empty() {
+        return Placement::No("the binary carries no GPU code".into());
+    }
+    let carried: BTreeSet<String> = targets.iter().map(|t| t.to_string()).collect();
+    let reasons: BTreeSet<String> = targets
+        .iter()
+        .map(|t| t.check(cap, driver_cuda, None).reason)
+        .collect();
+    Placement::No(format!(
+        "it carries only {} and {cap} runs none of it ({})",
+        carried.into_iter().collect::<Vec<_>>().join(", "),
+        reasons.into_iter().collect::<Vec<_>>().join("; ")
+    ))
+}
+
 fn split_suffix(s: &str) -> (&str, Specificity) {
     if let Some(b) = s.strip_suffix('a') {
         (b, Specificity::ArchSpecific)

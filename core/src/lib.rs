@@ -27,6 +27,7 @@
 #![forbid(unsafe_code)]
 
 pub mod arch;
+pub mod audit;
 pub mod config;
 pub mod env;
 pub mod features;

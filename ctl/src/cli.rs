@@ -64,6 +64,12 @@ pub enum Cmd {
     /// and whether each GPU of this host runs it (from SASS, by PTX JIT, or
     /// not at all, and why). Exit status 1 when a GPU runs none of it.
     Inspect(InspectArgs),
+    /// The CUDA binaries an image (a rootfs, a venv, any directory) carries:
+    /// its Python distributions' libraries, cubins and fatbins, the library
+    /// path, Hugging Face's and FlashInfer's kernel caches; the SASS and
+    /// PTX in each, and whether each GPU runs it. Exit status 1 when a GPU
+    /// can run none of some binary.
+    Audit(AuditArgs),
     /// Build kernel packages ahead of time and pin the builds (root or group
     /// gpuarch); shows progress, exit status 1 when a build is not served.
     Prewarm(PrewarmArgs),
@@ -216,6 +222,29 @@ pub struct InspectArgs {
     /// Judge for a compute capability (8.6) instead of this host's GPUs.
     #[arg(long, value_name = "CAP")]
     pub cap: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct AuditArgs {
+    /// The image's root directory (or a venv, or any directory).
+    pub path: PathBuf,
+    /// Judge for these GPUs (indexes as NVML numbers them) instead of all.
+    #[arg(long, value_name = "LIST", conflicts_with = "cap")]
+    pub devices: Option<String>,
+    /// Judge for compute capabilities (7.5,8.6) instead of this host's GPUs.
+    #[arg(long, value_name = "LIST")]
+    pub cap: Option<String>,
+    /// The image's process env, as its config gives it (PATH,
+    /// VIRTUAL_ENV, LD_LIBRARY_PATH, HOME, HF_HOME ...): which Python
+    /// environments and caches are its own. Repeatable.
+    #[arg(long, value_name = "NAME=VALUE")]
+    pub env: Vec<String>,
+    /// The uid the image's process runs as (its user site and home).
+    #[arg(long, value_name = "UID")]
+    pub user: Option<u32>,
+    /// Stop after this long and say so [default: 300].
+    #[arg(long, value_name = "SECONDS")]
+    pub max_seconds: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]

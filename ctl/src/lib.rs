@@ -47,6 +47,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
         // Questions that need no GPU and no daemon.
         Cmd::Arch(a) => cmd::arch::run(cli.json, a, &mut out)?,
         Cmd::Inspect(args) => cmd::inspect::run(cli, args, &mut out)?,
+        Cmd::Audit(args) => cmd::audit::run(cli, args, &mut out)?,
         Cmd::Engine(EngineCmd::Containerd(args)) => {
             cmd::engine::containerd(cli.json, args, &mut out)?
         }

@@ -157,6 +157,16 @@ impl Root {
         st: &nix::sys::stat::FileStat,
         max: usize,
     ) -> Result<Vec<u8>, Errno> {
+        let file = Self::open_looked_up(&path, st)?;
+        read_prefix(OwnedFd::from(file), max)
+    }
+
+    /// What [`Root::lookup`] found, opened to read, where `st` says it is
+    /// a regular file (never a device or a FIFO).
+    pub fn open_looked_up(
+        path: &OwnedFd,
+        st: &nix::sys::stat::FileStat,
+    ) -> Result<std::fs::File, Errno> {
         if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG {
             return Err(Errno::EINVAL);
         }
@@ -165,11 +175,11 @@ impl Root {
             nix::fcntl::AT_FDCWD,
             Path::new(&format!(
                 "/proc/self/fd/{}",
-                std::os::fd::AsRawFd::as_raw_fd(&path)
+                std::os::fd::AsRawFd::as_raw_fd(path)
             )),
             reopen,
         )?;
-        read_prefix(fd, max)
+        Ok(std::fs::File::from(fd))
     }
 
     /// Open directory `rel` (relative to the container's `/`), creating the

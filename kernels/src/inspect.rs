@@ -33,6 +33,10 @@ const FATBIN_ARCH_SPECIFIC: u64 = 0x0010_0000;
 /// The `.nv.compat` attribute saying the code is arch-specific.
 const COMPAT_ARCH_SPECIFIC: u8 = 9;
 
+/// Data sections a library may keep fatbins of its own in, registered by
+/// its code rather than by the CUDA runtime's start-up (cuFFT's `.ldata`).
+const EMBEDDING_SECTIONS: [&str; 5] = [".ldata", ".lrodata", ".rodata", ".data.rel.ro", ".data"];
+
 /// One piece of GPU code found in a binary.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CodeObject {
@@ -116,56 +120,16 @@ fn sm_target(sm: u32, arch_specific: bool, kind: CodeKind) -> Result<Target, Ins
     Ok(Target { cap, spec, kind })
 }
 
-/// How a binary's code gets onto one GPU.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Placement {
-    /// Machine code for it is there.
-    Sass(Target),
-    /// Only PTX fits: the driver JIT-compiles it at load.
-    Jit(Target),
-    /// Nothing in the binary runs there: why.
-    No(String),
-}
+pub use gpuarch_core::arch::Placement;
 
-impl fmt::Display for Placement {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Placement::Sass(t) => write!(f, "runs from SASS {t}"),
-            Placement::Jit(t) => write!(f, "runs by PTX JIT from {t}"),
-            Placement::No(why) => write!(f, "will not run: {why}"),
-        }
-    }
-}
-
-/// Where the code in `objs` runs on a GPU of capability `cap`: the best
-/// SASS (the highest that fits), else PTX the driver can JIT, else why not.
+/// Where the code in `objs` runs on a GPU of capability `cap`
+/// ([`gpuarch_core::arch::placement`]).
 pub fn placement(
     objs: &[CodeObject],
     cap: ComputeCapability,
     driver_cuda: Option<CudaVersion>,
 ) -> Placement {
-    match gpuarch_core::arch::best_target(objs.iter().map(|o| o.target), cap, driver_cuda, true) {
-        Some(t) if t.kind == CodeKind::Sass => return Placement::Sass(t),
-        Some(t) => return Placement::Jit(t),
-        None => {}
-    }
-    if objs.is_empty() {
-        return Placement::No("the binary carries no GPU code".into());
-    }
-    let mut carried: Vec<String> = objs.iter().map(|o| o.target.to_string()).collect();
-    carried.sort();
-    carried.dedup();
-    let reasons: Vec<String> = objs
-        .iter()
-        .map(|o| o.target.check(cap, driver_cuda, None).reason)
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    Placement::No(format!(
-        "it carries only {} and {cap} runs none of it ({})",
-        carried.join(", "),
-        reasons.join("; ")
-    ))
+    gpuarch_core::arch::placement(objs.iter().map(|o| o.target), cap, driver_cuda)
 }
 
 /// Read everything `data` carries, each piece of code where it was found.
@@ -193,6 +157,11 @@ fn walk(data: &[u8], mut sink: Sink) -> Result<Vec<CodeObject>, InspectError> {
         for name in [".nv_fatbin", "__nv_relfatbin"] {
             if let Some(sec) = elf.section(name)? {
                 fatbins(sec, name, &mut sink)?;
+            }
+        }
+        for name in EMBEDDING_SECTIONS {
+            if let Some(sec) = elf.section(name)? {
+                fatbin::embedded_fatbins(sec, name, &mut sink);
             }
         }
         return Ok(sink.finish());
@@ -547,8 +516,10 @@ impl<'a> Elf<'a> {
 
 mod fatbin;
 
+#[cfg(test)]
+use fatbin::cubin_elf;
 use fatbin::fatbins;
-pub use fatbin::write_fatbin;
+pub use fatbin::{write_cubin, write_fatbin};
 
 #[cfg(test)]
 mod tests;

@@ -110,6 +110,64 @@ fn fatbins_and_libraries_report_what_cuobjdump_reports() {
     );
 }
 
+/// A library that keeps fatbins in its own data (cuFFT 12 keeps 24,000
+/// in `.ldata` and registers them itself): the inspector reads them,
+/// where cuobjdump lists only `.nv_fatbin`; a stray magic number among
+/// the data is passed over, not an error.
+#[test]
+fn fatbins_a_library_keeps_in_its_data_are_read() {
+    let Some(cuda) = common::cuda_dir() else {
+        return;
+    };
+    let n = Nvrtc::load(std::slice::from_ref(&cuda)).unwrap();
+    let sm75 = compile(&n, "sm_75");
+    let sm90 = compile(&n, "sm_90");
+    let tmp = tempfile::tempdir().unwrap();
+    let mut data = b"data before".to_vec();
+    data.extend(0xBA55_ED50u32.to_le_bytes());
+    data.extend(b"\x01\x00\x10\x00not a container, a magic number by chance");
+    data.extend(common::fatbin(&[(2, 90, &sm90)]));
+    data.extend(b"data after");
+    let first = fatlib::shared_library_with(
+        tmp.path(),
+        "libfirst.so",
+        &common::fatbin(&[(2, 75, &sm75)]),
+    );
+    let lib = tmp.path().join("libcufft-like.so");
+    std::fs::copy(&first, &lib).unwrap();
+    let ldata = tmp.path().join("ldata.bin");
+    std::fs::write(&ldata, &data).unwrap();
+    let ok = std::process::Command::new("objcopy")
+        .arg(format!("--add-section=.ldata={}", ldata.display()))
+        .args(["--set-section-flags", ".ldata=alloc,readonly"])
+        .arg(&lib)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let listed = common::cuobjdump(&cuda, &["-lelf"], &lib);
+    assert!(
+        listed.contains("sm_75") && !listed.contains("sm_90"),
+        "{listed}"
+    );
+    let objs = inspect::inspect(&std::fs::read(&lib).unwrap()).unwrap();
+    let found: Vec<(String, &str)> = objs
+        .iter()
+        .map(|o| (o.target.to_string(), o.origin.as_str()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("sm_75".to_owned(), ".nv_fatbin container 1 entry 1"),
+            ("sm_90".to_owned(), ".ldata container 1 entry 1"),
+        ]
+    );
+    assert_eq!(objs[1].functions, ["saxpy"]);
+    assert!(matches!(
+        inspect::placement(&objs, cc("9.0"), None),
+        Placement::Sass(_)
+    ));
+}
+
 /// `libprobe.so` (`libplain.so` without GPU code): see tests/src/fatlib.rs.
 fn shared_library_with(dir: &Path, fatbin: &[u8]) -> std::path::PathBuf {
     let name = if fatbin.is_empty() {

@@ -10,6 +10,19 @@ use std::process::Command;
 /// nvcc puts a library's device code.
 #[allow(clippy::unwrap_used)] // test helper: a failed build is a failed test
 pub fn shared_library_with(dir: &Path, name: &str, fatbin: &[u8]) -> PathBuf {
+    shared_library_with_section(dir, name, ".nv_fatbin", fatbin)
+}
+
+/// `dir/<name>` as [`shared_library_with`] makes it, `data` added as
+/// section `section` (a library's own `.ldata`, as cuFFT keeps its
+/// fatbins there).
+#[allow(clippy::unwrap_used)] // test helper: a failed build is a failed test
+pub fn shared_library_with_section(
+    dir: &Path,
+    name: &str,
+    section: &str,
+    fatbin: &[u8],
+) -> PathBuf {
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, "int probe(void) { return 42; }\n").unwrap();
     let lib = dir.join(name);
@@ -23,11 +36,12 @@ pub fn shared_library_with(dir: &Path, name: &str, fatbin: &[u8]) -> PathBuf {
         .unwrap();
     assert!(ok.success(), "gcc failed on {}", src.display());
     if !fatbin.is_empty() {
-        let fb = dir.join(format!("{name}.nv_fatbin"));
+        let fb = dir.join(format!("{name}{section}"));
         std::fs::write(&fb, fatbin).unwrap();
         let ok = Command::new("objcopy")
-            .arg(format!("--add-section=.nv_fatbin={}", fb.display()))
-            .args(["--set-section-flags", ".nv_fatbin=alloc,readonly"])
+            .arg(format!("--add-section={section}={}", fb.display()))
+            .arg("--set-section-flags")
+            .arg(format!("{section}=alloc,readonly"))
             .arg(&lib)
             .status()
             .unwrap();

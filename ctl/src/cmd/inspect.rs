@@ -20,12 +20,21 @@ type Judges = (
     Option<String>,
 );
 
-fn judges(cli: &Cli, args: &InspectArgs) -> Result<Judges> {
-    if let Some(c) = &args.cap {
-        let cap = ComputeCapability::parse_reported(c.trim_start_matches("sm_"))
-            .or_else(|_| Target::parse(c).map(|t| t.cap))
-            .map_err(|e| anyhow!("--cap {c}: {e}"))?;
-        return Ok((vec![(format!("capability {cap}"), cap)], None, None));
+/// The GPUs to judge for: `caps` (a list: `7.5,8.6` or `sm_75,sm_86`),
+/// else `devices` of this host's inventory (indexes), else all of them.
+pub(crate) fn judges(cli: &Cli, devices: Option<&str>, caps: Option<&str>) -> Result<Judges> {
+    if let Some(list) = caps {
+        let mut out = Vec::new();
+        for c in list.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+            let cap = ComputeCapability::parse_reported(c.trim_start_matches("sm_"))
+                .or_else(|_| Target::parse(c).map(|t| t.cap))
+                .map_err(|e| anyhow!("--cap {c}: {e}"))?;
+            out.push((format!("capability {cap}"), cap));
+        }
+        if out.is_empty() {
+            return Err(anyhow!("--cap {list:?}: no capability"));
+        }
+        return Ok((out, None, None));
     }
     // The file's targets need no GPU: without an inventory (no driver, no
     // gpuarchd: a build box, CI) they are listed all the same, with the
@@ -35,12 +44,12 @@ fn judges(cli: &Cli, args: &InspectArgs) -> Result<Judges> {
     let offline = Offline::of(cli);
     let snap = match offline.inventory_live(cli.offline) {
         Ok((snap, _)) => snap,
-        Err(e) if !offline.named() && args.devices.is_none() => {
+        Err(e) if !offline.named() && devices.is_none() => {
             return Ok((Vec::new(), None, Some(format!("{e:#}"))));
         }
         Err(e) => return Err(e),
     };
-    let wanted: Option<Vec<u32>> = match &args.devices {
+    let wanted: Option<Vec<u32>> = match devices {
         None => None,
         Some(l) => Some(
             l.split(',')
@@ -71,7 +80,7 @@ fn judges(cli: &Cli, args: &InspectArgs) -> Result<Judges> {
 }
 
 pub fn run(cli: &Cli, args: &InspectArgs, out: &mut String) -> Result<u8> {
-    let (gpus, driver, no_gpus) = judges(cli, args)?;
+    let (gpus, driver, no_gpus) = judges(cli, args.devices.as_deref(), args.cap.as_deref())?;
     let mut code = 0;
     let mut docs = Vec::new();
     for f in &args.files {

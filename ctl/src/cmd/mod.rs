@@ -4,6 +4,7 @@
 //! or gpuarchd alone (`reload` and the kernel cache's commands).
 
 pub mod arch;
+pub mod audit;
 pub mod devices;
 pub mod doctor;
 pub mod engine;

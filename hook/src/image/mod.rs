@@ -235,6 +235,25 @@ pub fn read_layers(
     read_within(layers, view, cache, MAX_ENTRIES, DEADLINE, WAIT)
 }
 
+/// The site directories (paths inside the image, without the leading
+/// `/`) of the image's Python environments for the process of `view`,
+/// found as [`read`] finds them, and what was not read; for a reader off
+/// a start's path (the image audit), with its own bounds. Err: a bound
+/// was reached.
+pub fn sites(
+    root: &Root,
+    view: &ContainerView,
+    max: usize,
+    deadline: Duration,
+) -> Result<(Vec<String>, Vec<String>), String> {
+    let mut budget = Budget::new(max, deadline);
+    let found = envs::discover(root, view, &mut budget).map_err(|e| e.to_string())?;
+    Ok((
+        found.sites.into_iter().map(|s| s.rel).collect(),
+        found.unread,
+    ))
+}
+
 /// An image nothing is known of, and why, as the Plan's note says it.
 pub fn not_read(why: impl std::fmt::Display) -> (Software, Vec<String>) {
     (

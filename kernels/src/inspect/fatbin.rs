@@ -41,6 +41,74 @@ pub fn write_fatbin(entries: &[(u16, u32, &[u8])]) -> Vec<u8> {
     out
 }
 
+/// A cubin of SM `sm` (below 100: ELF ABI 7) whose one kernel is
+/// `kernel`: the inverse of [`inspect`] for a cubin's target and kernels,
+/// for test fixtures without NVIDIA's compiler.
+pub fn write_cubin(sm: u32, kernel: &str) -> Vec<u8> {
+    let mut head = vec![0u8; 64];
+    head[..4].copy_from_slice(b"\x7fELF");
+    head[4] = 2;
+    head[5] = 1;
+    head[7] = 51;
+    head[8] = 7;
+    head[18..20].copy_from_slice(&EM_CUDA.to_le_bytes());
+    head[48..52].copy_from_slice(&(sm | (sm << 16)).to_le_bytes());
+    let strtab = format!("\0{kernel}\0");
+    cubin_elf(head, strtab.as_bytes(), 1, |_| 1)
+}
+
+/// `head` (a cubin's ELF header) followed by a section name table, a
+/// symbol table of `syms` kernel symbols, each naming `strtab` at the
+/// offset `name(i)` gives, and that string table.
+pub(super) fn cubin_elf(
+    head: Vec<u8>,
+    strtab: &[u8],
+    syms: usize,
+    name: impl Fn(usize) -> u32,
+) -> Vec<u8> {
+    let shstr = b"\0.shstrtab\0.symtab\0.strtab\0";
+    let mut symtab = Vec::with_capacity(syms * 24);
+    for i in 0..syms {
+        let mut e = [0u8; 24];
+        e[..4].copy_from_slice(&name(i).to_le_bytes());
+        e[4] = 2; // STT_FUNC
+        e[5] = 0x10; // STO_CUDA_ENTRY
+        symtab.extend(e);
+    }
+    let mut d = head;
+    let place = |bytes: &[u8], d: &mut Vec<u8>| {
+        let at = d.len() as u64;
+        d.extend(bytes);
+        at
+    };
+    let shstr_at = place(shstr, &mut d);
+    let sym_at = place(&symtab, &mut d);
+    let str_at = place(strtab, &mut d);
+    let shoff = d.len() as u64;
+    // (name, type, offset, size, link, entsize)
+    let sections = [
+        (0u32, 0u32, 0u64, 0usize, 0u32, 0u64),
+        (1, 3, shstr_at, shstr.len(), 0, 0),
+        (11, 2, sym_at, symtab.len(), 3, 24),
+        (19, 3, str_at, strtab.len(), 0, 0),
+    ];
+    for (name, kind, off, size, link, entsize) in sections {
+        let mut h = [0u8; 64];
+        h[..4].copy_from_slice(&name.to_le_bytes());
+        h[4..8].copy_from_slice(&kind.to_le_bytes());
+        h[24..32].copy_from_slice(&off.to_le_bytes());
+        h[32..40].copy_from_slice(&(size as u64).to_le_bytes());
+        h[40..44].copy_from_slice(&link.to_le_bytes());
+        h[56..64].copy_from_slice(&entsize.to_le_bytes());
+        d.extend(h);
+    }
+    d[40..48].copy_from_slice(&shoff.to_le_bytes());
+    d[58..60].copy_from_slice(&64u16.to_le_bytes());
+    d[60..62].copy_from_slice(&4u16.to_le_bytes());
+    d[62..64].copy_from_slice(&1u16.to_le_bytes());
+    d
+}
+
 /// Every container in a fatbin blob (a `.fatbin` file or a section).
 pub(super) fn fatbins(data: &[u8], name: &str, out: &mut Sink) -> Result<(), InspectError> {
     let mut off = 0usize;
@@ -87,6 +155,60 @@ pub(super) fn fatbins(data: &[u8], name: &str, out: &mut Sink) -> Result<(), Ins
         off = end;
     }
     Ok(())
+}
+
+/// Fatbin containers a library keeps in its data (cuFFT 12 keeps 24,000
+/// in `.ldata` and registers them itself; cuobjdump lists only its
+/// `.nv_fatbin`): each well-formed container in `data`, wherever its
+/// magic is (`.ldata`'s own alignment is not the file's). One that does
+/// not parse is not code, and is passed over.
+pub(super) fn embedded_fatbins(data: &[u8], name: &str, out: &mut Sink) {
+    let magic = FATBIN_MAGIC.to_le_bytes();
+    let finder = memchr::memmem::Finder::new(&magic);
+    let mut off = 0usize;
+    let mut container = 0;
+    while off + 16 <= data.len() {
+        let Some(at) = finder.find(&data[off..]) else {
+            break;
+        };
+        off += at;
+        if off + 16 > data.len() || u16_at(data, off + 4) != Some(1) {
+            off += 1;
+            continue;
+        }
+        let hdr = u16_at(data, off + 6).unwrap_or(0) as usize;
+        let end = u64_at(data, off + 8)
+            .and_then(|s| usize::try_from(s).ok())
+            .and_then(|s| (off + hdr).checked_add(s))
+            .filter(|e| hdr >= 16 && *e <= data.len() && *e > off + hdr);
+        let Some(end) = end else {
+            off += 1;
+            continue;
+        };
+        let mut one = Sink::new(false);
+        let mut e = off + hdr;
+        let mut entry = 0;
+        let ok = loop {
+            if e + 64 > end {
+                break true;
+            }
+            entry += 1;
+            let origin = format!("{name} container {} entry {entry}", container + 1);
+            match fatbin_entry(data, e, end, origin, &mut one) {
+                Ok(next) => e = next,
+                Err(_) => break false,
+            }
+        };
+        if ok && entry > 0 {
+            container += 1;
+            for o in one.finish() {
+                out.push(o);
+            }
+            off = end;
+        } else {
+            off += 1;
+        }
+    }
 }
 
 /// Read the entry at `e`; push its object; return where the next begins.

@@ -64,47 +64,7 @@ fn ptx_target_line() {
 /// A cubin (sm_86) with one symbol table of `syms` kernel symbols,
 /// each naming `strtab` at the offset `name(i)` gives.
 fn cubin_with_symbols(strtab: &[u8], syms: usize, name: impl Fn(usize) -> u32) -> Vec<u8> {
-    let shstr = b"\0.shstrtab\0.symtab\0.strtab\0";
-    let mut symtab = Vec::with_capacity(syms * 24);
-    for i in 0..syms {
-        let mut e = [0u8; 24];
-        e[..4].copy_from_slice(&name(i).to_le_bytes());
-        e[4] = 2; // STT_FUNC
-        e[5] = 0x10; // STO_CUDA_ENTRY
-        symtab.extend(e);
-    }
-    let mut d = header(7, 0x0056_0556);
-    let place = |bytes: &[u8], d: &mut Vec<u8>| {
-        let at = d.len() as u64;
-        d.extend(bytes);
-        at
-    };
-    let shstr_at = place(shstr, &mut d);
-    let sym_at = place(&symtab, &mut d);
-    let str_at = place(strtab, &mut d);
-    let shoff = d.len() as u64;
-    // (name, type, offset, size, link, entsize)
-    let sections = [
-        (0u32, 0u32, 0u64, 0usize, 0u32, 0u64),
-        (1, 3, shstr_at, shstr.len(), 0, 0),
-        (11, 2, sym_at, symtab.len(), 3, 24),
-        (19, 3, str_at, strtab.len(), 0, 0),
-    ];
-    for (name, kind, off, size, link, entsize) in sections {
-        let mut h = [0u8; 64];
-        h[..4].copy_from_slice(&name.to_le_bytes());
-        h[4..8].copy_from_slice(&kind.to_le_bytes());
-        h[24..32].copy_from_slice(&off.to_le_bytes());
-        h[32..40].copy_from_slice(&(size as u64).to_le_bytes());
-        h[40..44].copy_from_slice(&link.to_le_bytes());
-        h[56..64].copy_from_slice(&entsize.to_le_bytes());
-        d.extend(h);
-    }
-    d[40..48].copy_from_slice(&shoff.to_le_bytes());
-    d[58..60].copy_from_slice(&64u16.to_le_bytes());
-    d[60..62].copy_from_slice(&4u16.to_le_bytes());
-    d[62..64].copy_from_slice(&1u16.to_le_bytes());
-    d
+    cubin_elf(header(7, 0x0056_0556), strtab, syms, name)
 }
 
 #[test]

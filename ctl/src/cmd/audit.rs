@@ -1,0 +1,201 @@
+//! `gpuarchctl audit PATH`: the CUDA binaries an image carries
+//! (gpuarch-audit) and, for each GPU (this host's, `--devices` of them, or
+//! `--cap`), whether it runs each one: from SASS, by PTX JIT, or not, and
+//! the list to rebuild with.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow};
+use gpuarch_audit::Limits;
+use gpuarch_core::arch::{CudaVersion, Placement};
+use gpuarch_core::audit::ImageAudit;
+use gpuarch_core::oci::ContainerView;
+use gpuarch_hook::rootfs::Root;
+use serde_json::json;
+
+use crate::cli::{AuditArgs, Cli, EXIT_NO};
+use crate::render;
+
+pub fn run(cli: &Cli, args: &AuditArgs, out: &mut String) -> Result<u8> {
+    let (gpus, driver, no_gpus) =
+        super::inspect::judges(cli, args.devices.as_deref(), args.cap.as_deref())?;
+    let mut view = ContainerView::with_env(
+        args.env
+            .iter()
+            .map(|e| {
+                e.split_once('=')
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .ok_or_else(|| anyhow!("--env {e:?}: not NAME=VALUE"))
+            })
+            .collect::<Result<Vec<_>>>()?,
+    );
+    view.user = args.user.map(|u| (u, u));
+    let root = Root::open(&args.path).with_context(|| format!("{}", args.path.display()))?;
+    let limits = Limits {
+        deadline: Duration::from_secs(args.max_seconds.unwrap_or(300)),
+        ..Limits::default()
+    };
+    let audit = gpuarch_audit::audit(&root, &view, &limits);
+    // The list a rebuild for all of these GPUs takes.
+    let archs = {
+        let mut caps: Vec<_> = gpus.iter().map(|(_, c)| *c).collect();
+        caps.sort();
+        caps.dedup();
+        caps.iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(";")
+    };
+    let judged: Vec<Vec<Placement>> = audit
+        .binaries
+        .iter()
+        .map(|b| gpus.iter().map(|(_, c)| b.placement(*c, driver)).collect())
+        .collect();
+    let cannot = judged
+        .iter()
+        .any(|v| v.iter().any(|p| matches!(p, Placement::No(_))));
+    if cli.json {
+        render::json(
+            out,
+            &to_json(args, &audit, &gpus, &judged, &archs, driver, &no_gpus),
+        )?;
+    } else {
+        text(out, args, &audit, &gpus, &judged, &archs, &no_gpus);
+    }
+    Ok(if cannot { EXIT_NO } else { 0 })
+}
+
+type Gpus = [(String, gpuarch_core::arch::ComputeCapability)];
+
+fn to_json(
+    args: &AuditArgs,
+    audit: &ImageAudit,
+    gpus: &Gpus,
+    judged: &[Vec<Placement>],
+    archs: &str,
+    driver: Option<CudaVersion>,
+    no_gpus: &Option<String>,
+) -> serde_json::Value {
+    json!({
+        "path": args.path,
+        "gpus": gpus.iter().map(|(l, c)| json!({"gpu": l, "capability": c.to_string()})).collect::<Vec<_>>(),
+        "driver_cuda": driver.map(|d| d.to_string()),
+        "no_gpus": no_gpus,
+        "read": audit.read,
+        "unread": audit.unread,
+        "stopped": audit.stopped,
+        "files": audit.files,
+        "bytes": audit.bytes,
+        "millis": audit.millis,
+        "rebuild_arch_list": archs,
+        "binaries": audit.binaries.iter().zip(judged).map(|(b, v)| json!({
+            "path": b.path,
+            "owner": b.owner,
+            "size": b.size,
+            "code": b.code,
+            "gpus": gpus.iter().zip(v).map(|((l, _), p)| json!({
+                "gpu": l,
+                "runs": match p { Placement::Sass(_) => "sass", Placement::Jit(_) => "jit", Placement::No(_) => "no" },
+                "how": p.to_string(),
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn size(bytes: u64) -> String {
+    if bytes >= 1 << 30 {
+        format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
+    } else {
+        format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20))
+    }
+}
+
+fn text(
+    out: &mut String,
+    args: &AuditArgs,
+    audit: &ImageAudit,
+    gpus: &Gpus,
+    judged: &[Vec<Placement>],
+    archs: &str,
+    no_gpus: &Option<String>,
+) {
+    let _ = writeln!(
+        out,
+        "{}: read {}",
+        args.path.display(),
+        if audit.read.is_empty() {
+            "nothing (no Python environment, library path or kernel cache found)".to_owned()
+        } else {
+            audit.read.join(", ")
+        }
+    );
+    for (b, v) in audit.binaries.iter().zip(judged) {
+        let _ = writeln!(
+            out,
+            "{} {} ({}): {}",
+            b.owner,
+            b.path,
+            size(b.size),
+            b.code.join(", ")
+        );
+        for ((label, _), p) in gpus.iter().zip(v) {
+            match p {
+                Placement::No(_) => {
+                    let _ = writeln!(
+                        out,
+                        "  {label}: {p}; rebuild with TORCH_CUDA_ARCH_LIST=\"{archs}\""
+                    );
+                }
+                Placement::Jit(_) => {
+                    let _ = writeln!(
+                        out,
+                        "  {label}: {p} (the driver compiles it at its first load)"
+                    );
+                }
+                Placement::Sass(_) => {
+                    let _ = writeln!(out, "  {label}: {p}");
+                }
+            }
+        }
+    }
+    for u in &audit.unread {
+        let _ = writeln!(out, "not read: {u}");
+    }
+    if let Some(s) = &audit.stopped {
+        let _ = writeln!(
+            out,
+            "stopped {s}: the binaries above are some of the image's, not all"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{} binaries with GPU code ({} files, {} read in {:.1} s)",
+        audit.binaries.len(),
+        audit.files,
+        size(audit.bytes),
+        audit.millis as f64 / 1000.0
+    );
+    for (i, (label, _)) in gpus.iter().enumerate() {
+        let (mut sass, mut jit, mut no) = (0, 0, 0);
+        for v in judged {
+            match v[i] {
+                Placement::Sass(_) => sass += 1,
+                Placement::Jit(_) => jit += 1,
+                Placement::No(_) => no += 1,
+            }
+        }
+        let verdict = if no > 0 {
+            format!("cannot run {no} of them")
+        } else {
+            "runs all of them".to_owned()
+        };
+        let _ = writeln!(
+            out,
+            "{label}: {verdict} ({sass} from SASS, {jit} by PTX JIT)"
+        );
+    }
+    if let Some(why) = no_gpus {
+        let _ = writeln!(out, "no GPU here to judge them against: {why}");
+    }
+}
