@@ -340,3 +340,36 @@ pub fn heavy_packages(dir: &Path, count: usize) {
         std::fs::write(p.join("heavy.cu"), source).unwrap();
     }
 }
+
+/// The "image" of part 7's rehearsal (scripts/lib/setup.sh,
+/// `ensure_torch_image`): a Python with a CUDA build of torch, and the CUDA
+/// toolkit from NVIDIA's wheels that torch builds extensions with.
+pub fn torch_image() -> Result<(PathBuf, PathBuf), String> {
+    let python = std::env::var_os("GPUARCH_TORCH_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".local/torch-image/bin/python"));
+    if !python.exists() {
+        return Err(format!(
+            "no torch image at {} (scripts/test installs it: ensure_torch_image in \
+             scripts/lib/setup.sh)",
+            python.display()
+        ));
+    }
+    let cuda_home = match std::env::var_os("GPUARCH_TORCH_CUDA_HOME") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let o = Command::new(&python)
+                .args([
+                    "-c",
+                    "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+                ])
+                .output()
+                .map_err(|e| format!("{}: {e}", python.display()))?;
+            PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()).join("nvidia/cu13")
+        }
+    };
+    if !cuda_home.join("bin/nvcc").exists() {
+        return Err(format!("no nvcc in {}", cuda_home.display()));
+    }
+    Ok((python, cuda_home))
+}

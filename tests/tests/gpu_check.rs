@@ -8,7 +8,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use gpuarch_tests::{artifacts, skip, which, workspace_root};
@@ -55,39 +55,6 @@ fn without_a_driver_every_part_says_so_and_the_report_is_written() {
     assert!(report["gpu"].is_null());
 }
 
-/// The "image" of part 7's rehearsal (scripts/lib/setup.sh,
-/// `ensure_torch_image`): a Python with a CUDA build of torch, and the CUDA
-/// toolkit from NVIDIA's wheels that torch builds extensions with.
-fn torch_image() -> Result<(PathBuf, PathBuf), String> {
-    let python = std::env::var_os("GPUARCH_TORCH_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join(".local/torch-image/bin/python"));
-    if !python.exists() {
-        return Err(format!(
-            "no torch image at {} (scripts/test installs it: ensure_torch_image in \
-             scripts/lib/setup.sh)",
-            python.display()
-        ));
-    }
-    let cuda_home = match std::env::var_os("GPUARCH_TORCH_CUDA_HOME") {
-        Some(d) => PathBuf::from(d),
-        None => {
-            let o = Command::new(&python)
-                .args([
-                    "-c",
-                    "import sysconfig; print(sysconfig.get_paths()['purelib'])",
-                ])
-                .output()
-                .map_err(|e| format!("{}: {e}", python.display()))?;
-            PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()).join("nvidia/cu13")
-        }
-    };
-    if !cuda_home.join("bin/nvcc").exists() {
-        return Err(format!("no nvcc in {}", cuda_home.display()));
-    }
-    Ok((python, cuda_home))
-}
-
 /// Part 7 rehearsed where there is no GPU: real runc through
 /// gpuarch-runtime with `jit_cache` on, the host's software as the image,
 /// and in each container torch's own `cpp_extension.load` building a CUDA
@@ -108,7 +75,7 @@ fn parts_7_and_8_rehearsed_without_a_gpu() {
         "to run containers",
         &["runc", "unshare"]
     ));
-    let (python, cuda_home) = match torch_image() {
+    let (python, cuda_home) = match gpuarch_tests::torch_image() {
         Ok(found) => found,
         Err(why) => return skip(&why),
     };
