@@ -29,19 +29,29 @@ fn nvcc_library(cuda_home: &Path, dir: &Path, gencode: &[&str]) -> PathBuf {
     // Compiled by nvcc, linked by the host's compiler: the library's
     // cudart symbols are left for the loader, as a wheel's are.
     let mut c = Command::new(cuda_home.join("bin/nvcc"));
-    c.args(["-c", "-Xcompiler", "-fPIC", "-o"]).arg(&obj).arg(&src);
+    c.args(["-c", "-Xcompiler", "-fPIC", "-o"])
+        .arg(&obj)
+        .arg(&src);
     for g in gencode {
         c.args(["-gencode", g]);
     }
     let o = c.output().unwrap();
-    assert!(o.status.success(), "nvcc: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "nvcc: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let o = Command::new("gcc")
         .args(["-shared", "-o"])
         .arg(&out)
         .arg(&obj)
         .output()
         .unwrap();
-    assert!(o.status.success(), "gcc: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "gcc: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     out
 }
 
@@ -114,7 +124,10 @@ fn an_sm75_only_xformers_runs_on_the_2080ti_and_the_audit_says_the_3090_cannot()
     };
     let tmp = tempfile::tempdir().unwrap();
     let lib = nvcc_library(&cuda_home, tmp.path(), &["arch=compute_75,code=sm_75"]);
-    assert_eq!(cuobjdump_targets(&lib), BTreeSet::from(["sm_75".to_owned()]));
+    assert_eq!(
+        cuobjdump_targets(&lib),
+        BTreeSet::from(["sm_75".to_owned()])
+    );
     let root = tmp.path().join("rootfs");
     let site = root.join("usr/local/lib/python3.12/dist-packages");
     std::fs::create_dir_all(site.join("xformers")).unwrap();
@@ -151,7 +164,10 @@ fn an_sm75_only_xformers_runs_on_the_2080ti_and_the_audit_says_the_3090_cannot()
             && text.contains("rebuild with TORCH_CUDA_ARCH_LIST=\"7.5;8.6\""),
         "{text}"
     );
-    assert!(text.contains("GPU 0 NVIDIA GeForce RTX 2080 Ti (7.5): runs from SASS sm_75"), "{text}");
+    assert!(
+        text.contains("GPU 0 NVIDIA GeForce RTX 2080 Ti (7.5): runs from SASS sm_75"),
+        "{text}"
+    );
     let b = &doc["binaries"][0];
     assert_eq!(b["path"], path);
     assert_eq!(b["owner"], "xformers 0.0.29");
@@ -232,14 +248,23 @@ fn the_torch_images_wheels_are_audited_as_cuobjdump_reads_them() {
     let cufft = find("cu13/lib/libcufft.so.12");
     let listed = cuobjdump_targets(&on_host(cufft));
     assert_eq!(listed, BTreeSet::from(["sm_75".to_owned()]));
-    assert!(code(cufft).is_superset(&listed) && code(cufft).contains("sm_90"), "{cufft}");
+    assert!(
+        code(cufft).is_superset(&listed) && code(cufft).contains("sm_90"),
+        "{cufft}"
+    );
     assert_eq!(cufft["gpus"][1]["runs"], "sass", "{cufft}");
     // The one binary a 7.5 GPU cannot run; 9.0 runs every one.
     let linalg = find("torch/lib/libtorch_cuda_linalg.so");
     assert_eq!(linalg["gpus"][0]["runs"], "no", "{linalg}");
     let cannot: Vec<&str> = binaries
         .iter()
-        .filter(|b| b["gpus"].as_array().unwrap().iter().any(|g| g["runs"] == "no"))
+        .filter(|b| {
+            b["gpus"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|g| g["runs"] == "no")
+        })
         .map(|b| b["path"].as_str().unwrap())
         .collect();
     assert_eq!(cannot, [linalg["path"].as_str().unwrap()], "{text}");

@@ -68,9 +68,11 @@ fn without_a_driver_every_part_says_so_and_the_report_is_written() {
 /// one's build without rebuilding, and another uid and another image each
 /// get a cache of their own. Part 8 in the same run: the hook reads this
 /// host's root as the image, finds its torch through the venv on PATH, and
-/// an extension built under that Plan carries sm_90.
+/// an extension built under that Plan carries sm_90. Part 9 too: the
+/// audit's verdicts on libraries nvcc builds (sm_75 only, sm_90, PTX only)
+/// for the H100 fixture, and this host's own image audited.
 #[test]
-fn parts_7_and_8_rehearsed_without_a_gpu() {
+fn parts_7_8_and_9_rehearsed_without_a_gpu() {
     gpuarch_tests::skip_unless!(gpuarch_tests::cannot_run(
         "to run containers",
         &["runc", "unshare"]
@@ -102,7 +104,7 @@ fn parts_7_and_8_rehearsed_without_a_gpu() {
     let out = dir.path().join("out");
     let o = Command::new("python3")
         .arg(workspace_root().join("scripts/gpu-check"))
-        .args(["run", "--parts", "7,8", "--rehearse", "--python"])
+        .args(["run", "--parts", "7,8,9", "--rehearse", "--python"])
         .arg(&python)
         .arg("--bundle")
         .arg(dir.path().join("bundle"))
@@ -142,8 +144,22 @@ fn parts_7_and_8_rehearsed_without_a_gpu() {
     want.extend([
         "the host's own image read",
         "an extension built under the image's Plan",
+        // Part 9: the audit's verdicts on nvcc's libraries for the H100
+        // fixture, and this host's own image audited.
+        "xformers",
+        "probe-native",
+        "probe-ptx",
+        "the host's own image",
     ]);
     assert_eq!(names, want, "{stdout}");
+    let audit = |name: &str| &checks.iter().find(|c| c["name"] == name).unwrap()["data"];
+    assert_eq!(audit("xformers")["audit"]["runs"], "no");
+    assert_eq!(audit("probe-native")["audit"]["runs"], "sass");
+    assert_eq!(audit("probe-ptx")["audit"]["runs"], "jit");
+    assert_eq!(
+        audit("the host's own image")["cannot"],
+        serde_json::json!([])
+    );
     assert!(checks[3]["ok"].is_null(), "{}", checks[3]);
     let result = |name: &str| &checks.iter().find(|c| c["name"] == name).unwrap()["data"]["result"];
     let (first, second) = (result(want[0]), result(want[1]));
