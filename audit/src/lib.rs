@@ -27,6 +27,7 @@
 //! listed is some of the image's binaries, not all.
 
 use std::collections::HashSet;
+use std::io::Read as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -445,6 +446,58 @@ fn record_paths(record: &[u8]) -> Vec<String> {
             }
         })
         .collect()
+}
+
+/// What gpuarchd's audit worker is given on its standard input.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct WorkerInput {
+    pub request: gpuarch_hook::audit::Request,
+    /// The image read's key the start found: the rootfs opened must be
+    /// that image (not another mount namespace's empty directory, not a
+    /// rootfs replaced since).
+    pub key: String,
+    pub max_seconds: u64,
+}
+
+/// Most bytes of a worker's input read.
+pub const MAX_WORKER_INPUT: u64 = 256 << 10;
+
+/// `gpuarchd --audit-worker`: a [`WorkerInput`] on `input`, the
+/// [`ImageAudit`] as JSON on `output`. The rootfs is opened as the
+/// image's root: nothing in it leads out.
+pub fn serve(input: impl std::io::Read, mut output: impl std::io::Write) -> Result<(), String> {
+    let mut bytes = Vec::new();
+    input
+        .take(MAX_WORKER_INPUT)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("reading the request: {e}"))?;
+    let w: WorkerInput = serde_json::from_slice(&bytes).map_err(|e| format!("the request: {e}"))?;
+    let root = Root::open(&w.request.rootfs)
+        .map_err(|e| format!("{}: {e}", w.request.rootfs.display()))?;
+    let mut view = ContainerView::with_env(w.request.env);
+    view.user = w.request.user;
+    match gpuarch_hook::image::identify(&root, &view) {
+        Some(k) if k == w.key => {}
+        Some(_) => {
+            return Err(format!(
+                "{} is not the image the start read (its environments' identity differs: another mount namespace, or a rootfs replaced since)",
+                w.request.rootfs.display()
+            ));
+        }
+        None => {
+            return Err(format!(
+                "{}: the image's environments could not be read to identify it",
+                w.request.rootfs.display()
+            ));
+        }
+    }
+    let limits = Limits {
+        deadline: Duration::from_secs(w.max_seconds),
+        ..Limits::default()
+    };
+    let a = audit(&root, &view, &limits);
+    serde_json::to_writer(&mut output, &a).map_err(|e| e.to_string())?;
+    output.flush().map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

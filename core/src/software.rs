@@ -198,6 +198,11 @@ pub struct Software {
     /// PEP 503 name. A library is served only for its reader's very version.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub exact: BTreeMap<String, String>,
+    /// What identifies the environments read (their paths, inodes and
+    /// times: the image read's cache key), where they were read: the name
+    /// of the image's kept audit (`audit.dir`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_key: Option<String>,
 }
 
 /// What [`Software::read`] holds for an image read and found to have no

@@ -18,6 +18,7 @@
 //! gpuarchctl, its CLI, is the crate `gpuarch-ctl`; the records both
 //! exchange are `gpuarch-wire`'s.
 
+pub mod audit;
 pub mod cache;
 pub mod jit;
 pub mod logging;
@@ -75,6 +76,10 @@ pub struct Args {
     /// input, the answer on standard output. gpuarchd starts these itself.
     #[arg(long, hide = true, exclusive = true)]
     pub build_worker: bool,
+    /// Audit one image as gpuarchd's worker: a request on standard input,
+    /// the audit on standard output. gpuarchd starts these itself.
+    #[arg(long, hide = true, exclusive = true)]
+    pub audit_worker: bool,
 }
 
 impl Args {
@@ -193,6 +198,7 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
     let _watcher = watch::start(shared.clone(), req_tx.clone());
     tokio::spawn(jit_gc_every(shared.clone()));
     let nri_task = tokio::spawn(nri::run(shared.clone(), stop_rx.clone()));
+    tokio::spawn(audit::run(shared.clone(), stop_rx.clone()));
     if let Some(every) = sdnotify::watchdog_interval() {
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {

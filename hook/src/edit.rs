@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use std::path::Path;
 
+use crate::audit;
 use crate::context::Context;
 use crate::image;
 use crate::jit;
@@ -28,6 +29,17 @@ pub enum HookError {
     /// What `strict: true` refuses a start over (the Plan's `blocking`).
     #[error("{0}")]
     Refused(String),
+    /// What `audit.refuse` refuses a start over, strict or not: a binary
+    /// in the image that an assigned GPU cannot run.
+    #[error("{0}")]
+    AuditRefused(String),
+}
+
+impl HookError {
+    /// Whether the start must fail whatever `strict` says.
+    pub fn refuses(&self) -> bool {
+        matches!(self, Self::AuditRefused(_))
+    }
 }
 
 impl From<serde_json::Error> for HookError {
@@ -205,11 +217,16 @@ pub fn make(config: &Value, ctx: &Context, image: Image<'_>) -> Result<Edit, Hoo
         e.plan = plan;
         return Ok(e);
     }
+    let rootfs = match image {
+        Image::Rootfs(bundle) => image::rootfs_of(config, bundle),
+        Image::Read(_) => None,
+    };
     let read = match image {
         // A config with a relative root and no bundle, or a rootfs not
         // there yet, has no image to read.
-        Image::Rootfs(bundle) => image::rootfs_of(config, bundle)
-            .and_then(|r| Root::open(&r).ok())
+        Image::Rootfs(_) => rootfs
+            .as_deref()
+            .and_then(|r| Root::open(r).ok())
             .map(|root| image::read(&root, &view, Some(&ctx.config.hook.image_cache))),
         Image::Read(read) => Some(read(&view)),
     };
@@ -217,6 +234,12 @@ pub fn make(config: &Value, ctx: &Context, image: Image<'_>) -> Result<Edit, Hoo
         view.software = software;
         plan = plan::plan(&view, &ctx.inventory, &ctx.config.env);
         plan.notes.extend(notes);
+    }
+    let driver = gpuarch_core::arch::CudaVersion::parse(&ctx.inventory.cuda_driver_version).ok();
+    let judged = audit::at_start(&ctx.config.audit, &plan, &view, rootfs.as_deref(), driver);
+    plan.notes.extend(judged.notes);
+    if let Some(why) = judged.refuse {
+        return Err(HookError::AuditRefused(why));
     }
     let (kernels, notes) = kernels::discover(
         &ctx.config.kernels,

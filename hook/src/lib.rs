@@ -14,6 +14,7 @@
 //! - [`stage`]: `create-container`/`prestart`, inside the container's mount
 //!   namespace, writes `/run/gpuarch/env` and `/etc/profile.d/gpuarch.sh`.
 
+pub mod audit;
 pub mod budget;
 pub mod cli;
 pub mod context;

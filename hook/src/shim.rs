@@ -47,6 +47,13 @@ pub enum ShimError {
     },
 }
 
+impl ShimError {
+    /// Whether the start must fail whatever `strict` says.
+    pub fn refuses(&self) -> bool {
+        matches!(self, Self::Edit { error, .. } if error.refuses())
+    }
+}
+
 /// Global options of runc and crun that take a value as the next argument.
 const GLOBAL_WITH_VALUE: [&str; 7] = [
     "--root",

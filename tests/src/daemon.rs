@@ -123,9 +123,15 @@ fn spawn_bus(conf: &Path) -> (Child, String) {
 
 impl Node {
     pub fn new(topology: &str, policy: Policy) -> Self {
+        Self::new_in(&std::env::temp_dir(), topology, policy)
+    }
+
+    /// [`Node::new`] with its directory under `parent` (one another mount
+    /// namespace shares, as the engines' is).
+    pub fn new_in(parent: &Path, topology: &str, policy: Policy) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("gpuarchd-")
-            .tempdir()
+            .tempdir_in(parent)
             .unwrap();
         // Other users (nobody) must reach the bus socket and run gpuarchctl.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -193,9 +199,20 @@ impl Node {
     }
 
     pub fn daemon_cmd(&self) -> Command {
-        let mut c = match &self.bounding_set {
-            None => Command::new(&artifacts().gpuarchd),
-            Some(set) => {
+        self.daemon_cmd_via(&[])
+    }
+
+    /// gpuarchd run through `prefix` (`nsenter --mount=... --`), else as
+    /// [`Node::daemon_cmd`].
+    pub fn daemon_cmd_via(&self, prefix: &[std::ffi::OsString]) -> Command {
+        let mut c = match (&self.bounding_set, prefix.split_first()) {
+            (None, Some((program, args))) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(&artifacts().gpuarchd);
+                c
+            }
+            (None, None) => Command::new(&artifacts().gpuarchd),
+            (Some(set), _) => {
                 let mut c = Command::new("setpriv");
                 c.arg(format!("--bounding-set={set}"))
                     .arg("--inh-caps=-all")
@@ -222,10 +239,16 @@ impl Node {
 
     /// Start gpuarchd and wait for READY=1; the time it took.
     pub fn start(&mut self, env: &[(&str, &str)]) -> Duration {
+        self.start_via(&[], env)
+    }
+
+    /// [`Node::start`], gpuarchd run through `prefix`
+    /// ([`Node::daemon_cmd_via`]).
+    pub fn start_via(&mut self, prefix: &[std::ffi::OsString], env: &[(&str, &str)]) -> Duration {
         let log = std::fs::File::create(self.path("daemon.log")).unwrap();
         self.notes.clear();
         let t0 = Instant::now();
-        let mut cmd = self.daemon_cmd();
+        let mut cmd = self.daemon_cmd_via(prefix);
         cmd.envs(env.iter().copied()).stderr(log);
         self.daemon = Some(cmd.spawn().unwrap());
         self.wait_note("READY=1", Duration::from_secs(10));

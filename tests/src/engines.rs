@@ -87,6 +87,8 @@ pub struct Engines {
     /// Stand-in `/dev/nvidiaN` nodes (char 195:N).
     pub dev: PathBuf,
     lock: Mutex<()>,
+    /// dockerd's process id, once started.
+    dockerd: Mutex<Option<u32>>,
 }
 
 struct Running {
@@ -244,6 +246,7 @@ impl Engines {
             dev,
             dir,
             lock: Mutex::new(()),
+            dockerd: Mutex::new(None),
         };
         e.set_gpuarch_config("");
         e.start_containerd();
@@ -352,7 +355,21 @@ impl Engines {
         text
     }
 
-    fn spawn(&self, name: &str, cmd: &mut Command) {
+    /// The arguments that run a program where dockerd's mounts are seen
+    /// (a container's rootfs): `nsenter` into its mount namespace where it
+    /// runs inside a root, nothing on the host's.
+    pub fn in_dockers_mounts(&self) -> Vec<std::ffi::OsString> {
+        match (&self.root, *self.dockerd.lock().unwrap()) {
+            (Some(_), Some(pid)) => vec![
+                "nsenter".into(),
+                format!("--mount=/proc/{pid}/ns/mnt").into(),
+                "--".into(),
+            ],
+            _ => Vec::new(),
+        }
+    }
+
+    fn spawn(&self, name: &str, cmd: &mut Command) -> u32 {
         let log = std::fs::File::create(self.path(&format!("{name}.log"))).unwrap();
         let child = cmd
             .env_remove("GPUARCH_INVENTORY")
@@ -362,6 +379,7 @@ impl Engines {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let pid = child.id();
         RUNNING
             .lock()
             .unwrap()
@@ -369,6 +387,7 @@ impl Engines {
             .unwrap()
             .children
             .push(child);
+        pid
     }
 
     fn start_containerd(&self) {
@@ -485,7 +504,7 @@ state = "{d}/run/containerd"
             bin.display(),
             std::env::var("PATH").unwrap_or_default()
         );
-        self.spawn(
+        let pid = self.spawn(
             "dockerd",
             self.program("dockerd")
                 .env("PATH", path)
@@ -511,6 +530,7 @@ state = "{d}/run/containerd"
                     "--userland-proxy=false",
                 ]),
         );
+        *self.dockerd.lock().unwrap() = Some(pid);
         let log = self.path("dockerd.log");
         wait_for("dockerd", &log, || {
             self.docker(&["version"]).status.success()

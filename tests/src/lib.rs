@@ -4,6 +4,7 @@
 //! target directory and (unless `GPUARCH_TEST_PROFILE` says otherwise)
 //! profile as the running test.
 
+pub mod audit;
 pub mod containers;
 pub mod daemon;
 pub mod engines;

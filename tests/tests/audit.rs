@@ -6,54 +6,14 @@
 //! every verdict's targets held to NVIDIA's cuobjdump.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
+use gpuarch_tests::daemon::{Node, Policy};
 use gpuarch_tests::{artifacts, fixture};
 use serde_json::Value;
 
-const PROBE: &str = r#"
-extern "C" __global__ void fmha_probe(float *x, int n)
-{
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] = x[i] * 2.0f;
-}
-"#;
-
-/// `dir/_C.so` built by nvcc for `gencode` (`-gencode` values).
-fn nvcc_library(cuda_home: &Path, dir: &Path, gencode: &[&str]) -> PathBuf {
-    let src = dir.join("probe.cu");
-    std::fs::write(&src, PROBE).unwrap();
-    let out = dir.join("_C.so");
-    let obj = dir.join("probe.o");
-    // Compiled by nvcc, linked by the host's compiler: the library's
-    // cudart symbols are left for the loader, as a wheel's are.
-    let mut c = Command::new(cuda_home.join("bin/nvcc"));
-    c.args(["-c", "-Xcompiler", "-fPIC", "-o"])
-        .arg(&obj)
-        .arg(&src);
-    for g in gencode {
-        c.args(["-gencode", g]);
-    }
-    let o = c.output().unwrap();
-    assert!(
-        o.status.success(),
-        "nvcc: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let o = Command::new("gcc")
-        .args(["-shared", "-o"])
-        .arg(&out)
-        .arg(&obj)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "gcc: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    out
-}
+use gpuarch_tests::audit::{SITE, nvcc_library, xformers_in};
 
 /// The SASS and PTX targets cuobjdump lists in `file` (`sm_75`,
 /// `compute_80`).
@@ -129,21 +89,8 @@ fn an_sm75_only_xformers_runs_on_the_2080ti_and_the_audit_says_the_3090_cannot()
         BTreeSet::from(["sm_75".to_owned()])
     );
     let root = tmp.path().join("rootfs");
-    let site = root.join("usr/local/lib/python3.12/dist-packages");
-    std::fs::create_dir_all(site.join("xformers")).unwrap();
-    std::fs::create_dir_all(site.join("xformers-0.0.29.dist-info")).unwrap();
-    std::fs::copy(&lib, site.join("xformers/_C.so")).unwrap();
-    std::fs::write(site.join("xformers/__init__.py"), "").unwrap();
-    std::fs::write(
-        site.join("xformers-0.0.29.dist-info/METADATA"),
-        "Metadata-Version: 2.1\nName: xformers\nVersion: 0.0.29\n\n",
-    )
-    .unwrap();
-    std::fs::write(
-        site.join("xformers-0.0.29.dist-info/RECORD"),
-        "xformers/__init__.py,,\nxformers/_C.so,sha256=x,1\nxformers-0.0.29.dist-info/RECORD,,\n",
-    )
-    .unwrap();
+    xformers_in(&root, &lib);
+    let site = root.join(SITE);
     let root_s = root.to_str().unwrap();
     let path = "/usr/local/lib/python3.12/dist-packages/xformers/_C.so";
 
@@ -269,4 +216,201 @@ fn the_torch_images_wheels_are_audited_as_cuobjdump_reads_them() {
         .collect();
     assert_eq!(cannot, [linalg["path"].as_str().unwrap()], "{text}");
     assert!(text.contains("capability 9.0: runs all of them"), "{text}");
+}
+
+/// The hook on `root` for GPU `gpu` of the node's 2080 Ti + 3090, with the
+/// node's config: (exit ok, log, the Plan's env).
+fn start(node: &Node, root: &Path, gpu: &str) -> (bool, String) {
+    let cfg = serde_json::json!({
+        "ociVersion": "1.2.0",
+        "process": {"args": ["python3"], "user": {"uid": 0, "gid": 0},
+                    "env": [format!("NVIDIA_VISIBLE_DEVICES={gpu}"), "PATH=/usr/local/bin:/usr/bin:/bin"]},
+        "root": {"path": root},
+    });
+    let o = gpuarch_tests::output_with_stdin(
+        Command::new(&artifacts().gpuarch_hook)
+            .arg("precreate")
+            .env("GPUARCH_CONFIG", node.path("config.yaml"))
+            .env("GPUARCH_INVENTORY", fixture("2080ti-3090"))
+            .env("GPUARCH_LOG", "stderr"),
+        cfg.to_string().as_bytes(),
+    );
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// At container start (issue "image audit", part 2): the first start of
+/// an image asks gpuarchd and goes on; gpuarchd audits it in its worker
+/// and keeps the audit; later starts on the 3090 get the note naming the
+/// file, its distribution, the GPU and the list to rebuild with, and the
+/// 2080 Ti's none; with `audit.refuse` the 3090's start is refused with
+/// that reason, and with `audit.wait_ms` a new image's first start waits
+/// for its audit and is refused too.
+#[test]
+fn gpuarchd_audits_an_image_once_and_each_later_start_is_judged() {
+    let (_python, cuda_home) = match gpuarch_tests::torch_image() {
+        Ok(t) => t,
+        Err(why) => {
+            gpuarch_tests::skip(&why);
+            return;
+        }
+    };
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    let audits = node.path("audits");
+    let base = node.private_config("");
+    let hook_dir = node.path("hook");
+    let yaml = |extra: &str| {
+        gpuarch_tests::private_hook_paths(
+            &format!("audit:\n  dir: {}\n{extra}{base}", audits.display()),
+            &hook_dir,
+        )
+    };
+    std::fs::write(node.path("config.yaml"), yaml("")).unwrap();
+    node.start(&[]);
+    let tmp = tempfile::tempdir().unwrap();
+    let lib = nvcc_library(&cuda_home, tmp.path(), &["arch=compute_75,code=sm_75"]);
+    let root = tmp.path().join("rootfs");
+    xformers_in(&root, &lib);
+
+    let (ok, log) = start(&node, &root, "1");
+    assert!(ok, "{log}");
+    assert!(log.contains("not audited yet: asked gpuarchd"), "{log}");
+    // gpuarchd takes the request and keeps the audit.
+    let t0 = std::time::Instant::now();
+    let kept = loop {
+        let found: Vec<_> = std::fs::read_dir(&audits)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+            .collect();
+        if let Some(e) = found.first() {
+            break e.path();
+        }
+        assert!(
+            t0.elapsed().as_secs() < 30,
+            "no audit kept in 30 s:\n{}",
+            node.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let a: Value = serde_json::from_slice(&std::fs::read(&kept).unwrap()).unwrap();
+    assert_eq!(a["binaries"][0]["owner"], "xformers 0.0.29", "{a}");
+    assert!(node.log().contains("image audit"), "{}", node.log());
+
+    let note = "xformers 0.0.29 \"/usr/local/lib/python3.12/dist-packages/xformers/_C.so\" carries only sm_75: GPU 1 (NVIDIA GeForce RTX 3090, 8.6) cannot run it; rebuild with TORCH_CUDA_ARCH_LIST=\"8.6\"";
+    let (ok, log) = start(&node, &root, "1");
+    assert!(ok && log.contains(note), "{log}");
+    let (ok, log) = start(&node, &root, "0");
+    assert!(ok && !log.contains("cannot run it"), "{log}");
+    let (ok, log) = start(&node, &root, "0,1");
+    assert!(ok && log.contains("GPU 1 (NVIDIA GeForce RTX 3090, 8.6) cannot run it; rebuild with TORCH_CUDA_ARCH_LIST=\"7.5;8.6\""), "{log}");
+
+    std::fs::write(node.path("config.yaml"), yaml("  refuse: true\n")).unwrap();
+    let (ok, log) = start(&node, &root, "1");
+    assert!(
+        !ok && log.contains("audit.refuse: xformers 0.0.29"),
+        "{log}"
+    );
+    let (ok, log) = start(&node, &root, "0");
+    assert!(ok, "{log}");
+
+    // Another image, first seen with a wait budget: its first start waits
+    // for gpuarchd's audit, and is refused by it.
+    let other = tmp.path().join("rootfs-2");
+    xformers_in(&other, &lib);
+    std::fs::write(
+        node.path("config.yaml"),
+        yaml("  refuse: true\n  wait_ms: 20000\n"),
+    )
+    .unwrap();
+    let (ok, log) = start(&node, &other, "1");
+    assert!(
+        !ok && log.contains("audit.refuse: xformers 0.0.29"),
+        "{log}"
+    );
+}
+
+/// What lands in gpuarchd's request directory is not trusted: a name that
+/// is not an image key, a link, a FIFO, a request naming the host's own
+/// root or a directory that is not the image the start read. None of them
+/// is audited or kept; gpuarchd says why and goes on.
+#[test]
+fn hostile_requests_are_dropped_and_nothing_is_kept() {
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    let audits = node.path("audits");
+    std::fs::write(
+        node.path("config.yaml"),
+        node.private_config(&format!("audit:\n  dir: {}\n", audits.display())),
+    )
+    .unwrap();
+    node.start(&[]);
+    let requests = audits.join("requests");
+    let t0 = std::time::Instant::now();
+    while !requests.is_dir() {
+        assert!(t0.elapsed().as_secs() < 10, "no {}", requests.display());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let key = |c: char| std::iter::repeat_n(c, 64).collect::<String>();
+    let body = |rootfs: &str| {
+        serde_json::json!({"rootfs": rootfs, "env": [["PATH", "/usr/bin:/bin"]], "user": null})
+            .to_string()
+    };
+    std::fs::write(requests.join("not-a-key"), body("/")).unwrap();
+    std::os::unix::fs::symlink("/etc/shadow", requests.join(key('a'))).unwrap();
+    nix::unistd::mkfifo(
+        &requests.join(key('b')),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    std::fs::write(requests.join(key('c')), body("/")).unwrap();
+    let empty = tempfile::tempdir().unwrap();
+    std::fs::write(
+        requests.join(key('d')),
+        body(empty.path().to_str().unwrap()),
+    )
+    .unwrap();
+    std::fs::write(requests.join(key('e')), "{not json").unwrap();
+    let t0 = std::time::Instant::now();
+    while std::fs::read_dir(&requests).unwrap().count() > 0 {
+        assert!(
+            t0.elapsed().as_secs() < 60,
+            "requests not taken:\n{}",
+            node.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let kept: Vec<_> = std::fs::read_dir(&audits)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n != "requests")
+        .collect();
+    assert!(kept.is_empty(), "{kept:?}\n{}", node.log());
+    let log = node.log();
+    assert!(
+        log.contains("dropping request \"not-a-key\": not an image key"),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("dropping request {}", key('a'))),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("dropping request {}", key('b'))),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("image audit {}", key('c')))
+            && log.contains("is not the image the start read"),
+        "{log}"
+    );
+    assert!(log.contains(&format!("image audit {}", key('d'))), "{log}");
+    assert!(
+        log.contains(&format!("dropping request {}", key('e'))),
+        "{log}"
+    );
+    assert_eq!(node.ctl(None, &["status"]).status.code(), Some(0), "{log}");
 }

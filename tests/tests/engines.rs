@@ -1114,3 +1114,126 @@ fn jit_caches_under_cri_and_docker() {
     assert_eq!(docker(e), "reused");
     let _ = std::fs::remove_dir_all(&jit);
 }
+
+/// Seed 000 under Docker (issue "image audit"): an image whose xformers
+/// nvcc built for sm_75 alone. gpuarchd (where dockerd's mounts are seen)
+/// audits it at its first start; GPU 0 (the 2080 Ti) starts clean; GPU 1
+/// (the 3090) starts with the note in gpuarch's log, and with
+/// `audit.refuse` its start is refused in Docker's own error, naming the
+/// file, its distribution, the GPU and the list to rebuild with.
+#[test]
+fn docker_refuses_a_gpu_that_cannot_run_the_images_prebuilt_code() {
+    let Some(e) = get() else { return };
+    let (_python, cuda_home) = match gpuarch_tests::torch_image() {
+        Ok(t) => t,
+        Err(why) => return gpuarch_tests::skip(&why),
+    };
+    let _turn = e.lock();
+    let scratch = e.scratch();
+    let lib = gpuarch_tests::audit::nvcc_library(
+        &cuda_home,
+        scratch.path(),
+        &["arch=compute_75,code=sm_75"],
+    );
+    let root = scratch.path().join("rootfs");
+    let cp = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(e.path("rootfs"))
+        .arg(&root)
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    gpuarch_tests::audit::xformers_in(&root, &lib);
+    let tar = scratch.path().join("xformers.tar");
+    let t = std::process::Command::new("tar")
+        .arg("-C")
+        .arg(&root)
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(t.success());
+    let image = "gpuarch.test/xformers-sm75:1";
+    let o = e.docker(&[
+        "import",
+        "--change",
+        r#"CMD ["/bin/sh"]"#,
+        tar.to_str().unwrap(),
+        image,
+    ]);
+    assert!(o.status.success(), "{o:?}");
+
+    let mut node = gpuarch_tests::daemon::Node::new_in(
+        scratch.path(),
+        "2080ti-3090",
+        gpuarch_tests::daemon::Policy::Shipped,
+    );
+    let audits = scratch.path().join("audits");
+    let audit_yaml = |extra: &str| format!("audit:\n  dir: {}\n{extra}", audits.display());
+    std::fs::write(
+        node.path("config.yaml"),
+        node.private_config(&audit_yaml("")),
+    )
+    .unwrap();
+    node.start_via(&e.in_dockers_mounts(), &[]);
+    let run = |gpu: &str| {
+        e.docker(&[
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "-e",
+            &format!("NVIDIA_VISIBLE_DEVICES={gpu}"),
+            image,
+            "sh",
+            "-c",
+            "echo ran",
+        ])
+    };
+    // A start waits for the audit (its budget), then is judged.
+    e.set_gpuarch_config(&audit_yaml("  wait_ms: 20000\n"));
+    let o = run("0");
+    assert!(
+        o.status.success() && text(&o.stdout) == "ran\n",
+        "{o:?}\n{}",
+        node.log()
+    );
+    let log = e.take_log();
+    assert!(!log.contains("cannot run it"), "{log}");
+    let o = run("1");
+    assert!(o.status.success() && text(&o.stdout) == "ran\n", "{o:?}");
+    let log = e.take_log();
+    assert!(
+        log.contains(
+            "xformers 0.0.29 \"/usr/local/lib/python3.12/dist-packages/xformers/_C.so\" carries only sm_75: GPU 1 (NVIDIA GeForce RTX 3090, 8.6) cannot run it"
+        ),
+        "{log}"
+    );
+
+    // The harness's Docker keeps each container's rootfs as a copy (the
+    // vfs driver), so each start is an image of its own to the image
+    // read's key (with overlay2, one image's containers share it): each
+    // start here waits for its own audit.
+    e.set_gpuarch_config(&audit_yaml("  wait_ms: 20000\n  refuse: true\n"));
+    let o = run("1");
+    let err = text(&o.stderr);
+    assert!(
+        !o.status.success(),
+        "the refused start ran: {o:?}\n{}",
+        e.take_log()
+    );
+    assert!(
+        err.contains("gpuarch-runtime:")
+            && err.contains("audit.refuse: xformers 0.0.29")
+            && err.contains("GPU 1 (NVIDIA GeForce RTX 3090, 8.6) cannot run it; rebuild with TORCH_CUDA_ARCH_LIST"),
+        "the refusal is not in Docker's error: {err}"
+    );
+    assert!(!text(&o.stdout).contains("ran"));
+    let o = run("0");
+    assert!(o.status.success() && text(&o.stdout) == "ran\n", "{o:?}");
+    e.set_gpuarch_config("");
+    e.take_log();
+    let _ = e.docker(&["rmi", image]);
+    node.stop();
+}

@@ -40,6 +40,11 @@
 //! export:
 //!   nfd: false               # default: no Node Feature Discovery labels file
 //!   nfd_file: /etc/kubernetes/node-feature-discovery/features.d/gpuarch
+//! audit:                     # the image audit at container start (off by default)
+//!   dir: null                # e.g. /var/cache/gpuarch/audits: kept audits and the hook's requests
+//!   wait_ms: 0               # default: a new image's first start does not wait for its audit
+//!   refuse: false            # default: a GPU that cannot run a binary is a note, not a refusal
+//!   max_seconds: 300         # default: longest one audit runs (1 to 3600)
 //! log:                       # the hook's and the shim's lines (never the container's stdio)
 //!   to: auto                 # default: a terminal, else the journal, else /dev/log, else `file`
 //!   level: info              # default: decisions and warnings; debug adds "no GPU requested"
@@ -51,6 +56,7 @@
 //! the YAML parser cannot see (absolute paths, opt-in variables, a
 //! registry reference); [`Config::from_yaml`] runs them all.
 
+mod audit;
 mod daemon;
 mod env;
 mod export;
@@ -64,6 +70,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+pub use audit::{AuditConfig, valid_key};
 pub use daemon::{DEFAULT_SNAPSHOT, DaemonConfig};
 pub use env::EnvConfig;
 pub use export::{DEFAULT_NFD_FILE, ExportConfig};
@@ -89,6 +96,7 @@ pub struct Config {
     pub nri: NriConfig,
     pub export: ExportConfig,
     pub log: LogConfig,
+    pub audit: AuditConfig,
 }
 
 /// A config that could not be read.
@@ -174,6 +182,7 @@ impl Config {
         self.env.validate()?;
         self.kernels.validate()?;
         self.export.validate()?;
+        self.audit.validate()?;
         self.jit_cache.validate()
     }
 }

@@ -19,6 +19,15 @@ fn main() -> ExitCode {
             }
         };
     }
+    if args.audit_worker {
+        return match gpuarch_audit::serve(std::io::stdin().lock(), std::io::stdout().lock()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("gpuarchd --audit-worker: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(path) = args.check_config.take() {
         return ExitCode::from(check_config(&args, path));
     }

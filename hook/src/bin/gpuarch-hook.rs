@@ -78,6 +78,8 @@ fn precreate() -> ExitCode {
     }
     let strict = cfg.strict;
     let records = cfg.hook.record_dir.clone();
+    // audit.refuse refuses whatever strict says.
+    let mut refuses = false;
     let result = match cfg_err {
         // A config that cannot be read leaves strict off: fail open.
         Some(e) => Err(e),
@@ -87,7 +89,12 @@ fn precreate() -> ExitCode {
             let hook_path = std::env::current_exe().ok();
             gpuarch_hook::load_context(cfg, hook_path)
                 .map_err(|e| e.to_string())
-                .and_then(|ctx| gpuarch_hook::precreate(&bytes, &ctx).map_err(|e| e.to_string()))
+                .and_then(|ctx| {
+                    gpuarch_hook::precreate(&bytes, &ctx).map_err(|e| {
+                        refuses = e.refuses();
+                        e.to_string()
+                    })
+                })
         }
     };
     let result = result.map(|(out, mut plan)| {
@@ -102,6 +109,10 @@ fn precreate() -> ExitCode {
             log::plan(plan);
             gpuarch_hook::keep_record(&records, None, "gpuarch-hook precreate", plan, false);
             out
+        }
+        Err(e) if refuses => {
+            log::fatal(&format!("{e} (refusing to start the container)"));
+            return ExitCode::FAILURE;
         }
         Err(e) if strict => {
             log::fatal(&format!("{e} (strict: refusing to start the container)"));

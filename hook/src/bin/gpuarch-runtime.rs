@@ -54,6 +54,8 @@ fn main() -> ExitCode {
     };
     if inv.creates() {
         let strict = cfg.strict;
+        // audit.refuse refuses whatever strict says.
+        let mut refuses = false;
         let result = match cfg_err {
             Some(e) => Err(e),
             None => {
@@ -72,7 +74,10 @@ fn main() -> ExitCode {
                     .map_err(|e| e.to_string())
                     .and_then(|mut ctx| {
                         ctx.env_files = env_files;
-                        shim::rewrite_bundle(&bundle, &ctx).map_err(|e| e.to_string())
+                        shim::rewrite_bundle(&bundle, &ctx).map_err(|e| {
+                            refuses = e.refuses();
+                            e.to_string()
+                        })
                     })
             }
         };
@@ -86,6 +91,10 @@ fn main() -> ExitCode {
                 log::plan(&plan);
                 let by = format!("gpuarch-runtime {}", inv.command.as_deref().unwrap_or(""));
                 gpuarch_hook::keep_record(&records, inv.id.as_deref(), &by, &plan, false);
+            }
+            Err(e) if refuses => {
+                log::fatal(&format!("{e} (refusing to create the container)"));
+                return ExitCode::FAILURE;
             }
             Err(e) if strict => {
                 log::fatal(&format!("{e} (strict: refusing to create the container)"));

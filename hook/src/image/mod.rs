@@ -254,6 +254,23 @@ pub fn sites(
     ))
 }
 
+/// The image read's key of the image at `root` for the process of
+/// `view` (what identifies its environments), read anew with a reader's
+/// bounds that are not a start's: the image audit checks with it that the
+/// rootfs it opened is the one a start read.
+pub fn identify(root: &Root, view: &ContainerView) -> Option<String> {
+    read_within(
+        root,
+        view,
+        None,
+        MAX_ENTRIES,
+        Duration::from_secs(10),
+        Duration::from_secs(12),
+    )
+    .0
+    .image_key
+}
+
 /// An image nothing is known of, and why, as the Plan's note says it.
 pub fn not_read(why: impl std::fmt::Display) -> (Software, Vec<String>) {
     (
@@ -360,10 +377,12 @@ fn read_here<T: Tree>(
             notes,
         );
     }
+    let image_key = key(root, &found.sites, &found.unread);
     let entry = cache
         .filter(|c| c.is_dir())
-        .map(|c| c.join(format!("{}.json", key(root, &found.sites, &found.unread))));
-    if let Some(sw) = entry.as_deref().and_then(cached) {
+        .map(|c| c.join(format!("{image_key}.json")));
+    if let Some(mut sw) = entry.as_deref().and_then(cached) {
+        sw.image_key = Some(image_key);
         return (sw, notes);
     }
     let mut sw = match scan(root, &found.sites, &mut budget, &mut notes) {
@@ -374,6 +393,7 @@ fn read_here<T: Tree>(
         return not_read(e);
     }
     sw.unread = found.unread;
+    sw.image_key = Some(image_key);
     if let Some(entry) = entry
         && let Err(e) = store(&entry, &sw)
     {
@@ -483,8 +503,12 @@ fn seen_before<T: Tree>(
             })
         })
         .collect::<Option<Vec<_>>>()?;
-    let entry = cache.join(format!("{}.json", key(root, &sites, &d.unread)));
-    cached(&entry).map(|sw| (sw, Vec::new()))
+    let image_key = key(root, &sites, &d.unread);
+    let entry = cache.join(format!("{image_key}.json"));
+    cached(&entry).map(|mut sw| {
+        sw.image_key = Some(image_key);
+        (sw, Vec::new())
+    })
 }
 
 fn cached(entry: &Path) -> Option<Software> {

@@ -1,0 +1,233 @@
+//! The image audit at container start (`audit:` in the config).
+//!
+//! gpuarchd keeps each image's audit in `audit.dir`, named by the image
+//! read's key (what identifies the environments read: their paths, inodes
+//! and times). A start whose image has one gets a note for every binary an
+//! assigned GPU cannot run, naming the file, its distribution and the GPU,
+//! and the list to rebuild with; with `audit.refuse`, such a start is
+//! refused with that reason. A start whose image has none asks for it (an
+//! empty-looking request file in `audit.dir/requests/`, with the rootfs
+//! and the process's variables that decide what the audit reads) and goes
+//! on, unless `audit.wait_ms` says to wait for it.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use gpuarch_core::arch::CudaVersion;
+use gpuarch_core::audit::{ImageAudit, SCHEMA, findings};
+use gpuarch_core::config::{AuditConfig, valid_key};
+use gpuarch_core::oci::ContainerView;
+use gpuarch_core::plan::Plan;
+
+/// Most bytes of a kept audit read.
+pub const MAX_AUDIT: u64 = 8 << 20;
+/// Most findings noted for one GPU; the rest are counted.
+const MOST_NOTED: usize = 8;
+/// The variables of the process that decide what the audit reads: where
+/// its Python imports from, its library path, its kernel caches.
+pub const AUDIT_VARS: [&str; 12] = [
+    "PATH",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "PYTHONPATH",
+    "PYTHONUSERBASE",
+    "PYTHONHOME",
+    "HOME",
+    "LD_LIBRARY_PATH",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "KERNELS_CACHE",
+    "FLASHINFER_CUBIN_DIR",
+];
+
+/// What the hook leaves for gpuarchd to audit an image.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Request {
+    /// The container's rootfs on the host, as its config names it.
+    pub rootfs: std::path::PathBuf,
+    /// [`AUDIT_VARS`] the process sets.
+    pub env: Vec<(String, String)>,
+    /// The process's uid and gid, where the config says.
+    pub user: Option<(u32, u32)>,
+}
+
+/// What a start gets from its image's audit.
+#[derive(Debug, Default)]
+pub struct Judged {
+    pub notes: Vec<String>,
+    /// With `audit.refuse`: why the start is refused.
+    pub refuse: Option<String>,
+}
+
+/// Judge the start of `plan` (its GPUs) by the kept audit of its image,
+/// or ask for one.
+pub fn at_start(
+    cfg: &AuditConfig,
+    plan: &Plan,
+    view: &ContainerView,
+    rootfs: Option<&Path>,
+    driver: Option<CudaVersion>,
+) -> Judged {
+    let mut out = Judged::default();
+    let (Some(dir), Some(key)) = (&cfg.dir, &view.software.image_key) else {
+        return out;
+    };
+    if plan.gpus.is_empty() || !valid_key(key) || !dir.is_dir() {
+        return out;
+    }
+    let entry = dir.join(format!("{key}.json"));
+    let mut kept = read_kept(&entry);
+    if matches!(kept, Kept::None) {
+        let asked = match rootfs {
+            Some(r) => ask(cfg, key, r, view),
+            None => Err("no rootfs to read it from".to_owned()),
+        };
+        match asked {
+            Ok(()) if cfg.wait_ms > 0 => {
+                let until = Instant::now() + Duration::from_millis(cfg.wait_ms);
+                while matches!(kept, Kept::None) && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(10));
+                    kept = read_kept(&entry);
+                }
+                if matches!(kept, Kept::None) {
+                    out.notes.push(format!(
+                        "the image's CUDA binaries are not audited yet: asked gpuarchd, waited {} ms (audit.wait_ms)",
+                        cfg.wait_ms
+                    ));
+                }
+            }
+            Ok(()) => out.notes.push(
+                "the image's CUDA binaries are not audited yet: asked gpuarchd; later starts are judged by it"
+                    .to_owned(),
+            ),
+            Err(why) => out.notes.push(format!(
+                "the image's CUDA binaries are not audited: {why}"
+            )),
+        }
+    }
+    let audit = match kept {
+        Kept::Audit(a) => a,
+        Kept::Bad(why) => {
+            out.notes.push(format!(
+                "the image's audit {} not read: {why}",
+                entry.display()
+            ));
+            return out;
+        }
+        Kept::None => return out,
+    };
+    judge(&audit, plan, driver, cfg.refuse, &mut out);
+    out
+}
+
+/// The findings of `audit` for the GPUs of `plan`, into `out`.
+pub fn judge(
+    audit: &ImageAudit,
+    plan: &Plan,
+    driver: Option<CudaVersion>,
+    refuse: bool,
+    out: &mut Judged,
+) {
+    let mut caps: Vec<_> = plan.gpus.iter().map(|g| g.compute_capability).collect();
+    caps.sort();
+    caps.dedup();
+    let archs = caps
+        .iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(";");
+    let mut refusals = Vec::new();
+    for g in &plan.gpus {
+        let label = format!("GPU {} ({}, {})", g.index, g.name, g.compute_capability);
+        let (cannot, jit) = findings(audit, &label, g.compute_capability, driver, &archs);
+        for list in [&cannot, &jit] {
+            out.notes.extend(list.iter().take(MOST_NOTED).cloned());
+            if list.len() > MOST_NOTED {
+                out.notes.push(format!(
+                    "... and {} more such binaries for {label} (gpuarchctl audit lists them)",
+                    list.len() - MOST_NOTED
+                ));
+            }
+        }
+        refusals.extend(cannot);
+    }
+    if let Some(s) = &audit.stopped {
+        out.notes.push(format!(
+            "the image's audit stopped {s}: binaries past it are not judged"
+        ));
+    }
+    if refuse && !refusals.is_empty() {
+        out.refuse = Some(format!(
+            "audit.refuse: {}",
+            refusals
+                .iter()
+                .take(MOST_NOTED)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("; ")
+        ));
+    }
+}
+
+enum Kept {
+    None,
+    Audit(ImageAudit),
+    Bad(String),
+}
+
+fn read_kept(entry: &Path) -> Kept {
+    let f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(entry)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Kept::None,
+        Err(e) => return Kept::Bad(e.to_string()),
+    };
+    let mut bytes = Vec::new();
+    if let Err(e) = f.take(MAX_AUDIT).read_to_end(&mut bytes) {
+        return Kept::Bad(e.to_string());
+    }
+    match serde_json::from_slice::<ImageAudit>(&bytes) {
+        Ok(a) if a.schema == SCHEMA => Kept::Audit(a),
+        Ok(a) => Kept::Bad(format!("schema {} (this hook reads {SCHEMA})", a.schema)),
+        Err(e) => Kept::Bad(e.to_string()),
+    }
+}
+
+/// Leave a request for the audit of image `key` (once: an existing one
+/// stands).
+fn ask(cfg: &AuditConfig, key: &str, rootfs: &Path, view: &ContainerView) -> Result<(), String> {
+    let Some(dir) = cfg.requests_dir() else {
+        return Err("no audit.dir".to_owned());
+    };
+    let req = Request {
+        rootfs: rootfs.to_owned(),
+        env: AUDIT_VARS
+            .iter()
+            .filter_map(|k| view.env_get(k).map(|v| ((*k).to_owned(), v.to_owned())))
+            .collect(),
+        user: view.user,
+    };
+    let body = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
+    let path = dir.join(key);
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&path)
+    {
+        Ok(mut f) => f
+            .write_all(&body)
+            .map_err(|e| format!("writing {}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(format!("asking gpuarchd ({}): {e}", path.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests;
