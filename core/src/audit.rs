@@ -24,6 +24,11 @@ pub struct ImageAudit {
     /// Why it stopped before the end (a bound), if it did: the binaries
     /// listed are then some of the image's, not all.
     pub stopped: Option<String>,
+    /// The names the engine gave the image at the start that asked for
+    /// this audit (CRI's image reference and name), for a scheduler's
+    /// question by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<String>,
     /// Candidate files opened, bytes of them mapped, and how long it took.
     pub files: u64,
     pub bytes: u64,

@@ -41,6 +41,21 @@ const IMAGE_KEYS: [&str; 5] = [
     "io.kubernetes.cri.image-name",
 ];
 
+/// Every name the engine's annotations give the container's image (its
+/// reference or digest first), each once.
+pub fn image_names(view: &crate::oci::ContainerView) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for k in IMAGE_KEYS {
+        if let Some(v) = view.annotations.get(k)
+            && !v.is_empty()
+            && !names.contains(v)
+        {
+            names.push(v.clone());
+        }
+    }
+    names
+}
+
 /// The annotation naming the pod's namespace that only the engine sets:
 /// containerd's CRI writes it from the sandbox it made.
 const NAMESPACE_KEYS: [&str; 1] = ["io.kubernetes.cri.sandbox-namespace"];

@@ -227,7 +227,13 @@ pub struct InspectArgs {
 #[derive(Debug, clap::Args)]
 pub struct AuditArgs {
     /// The image's root directory (or a venv, or any directory).
-    pub path: PathBuf,
+    #[arg(required_unless_present = "image")]
+    pub path: Option<PathBuf>,
+    /// Ask gpuarchd instead, from the audit it keeps of an image started
+    /// on this node (audit.dir): a name the engine gave it (CRI's image
+    /// reference or name) or its key.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["path", "cap", "env", "user", "max_seconds"])]
+    pub image: Option<String>,
     /// Judge for these GPUs (indexes as NVML numbers them) instead of all.
     #[arg(long, value_name = "LIST", conflicts_with = "cap")]
     pub devices: Option<String>,

@@ -152,29 +152,34 @@ pub fn pass(cfg: &AuditConfig, failed: &mut HashMap<String, Instant>) {
             }
         };
         let t0 = Instant::now();
-        match audit_in_worker(req, &key, cfg.max_seconds) {
-            Ok(a) => match keep(&entry, &a) {
-                Ok(()) => info!(
-                    "image audit {key}: {} binaries with GPU code in {} files ({} MiB) in {} ms{}",
-                    a.binaries.len(),
-                    a.files,
-                    a.bytes >> 20,
-                    t0.elapsed().as_millis(),
-                    a.stopped
-                        .as_ref()
-                        .map(|s| format!("; stopped {s}"))
-                        .unwrap_or_default()
-                ),
-                Err(e) => warn!("image audit {key}: not kept: {e}"),
-            },
+        let images = req.images.clone();
+        let mut a = match audit_in_worker(req, &key, cfg.max_seconds) {
+            Ok(a) => a,
             Err(e) => {
                 warn!(
                     "image audit {key}: {e}; not asked again for {} s",
                     RETRY_AFTER.as_secs()
                 );
                 failed.insert(key, Instant::now());
+                continue;
             }
+        };
+        a.images = images;
+        if let Err(e) = keep(&entry, &a).and_then(|()| index(dir, &key, &a.images)) {
+            warn!("image audit {key}: not kept: {e}");
+            continue;
         }
+        info!(
+            "image audit {key}: {} binaries with GPU code in {} files ({} MiB) in {} ms{}",
+            a.binaries.len(),
+            a.files,
+            a.bytes >> 20,
+            t0.elapsed().as_millis(),
+            a.stopped
+                .as_ref()
+                .map(|s| format!("; stopped {s}"))
+                .unwrap_or_default()
+        );
     }
     prune(dir);
 }
@@ -299,6 +304,43 @@ fn keep(entry: &Path, a: &ImageAudit) -> std::io::Result<()> {
     std::fs::rename(&tmp, entry)
 }
 
+/// Most names kept in `index.json`.
+const MOST_NAMES: usize = 4 * MOST_KEPT;
+
+/// Record in `dir/index.json` that `names` are the image of `key`: a
+/// scheduler asks by the name the engine gave it. Names whose audit is
+/// gone are dropped once the index is full.
+fn index(dir: &Path, key: &str, names: &[String]) -> std::io::Result<()> {
+    if names.is_empty() {
+        return Ok(());
+    }
+    let mut map = gpuarch_hook::audit::read_index(dir);
+    for n in names {
+        map.insert(n.clone(), key.to_owned());
+    }
+    if map.len() > MOST_NAMES {
+        map.retain(|_, k| dir.join(format!("{k}.json")).exists());
+        while map.len() > MOST_NAMES {
+            let Some(first) = map.keys().next().cloned() else {
+                break;
+            };
+            map.remove(&first);
+        }
+    }
+    let path = dir.join("index.json");
+    let tmp = dir.join("index.json.tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    f.write_all(&serde_json::to_vec(&map).map_err(std::io::Error::other)?)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
 /// Past [`MOST_KEPT`] audits, remove the least recently written tenth.
 fn prune(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -306,7 +348,10 @@ fn prune(dir: &Path) {
     };
     let mut kept: Vec<(std::time::SystemTime, PathBuf)> = entries
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.ends_with(".json") && n != "index.json"
+        })
         .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
         .collect();
     if kept.len() <= MOST_KEPT {

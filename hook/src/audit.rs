@@ -51,6 +51,9 @@ pub struct Request {
     pub env: Vec<(String, String)>,
     /// The process's uid and gid, where the config says.
     pub user: Option<(u32, u32)>,
+    /// The engine's names for the image (CRI's), kept with its audit.
+    #[serde(default)]
+    pub images: Vec<String>,
 }
 
 /// What a start gets from its image's audit.
@@ -171,6 +174,85 @@ pub fn judge(
     }
 }
 
+/// What AuditImage answers: whether the GPUs of `plan` run every binary
+/// of `audit`, and per GPU what they cannot run and what only by PTX JIT.
+pub fn report(
+    image: &str,
+    key: &str,
+    audit: &ImageAudit,
+    plan: &Plan,
+    driver: Option<CudaVersion>,
+) -> serde_json::Value {
+    let mut caps: Vec<_> = plan.gpus.iter().map(|g| g.compute_capability).collect();
+    caps.sort();
+    caps.dedup();
+    let archs = caps
+        .iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(";");
+    let mut runs = true;
+    let gpus: Vec<serde_json::Value> = plan
+        .gpus
+        .iter()
+        .map(|g| {
+            let label = format!("GPU {} ({}, {})", g.index, g.name, g.compute_capability);
+            let (cannot, jit) = findings(audit, &label, g.compute_capability, driver, &archs);
+            runs &= cannot.is_empty();
+            serde_json::json!({"gpu": label, "uuid": g.uuid, "cannot": cannot, "jit": jit})
+        })
+        .collect();
+    serde_json::json!({
+        "image": image,
+        "key": key,
+        "names": audit.images,
+        "runs": runs,
+        "binaries": audit.binaries.len(),
+        "stopped": audit.stopped,
+        "gpus": gpus,
+    })
+}
+
+/// Most bytes of the index of names read.
+pub const MAX_INDEX: u64 = 4 << 20;
+
+/// The kept audit of `image` (an image read key, or a name the engine gave
+/// it, through `audit.dir/index.json`); `None` when there is none.
+pub fn find(cfg: &AuditConfig, image: &str) -> Result<Option<(String, ImageAudit)>, String> {
+    let Some(dir) = &cfg.dir else {
+        return Err("audit.dir is not set: images are not audited at start on this node".into());
+    };
+    let key = if valid_key(image) {
+        image.to_owned()
+    } else {
+        let index = read_index(dir);
+        match index.get(image) {
+            Some(k) if valid_key(k) => k.clone(),
+            _ => return Ok(None),
+        }
+    };
+    match read_kept(&dir.join(format!("{key}.json"))) {
+        Kept::Audit(a) => Ok(Some((key, a))),
+        Kept::None => Ok(None),
+        Kept::Bad(why) => Err(format!("the audit of {image} ({key}): {why}")),
+    }
+}
+
+/// `audit.dir/index.json`: name to image key; empty where there is none.
+pub fn read_index(dir: &Path) -> std::collections::BTreeMap<String, String> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(dir.join("index.json"))
+        .ok()
+        .and_then(|f| {
+            let mut b = Vec::new();
+            f.take(MAX_INDEX).read_to_end(&mut b).ok()?;
+            serde_json::from_slice(&b).ok()
+        })
+        .unwrap_or_default()
+}
+
 enum Kept {
     None,
     Audit(ImageAudit),
@@ -211,6 +293,7 @@ fn ask(cfg: &AuditConfig, key: &str, rootfs: &Path, view: &ContainerView) -> Res
             .filter_map(|k| view.env_get(k).map(|v| ((*k).to_owned(), v.to_owned())))
             .collect(),
         user: view.user,
+        images: gpuarch_core::jit::image_names(view),
     };
     let body = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
     let path = dir.join(key);

@@ -226,6 +226,7 @@ fn start(node: &Node, root: &Path, gpu: &str) -> (bool, String) {
         "process": {"args": ["python3"], "user": {"uid": 0, "gid": 0},
                     "env": [format!("NVIDIA_VISIBLE_DEVICES={gpu}"), "PATH=/usr/local/bin:/usr/bin:/bin"]},
         "root": {"path": root},
+        "annotations": {"io.kubernetes.cri.image-name": "registry.test/xformers:sm75"},
     });
     let o = gpuarch_tests::output_with_stdin(
         Command::new(&artifacts().gpuarch_hook)
@@ -306,6 +307,42 @@ fn gpuarchd_audits_an_image_once_and_each_later_start_is_judged() {
     assert!(ok && !log.contains("cannot run it"), "{log}");
     let (ok, log) = start(&node, &root, "0,1");
     assert!(ok && log.contains("GPU 1 (NVIDIA GeForce RTX 3090, 8.6) cannot run it; rebuild with TORCH_CUDA_ARCH_LIST=\"7.5;8.6\""), "{log}");
+
+    // A scheduler asks by the image's name, before placing a job: the
+    // 3090 cannot run it, the 2080 Ti can (AuditImage, through gpuarchctl).
+    let image = "registry.test/xformers:sm75";
+    let o = node.ctl(None, &["audit", "--image", image, "--devices", "1"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{text}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        text.contains("GPU 1 (NVIDIA GeForce RTX 3090, 8.6): cannot run 1") && text.contains(note),
+        "{text}"
+    );
+    let o = node.ctl(
+        None,
+        &["--json", "audit", "--image", image, "--devices", "0"],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["runs"], true);
+    assert_eq!(doc["names"], serde_json::json!([image]));
+    let o = node.ctl(None, &["audit", "--image", "registry.test/never-started:1"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("no audit of registry.test/never-started:1 on this node"),
+        "{err}"
+    );
 
     std::fs::write(node.path("config.yaml"), yaml("  refuse: true\n")).unwrap();
     let (ok, log) = start(&node, &root, "1");

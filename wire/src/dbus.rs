@@ -268,6 +268,8 @@ pub trait Inventory {
     fn match_devices(&self, requirement: &str) -> zbus::Result<Vec<String>>;
     fn slurm_gres(&self) -> zbus::Result<String>;
     fn slurm_plan(&self, gpus: &str) -> zbus::Result<(Env, Vec<String>)>;
+    /// The JSON report of the kept audit of `image` for `devices`.
+    fn audit_image(&self, image: &str, devices: &[&str]) -> zbus::Result<String>;
     #[zbus(property)]
     fn compute_capabilities(&self) -> zbus::Result<Vec<String>>;
     #[zbus(property)]

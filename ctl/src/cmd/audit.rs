@@ -12,12 +12,20 @@ use gpuarch_core::arch::{CudaVersion, Placement};
 use gpuarch_core::audit::ImageAudit;
 use gpuarch_core::oci::ContainerView;
 use gpuarch_hook::rootfs::Root;
+use gpuarch_wire::dbus::InventoryProxy;
 use serde_json::json;
 
 use crate::cli::{AuditArgs, Cli, EXIT_NO};
 use crate::render;
+use crate::source::{BusError, Source};
 
 pub fn run(cli: &Cli, args: &AuditArgs, out: &mut String) -> Result<u8> {
+    if let Some(image) = &args.image {
+        return ask(cli, image, args.devices.as_deref(), out);
+    }
+    let Some(path) = &args.path else {
+        return Err(anyhow!("give PATH or --image"));
+    };
     let (gpus, driver, no_gpus) =
         super::inspect::judges(cli, args.devices.as_deref(), args.cap.as_deref())?;
     let mut view = ContainerView::with_env(
@@ -31,7 +39,7 @@ pub fn run(cli: &Cli, args: &AuditArgs, out: &mut String) -> Result<u8> {
             .collect::<Result<Vec<_>>>()?,
     );
     view.user = args.user.map(|u| (u, u));
-    let root = Root::open(&args.path).with_context(|| format!("{}", args.path.display()))?;
+    let root = Root::open(path).with_context(|| format!("{}", path.display()))?;
     let limits = Limits {
         deadline: Duration::from_secs(args.max_seconds.unwrap_or(300)),
         ..Limits::default()
@@ -58,10 +66,10 @@ pub fn run(cli: &Cli, args: &AuditArgs, out: &mut String) -> Result<u8> {
     if cli.json {
         render::json(
             out,
-            &to_json(args, &audit, &gpus, &judged, &archs, driver, &no_gpus),
+            &to_json(path, &audit, &gpus, &judged, &archs, driver, &no_gpus),
         )?;
     } else {
-        text(out, args, &audit, &gpus, &judged, &archs, &no_gpus);
+        text(out, path, &audit, &gpus, &judged, &archs, &no_gpus);
     }
     Ok(if cannot { EXIT_NO } else { 0 })
 }
@@ -69,7 +77,7 @@ pub fn run(cli: &Cli, args: &AuditArgs, out: &mut String) -> Result<u8> {
 type Gpus = [(String, gpuarch_core::arch::ComputeCapability)];
 
 fn to_json(
-    args: &AuditArgs,
+    path: &std::path::Path,
     audit: &ImageAudit,
     gpus: &Gpus,
     judged: &[Vec<Placement>],
@@ -78,7 +86,7 @@ fn to_json(
     no_gpus: &Option<String>,
 ) -> serde_json::Value {
     json!({
-        "path": args.path,
+        "path": path,
         "gpus": gpus.iter().map(|(l, c)| json!({"gpu": l, "capability": c.to_string()})).collect::<Vec<_>>(),
         "driver_cuda": driver.map(|d| d.to_string()),
         "no_gpus": no_gpus,
@@ -113,7 +121,7 @@ fn size(bytes: u64) -> String {
 
 fn text(
     out: &mut String,
-    args: &AuditArgs,
+    path: &std::path::Path,
     audit: &ImageAudit,
     gpus: &Gpus,
     judged: &[Vec<Placement>],
@@ -123,7 +131,7 @@ fn text(
     let _ = writeln!(
         out,
         "{}: read {}",
-        args.path.display(),
+        path.display(),
         if audit.read.is_empty() {
             "nothing (no Python environment, library path or kernel cache found)".to_owned()
         } else {
@@ -198,4 +206,61 @@ fn text(
     if let Some(why) = no_gpus {
         let _ = writeln!(out, "no GPU here to judge them against: {why}");
     }
+}
+
+/// `--image NAME`: gpuarchd's report from the audit it keeps.
+fn ask(cli: &Cli, image: &str, devices: Option<&str>, out: &mut String) -> Result<u8> {
+    let d = match Source::of(cli)? {
+        Source::Daemon(d) => d,
+        Source::Offline(_) => {
+            return Err(anyhow!(
+                "audit --image asks gpuarchd, which keeps the audits: not with --offline"
+            ));
+        }
+    };
+    let list: Vec<&str> = devices
+        .map(|l| l.split(',').map(str::trim).collect())
+        .unwrap_or_else(|| vec!["all"]);
+    let report = d.ask(async {
+        let e = |e| BusError::of("AuditImage", e);
+        let inv = d.proxy::<InventoryProxy>().await.map_err(e)?;
+        inv.audit_image(image, &list).await.map_err(e)
+    })?;
+    let doc: serde_json::Value = serde_json::from_str(&report)?;
+    let runs = doc["runs"].as_bool().unwrap_or(false);
+    if cli.json {
+        render::json(out, &doc)?;
+    } else {
+        let _ = writeln!(
+            out,
+            "{image}: {} binaries with GPU code audited{}",
+            doc["binaries"],
+            doc["stopped"]
+                .as_str()
+                .map(|s| format!(" (stopped {s}: not all of them)"))
+                .unwrap_or_default()
+        );
+        for g in doc["gpus"].as_array().into_iter().flatten() {
+            let cannot = g["cannot"].as_array().map_or(0, Vec::len);
+            let _ = writeln!(
+                out,
+                "{}: {}",
+                g["gpu"].as_str().unwrap_or(""),
+                if cannot == 0 {
+                    "runs all of them".to_owned()
+                } else {
+                    format!("cannot run {cannot}")
+                }
+            );
+            for n in g["cannot"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .chain(g["jit"].as_array().into_iter().flatten())
+            {
+                let _ = writeln!(out, "  {}", n.as_str().unwrap_or(""));
+            }
+        }
+    }
+    Ok(if runs { 0 } else { EXIT_NO })
 }

@@ -6,9 +6,11 @@ use std::sync::Arc;
 use gpuarch_core::snapshot::Snapshot;
 use gpuarch_core::{plan, requirement};
 use gpuarch_wire::dbus::{DeviceRecord, Env};
+use zbus::message::Header;
 use zbus::object_server::SignalEmitter;
 use zbus::{fdo, interface};
 
+use super::admission::{Admission, READ_WORK, blocking};
 use super::usec;
 use crate::state::Shared;
 
@@ -63,6 +65,46 @@ impl Inventory {
         let p = plan::plan_devices(&devices, &snap, &self.shared.config().env)
             .map_err(|e| fdo::Error::InvalidArgs(e.to_string()))?;
         Ok((p.env.into_iter().collect(), p.notes))
+    }
+
+    /// Whether the image runs on these GPUs, from the audit gpuarchd keeps
+    /// of it (audit.dir; made at the image's first start on this node):
+    /// `image` is a name the engine gave it (CRI's image reference or
+    /// name) or its key; devices as for Plan. A JSON report: image, key,
+    /// runs (false when a GPU cannot run one of its binaries), binaries,
+    /// stopped, and per GPU the binaries it cannot run and those it runs
+    /// only by PTX JIT. FileNotFound when this node has no audit of it;
+    /// InvalidArgs for an image over 1024 bytes or devices as Plan refuses
+    /// them; LimitsExceeded as for ListKernels.
+    #[zbus(out_args("report"))]
+    async fn audit_image(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        image: &str,
+        devices: Vec<&str>,
+    ) -> fdo::Result<String> {
+        if image.len() > 1024 {
+            return Err(fdo::Error::InvalidArgs(format!(
+                "AuditImage: an image of {} bytes (at most 1024)",
+                image.len()
+            )));
+        }
+        let snap = current(&self.shared)?;
+        let plan = plan::plan_devices(&devices, &snap, &self.shared.config().env)
+            .map_err(|e| fdo::Error::InvalidArgs(e.to_string()))?;
+        let _admitted = Admission::take(Some(&hdr), "AuditImage")?;
+        let cfg = self.shared.config().audit.clone();
+        let name = image.to_owned();
+        let found = blocking(&READ_WORK, move || gpuarch_hook::audit::find(&cfg, &name))
+            .await?
+            .map_err(fdo::Error::Failed)?;
+        let Some((key, audit)) = found else {
+            return Err(fdo::Error::FileNotFound(format!(
+                "AuditImage: no audit of {image} on this node (an image is audited at its first start here)"
+            )));
+        };
+        let driver = gpuarch_core::arch::CudaVersion::parse(&snap.cuda_driver_version).ok();
+        Ok(gpuarch_hook::audit::report(image, &key, &audit, &plan, driver).to_string())
     }
 
     /// gres.conf lines for this node: one "Name=gpu Type=sm_XY

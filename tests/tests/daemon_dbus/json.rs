@@ -20,6 +20,7 @@ fn case(leaf: &str, dir: &Path) -> Option<(Vec<String>, Option<&'static str>)> {
         "arch features" => (v(&["8.6"]), None),
         "arch toolkit" => (v(&["12.8"]), None),
         "inspect" => (vec![p("k.ptx")], None),
+        "audit" => (vec![dir.to_str().unwrap().to_owned()], None),
         "prewarm" => (v(&["--arch", "8.6"]), None),
         "kernels import" => (vec!["demo".into(), p("k.ptx")], None),
         "kernels unimport" => (v(&["demo"]), None),
