@@ -206,7 +206,10 @@ pub(super) fn embedded_fatbins(data: &[u8], name: &str, out: &mut Sink) {
             }
             off = end;
         } else {
-            off += 1;
+            // What the failed container's entries spanned is not searched
+            // again: each byte is walked once, whatever a crafted section
+            // of nested headers claims.
+            off = e.max(off + 1);
         }
     }
 }

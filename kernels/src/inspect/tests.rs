@@ -154,3 +154,30 @@ fn a_summary_gathers_kernels_once_not_again_for_each_entry() {
     assert_eq!(s.len(), 1);
     assert_eq!(s[0].functions.len(), 50_000);
 }
+
+/// A crafted data section: a container header at every 8 bytes, each
+/// claiming the rest of the section, its entries skipped kinds, the last
+/// one broken. The search walks each byte once: well under a second for
+/// 4 MiB, not the quadratic walk each failed container re-read would cost.
+#[test]
+fn nested_container_headers_in_data_cost_one_walk() {
+    let n = 4 << 20;
+    let mut data = vec![0u8; n];
+    let mut off = 0;
+    while off + 64 <= n {
+        data[off..off + 4].copy_from_slice(&FATBIN_MAGIC.to_le_bytes());
+        data[off + 4..off + 6].copy_from_slice(&1u16.to_le_bytes());
+        data[off + 6..off + 8].copy_from_slice(&16u16.to_le_bytes());
+        data[off + 8..off + 16].copy_from_slice(&((n - off - 16) as u64).to_le_bytes());
+        off += 8;
+    }
+    let t0 = std::time::Instant::now();
+    let mut sink = Sink::new(false);
+    fatbin::embedded_fatbins(&data, ".ldata", &mut sink);
+    assert!(sink.finish().is_empty());
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(1),
+        "{:?}",
+        t0.elapsed()
+    );
+}
