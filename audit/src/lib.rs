@@ -462,42 +462,58 @@ pub struct WorkerInput {
 /// Most bytes of a worker's input read.
 pub const MAX_WORKER_INPUT: u64 = 256 << 10;
 
+/// Why the audit worker did not audit.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("reading the request: {0}")]
+    Read(#[source] std::io::Error),
+    #[error("the request: {0}")]
+    Request(#[source] serde_json::Error),
+    #[error("{}: {error}", .rootfs.display())]
+    Root {
+        rootfs: std::path::PathBuf,
+        error: gpuarch_hook::rootfs::RootfsError,
+    },
+    #[error("{} is not the image the start read (its environments' identity differs: another mount namespace, or a rootfs replaced since)", .0.display())]
+    NotTheImage(std::path::PathBuf),
+    #[error("{}: the image's environments could not be read to identify it", .0.display())]
+    Unidentified(std::path::PathBuf),
+    #[error("writing the audit: {0}")]
+    Write(#[source] std::io::Error),
+}
+
 /// `gpuarchd --audit-worker`: a [`WorkerInput`] on `input`, the
 /// [`ImageAudit`] as JSON on `output`. The rootfs is opened as the
 /// image's root: nothing in it leads out.
-pub fn serve(input: impl std::io::Read, mut output: impl std::io::Write) -> Result<(), String> {
+pub fn serve(
+    input: impl std::io::Read,
+    mut output: impl std::io::Write,
+) -> Result<(), WorkerError> {
     let mut bytes = Vec::new();
     input
         .take(MAX_WORKER_INPUT)
         .read_to_end(&mut bytes)
-        .map_err(|e| format!("reading the request: {e}"))?;
-    let w: WorkerInput = serde_json::from_slice(&bytes).map_err(|e| format!("the request: {e}"))?;
-    let root = Root::open(&w.request.rootfs)
-        .map_err(|e| format!("{}: {e}", w.request.rootfs.display()))?;
+        .map_err(WorkerError::Read)?;
+    let w: WorkerInput = serde_json::from_slice(&bytes).map_err(WorkerError::Request)?;
+    let rootfs = w.request.rootfs.clone();
+    let root = Root::open(&rootfs).map_err(|error| WorkerError::Root {
+        rootfs: rootfs.clone(),
+        error,
+    })?;
     let mut view = ContainerView::with_env(w.request.env);
     view.user = w.request.user;
     match gpuarch_hook::image::identify(&root, &view) {
         Some(k) if k == w.key => {}
-        Some(_) => {
-            return Err(format!(
-                "{} is not the image the start read (its environments' identity differs: another mount namespace, or a rootfs replaced since)",
-                w.request.rootfs.display()
-            ));
-        }
-        None => {
-            return Err(format!(
-                "{}: the image's environments could not be read to identify it",
-                w.request.rootfs.display()
-            ));
-        }
+        Some(_) => return Err(WorkerError::NotTheImage(rootfs)),
+        None => return Err(WorkerError::Unidentified(rootfs)),
     }
     let limits = Limits {
         deadline: Duration::from_secs(w.max_seconds),
         ..Limits::default()
     };
     let a = audit(&root, &view, &limits);
-    serde_json::to_writer(&mut output, &a).map_err(|e| e.to_string())?;
-    output.flush().map_err(|e| e.to_string())
+    serde_json::to_writer(&mut output, &a).map_err(|e| WorkerError::Write(e.into()))?;
+    output.flush().map_err(WorkerError::Write)
 }
 
 #[cfg(test)]

@@ -46,6 +46,32 @@ const MAX_ANSWER: u64 = 64 << 20;
 /// this does not count.
 const WORKER_DATA: u64 = 1 << 30;
 
+/// Why a request was not audited.
+#[derive(Debug, thiserror::Error)]
+enum RunError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("not a regular file")]
+    NotAFile,
+    #[error("the request: {0}")]
+    Request(#[source] serde_json::Error),
+    #[error("the request is too large")]
+    TooLarge,
+    #[error("cannot start the audit worker: {0}")]
+    Spawn(#[source] std::io::Error),
+    #[error("no pipes to the audit worker")]
+    NoPipes,
+    #[error("the audit worker ran past {0} s and was killed")]
+    Killed(u64),
+    #[error("the audit worker exited with {status}: {said}")]
+    Exited {
+        status: std::process::ExitStatus,
+        said: String,
+    },
+    #[error("the audit worker's answer: {0}")]
+    Answer(#[source] serde_json::Error),
+}
+
 /// Take requests until `stop`.
 pub async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
@@ -143,7 +169,7 @@ pub fn pass(cfg: &AuditConfig, failed: &mut HashMap<String, Instant>) {
             continue;
         }
         let req = match body
-            .and_then(|b| serde_json::from_slice::<Request>(&b).map_err(|e| e.to_string()))
+            .and_then(|b| serde_json::from_slice::<Request>(&b).map_err(RunError::Request))
         {
             Ok(r) => r,
             Err(e) => {
@@ -185,32 +211,29 @@ pub fn pass(cfg: &AuditConfig, failed: &mut HashMap<String, Instant>) {
 }
 
 /// A request's bytes (never through a link, at most 64 KiB).
-fn read_request(path: &Path) -> Result<Vec<u8>, String> {
+fn read_request(path: &Path) -> Result<Vec<u8>, RunError> {
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| e.to_string())?;
-    if !f.metadata().map_err(|e| e.to_string())?.is_file() {
-        return Err("not a regular file".into());
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(RunError::NotAFile);
     }
     let mut b = Vec::new();
-    f.take(64 << 10)
-        .read_to_end(&mut b)
-        .map_err(|e| e.to_string())?;
+    f.take(64 << 10).read_to_end(&mut b)?;
     Ok(b)
 }
 
 /// Run the audit of `req` in `gpuarchd --audit-worker`.
-fn audit_in_worker(request: Request, key: &str, max_seconds: u64) -> Result<ImageAudit, String> {
+fn audit_in_worker(request: Request, key: &str, max_seconds: u64) -> Result<ImageAudit, RunError> {
     let input = serde_json::to_vec(&WorkerInput {
         request,
         key: key.to_owned(),
         max_seconds,
     })
-    .map_err(|e| e.to_string())?;
+    .map_err(RunError::Request)?;
     if input.len() as u64 > MAX_WORKER_INPUT {
-        return Err("the request is too large".into());
+        return Err(RunError::TooLarge);
     }
     let mut cmd = Command::new("/proc/self/exe");
     cmd.arg("--audit-worker")
@@ -228,16 +251,14 @@ fn audit_in_worker(request: Request, key: &str, max_seconds: u64) -> Result<Imag
                 .map_err(std::io::Error::from)
         });
     }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start the audit worker: {e}"))?;
+    let mut child = cmd.spawn().map_err(RunError::Spawn)?;
     let pid = child.id();
     let (Some(mut stdin), Some(stdout), Some(stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {
         let _ = child.kill();
         let _ = child.wait();
-        return Err("no pipes to the audit worker".into());
+        return Err(RunError::NoPipes);
     };
     let feed = std::thread::spawn(move || {
         let _ = stdin.write_all(&input);
@@ -261,7 +282,7 @@ fn audit_in_worker(request: Request, key: &str, max_seconds: u64) -> Result<Imag
             Ok(Some(s)) => break Some(s),
             Ok(None) if start.elapsed() >= limit => break None,
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e.into()),
         }
     };
     let _ = nix::sys::signal::killpg(
@@ -272,10 +293,7 @@ fn audit_in_worker(request: Request, key: &str, max_seconds: u64) -> Result<Imag
         Some(s) => s,
         None => {
             let _ = child.wait();
-            return Err(format!(
-                "the audit worker ran past {} s and was killed",
-                limit.as_secs()
-            ));
+            return Err(RunError::Killed(limit.as_secs()));
         }
     };
     let _ = feed.join();
@@ -284,9 +302,9 @@ fn audit_in_worker(request: Request, key: &str, max_seconds: u64) -> Result<Imag
         .trim()
         .to_owned();
     if !status.success() {
-        return Err(format!("the audit worker exited with {status}: {said}"));
+        return Err(RunError::Exited { status, said });
     }
-    serde_json::from_slice(&stdout).map_err(|e| format!("the audit worker's answer: {e}"))
+    serde_json::from_slice(&stdout).map_err(RunError::Answer)
 }
 
 /// Write `a` as `entry`, whole (a temporary file renamed over it).

@@ -84,7 +84,7 @@ pub fn at_start(
     let mut kept = read_kept(&entry);
     if matches!(kept, Kept::None) {
         let asked = match rootfs {
-            Some(r) => ask(cfg, key, r, view),
+            Some(r) => ask(cfg, key, r, view).map_err(|e| e.to_string()),
             None => Err("no rootfs to read it from".to_owned()),
         };
         match asked {
@@ -216,11 +216,30 @@ pub fn report(
 /// Most bytes of the index of names read.
 pub const MAX_INDEX: u64 = 4 << 20;
 
+/// Why a kept audit could not be answered from, or asked for.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("audit.dir is not set: images are not audited at start on this node")]
+    Off,
+    #[error("the audit of {image} ({key}): {why}")]
+    Bad {
+        image: String,
+        key: String,
+        why: String,
+    },
+    #[error("asking gpuarchd ({}): {error}", .path.display())]
+    Ask {
+        path: std::path::PathBuf,
+        #[source]
+        error: std::io::Error,
+    },
+}
+
 /// The kept audit of `image` (an image read key, or a name the engine gave
 /// it, through `audit.dir/index.json`); `None` when there is none.
-pub fn find(cfg: &AuditConfig, image: &str) -> Result<Option<(String, ImageAudit)>, String> {
+pub fn find(cfg: &AuditConfig, image: &str) -> Result<Option<(String, ImageAudit)>, AuditError> {
     let Some(dir) = &cfg.dir else {
-        return Err("audit.dir is not set: images are not audited at start on this node".into());
+        return Err(AuditError::Off);
     };
     let key = if valid_key(image) {
         image.to_owned()
@@ -234,7 +253,11 @@ pub fn find(cfg: &AuditConfig, image: &str) -> Result<Option<(String, ImageAudit
     match read_kept(&dir.join(format!("{key}.json"))) {
         Kept::Audit(a) => Ok(Some((key, a))),
         Kept::None => Ok(None),
-        Kept::Bad(why) => Err(format!("the audit of {image} ({key}): {why}")),
+        Kept::Bad(why) => Err(AuditError::Bad {
+            image: image.to_owned(),
+            key,
+            why,
+        }),
     }
 }
 
@@ -282,9 +305,14 @@ fn read_kept(entry: &Path) -> Kept {
 
 /// Leave a request for the audit of image `key` (once: an existing one
 /// stands).
-fn ask(cfg: &AuditConfig, key: &str, rootfs: &Path, view: &ContainerView) -> Result<(), String> {
+fn ask(
+    cfg: &AuditConfig,
+    key: &str,
+    rootfs: &Path,
+    view: &ContainerView,
+) -> Result<(), AuditError> {
     let Some(dir) = cfg.requests_dir() else {
-        return Err("no audit.dir".to_owned());
+        return Err(AuditError::Off);
     };
     let req = Request {
         rootfs: rootfs.to_owned(),
@@ -295,8 +323,12 @@ fn ask(cfg: &AuditConfig, key: &str, rootfs: &Path, view: &ContainerView) -> Res
         user: view.user,
         images: gpuarch_core::jit::image_names(view),
     };
-    let body = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
     let path = dir.join(key);
+    let ask_err = |error| AuditError::Ask {
+        path: path.clone(),
+        error,
+    };
+    let body = serde_json::to_vec(&req).map_err(|e| ask_err(e.into()))?;
     match std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -304,11 +336,9 @@ fn ask(cfg: &AuditConfig, key: &str, rootfs: &Path, view: &ContainerView) -> Res
         .custom_flags(nix::libc::O_NOFOLLOW)
         .open(&path)
     {
-        Ok(mut f) => f
-            .write_all(&body)
-            .map_err(|e| format!("writing {}: {e}", path.display())),
+        Ok(mut f) => f.write_all(&body).map_err(ask_err),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(format!("asking gpuarchd ({}): {e}", path.display())),
+        Err(e) => Err(ask_err(e)),
     }
 }
 

@@ -40,11 +40,23 @@ pub fn note_for(gpus: &str, from: &str) -> Option<String> {
 /// The Plan's env for `gpus` from the snapshot gpuarchd last wrote
 /// (`GPUARCH_INVENTORY`, else the config's `daemon.snapshot`), never NVML:
 /// a prolog must not wait on a driver.
-pub fn plan_from_snapshot(gpus: &str, config: &Config) -> Result<Vec<(String, String)>, String> {
+pub fn plan_from_snapshot(
+    gpus: &str,
+    config: &Config,
+) -> Result<Vec<(String, String)>, PrologError> {
     let path = crate::inventory_env().unwrap_or_else(|| config.daemon.snapshot.clone());
-    let inv = crate::read_snapshot(&path).map_err(|e| e.to_string())?;
-    let plan = slurm::plan(gpus, &inv, &config.env).map_err(|e| e.to_string())?;
+    let inv = crate::read_snapshot(&path)?;
+    let plan = slurm::plan(gpus, &inv, &config.env)?;
     Ok(plan.env)
+}
+
+/// Why the prolog could not plan from the snapshot.
+#[derive(Debug, thiserror::Error)]
+pub enum PrologError {
+    #[error(transparent)]
+    Snapshot(#[from] crate::InventoryError),
+    #[error(transparent)]
+    Slurm(#[from] slurm::SlurmError),
 }
 
 /// The `export NAME=value` lines for `env`, appended to `out`. The step's

@@ -1210,6 +1210,32 @@ fn docker_refuses_a_gpu_that_cannot_run_the_images_prebuilt_code() {
         ),
         "{log}"
     );
+    // gpuarchctl why shows it, from the record of that start.
+    let records = e.path("containers");
+    let newest = std::fs::read_dir(&records)
+        .unwrap()
+        .flatten()
+        .filter(|f| f.file_name().to_string_lossy().ends_with(".json"))
+        .max_by_key(|f| f.metadata().unwrap().modified().unwrap())
+        .unwrap();
+    let id = newest
+        .file_name()
+        .to_string_lossy()
+        .trim_end_matches(".json")
+        .to_owned();
+    let o = std::process::Command::new(&gpuarch_tests::artifacts().gpuarchctl)
+        .args(["why", &id, "--dir"])
+        .arg(&records)
+        .output()
+        .unwrap();
+    let why = text(&o.stdout);
+    assert!(
+        o.status.success()
+            && why
+                .contains("carries only sm_75: GPU 1 (NVIDIA GeForce RTX 3090, 8.6) cannot run it"),
+        "{why}{}",
+        text(&o.stderr)
+    );
 
     // The harness's Docker keeps each container's rootfs as a copy (the
     // vfs driver), so each start is an image of its own to the image

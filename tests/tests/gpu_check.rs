@@ -43,7 +43,7 @@ fn without_a_driver_every_part_says_so_and_the_report_is_written() {
         "{stdout}{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    for p in 1..=8 {
+    for p in 1..=9 {
         let line =
             format!("FAIL part{p} prerequisites: no NVIDIA driver here (nvidia-smi not found)\n");
         assert!(stdout.contains(&line), "{stdout}");
@@ -51,7 +51,7 @@ fn without_a_driver_every_part_says_so_and_the_report_is_written() {
     let report: Value =
         serde_json::from_slice(&std::fs::read(out.path().join("gpu-check.json")).unwrap()).unwrap();
     assert_eq!(report["passed"], 0);
-    assert_eq!(report["failed"], 8);
+    assert_eq!(report["failed"], 9);
     assert!(report["gpu"].is_null());
 }
 

@@ -92,7 +92,7 @@ fn task_prolog_lines(out: &mut String) -> u8 {
                 "gpuarchd did not answer ({why}); planning from the snapshot"
             ));
             let planned = match &config {
-                Ok(c) => task_prolog::plan_from_snapshot(&gpus, c),
+                Ok(c) => task_prolog::plan_from_snapshot(&gpus, c).map_err(|e| e.to_string()),
                 Err(e) => Err(format!("the config: {e}")),
             };
             match planned {

@@ -47,6 +47,7 @@ pub mod proto {
         include!(concat!(env!("OUT_DIR"), "/nri_ttrpc.rs"));
     }
 }
+#[cfg(any(test, feature = "fake-runtime"))]
 pub mod fake_runtime;
 
 use std::path::PathBuf;

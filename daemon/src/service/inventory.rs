@@ -97,7 +97,7 @@ impl Inventory {
         let name = image.to_owned();
         let found = blocking(&READ_WORK, move || gpuarch_hook::audit::find(&cfg, &name))
             .await?
-            .map_err(fdo::Error::Failed)?;
+            .map_err(|e| fdo::Error::Failed(e.to_string()))?;
         let Some((key, audit)) = found else {
             return Err(fdo::Error::FileNotFound(format!(
                 "AuditImage: no audit of {image} on this node (an image is audited at its first start here)"

@@ -26,7 +26,7 @@ fn main() -> ExitCode {
     let planned = gpuarch_fs::config::read_config()
         .map_err(|e| format!("the config: {e}"))
         .and_then(|config| {
-            let env = task_prolog::plan_from_snapshot(&gpus, &config)?;
+            let env = task_prolog::plan_from_snapshot(&gpus, &config).map_err(|e| e.to_string())?;
             Ok((env, config.env.override_existing))
         });
     let (env, override_existing) = match planned {

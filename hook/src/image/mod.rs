@@ -65,7 +65,7 @@ const MAX_CACHE_ENTRY: u64 = 64 << 10;
 
 /// Why the image was not read, for the Plan's notes.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum Stop {
+pub enum Stop {
     #[error("over {0} directory entries")]
     Entries(usize),
     #[error("over {} ms", DEADLINE.as_millis())]
@@ -245,9 +245,9 @@ pub fn sites(
     view: &ContainerView,
     max: usize,
     deadline: Duration,
-) -> Result<(Vec<String>, Vec<String>), String> {
+) -> Result<(Vec<String>, Vec<String>), Stop> {
     let mut budget = Budget::new(max, deadline);
-    let found = envs::discover(root, view, &mut budget).map_err(|e| e.to_string())?;
+    let found = envs::discover(root, view, &mut budget)?;
     Ok((
         found.sites.into_iter().map(|s| s.rel).collect(),
         found.unread,
