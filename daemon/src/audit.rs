@@ -158,6 +158,20 @@ pub fn pass(cfg: &AuditConfig, failed: &mut HashMap<String, Instant>) {
         .collect();
     for key in names {
         let path = requests.join(&key);
+        if key.starts_with('.') {
+            // A request the hook is still writing; one a hook that died
+            // left behind goes after a minute.
+            let stale = path
+                .symlink_metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > Duration::from_secs(60));
+            if stale {
+                let _ = std::fs::remove_file(&path);
+            }
+            continue;
+        }
         let body = read_request(&path);
         let _ = std::fs::remove_file(&path);
         if !valid_key(&key) {

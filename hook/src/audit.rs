@@ -328,18 +328,27 @@ fn ask(
         path: path.clone(),
         error,
     };
+    if path.symlink_metadata().is_ok() {
+        return Ok(());
+    }
     let body = serde_json::to_vec(&req).map_err(|e| ask_err(e.into()))?;
-    match std::fs::OpenOptions::new()
+    // Written whole under a dot-name gpuarchd passes over, then linked to
+    // its name: gpuarchd never reads half a request, and a request already
+    // there stands.
+    let tmp = dir.join(format!(".{key}.{}", std::process::id()));
+    let written = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(&path)
-    {
-        Ok(mut f) => f.write_all(&body).map_err(ask_err),
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(&body));
+    let linked = written.and_then(|()| match std::fs::hard_link(&tmp, &path) {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(ask_err(e)),
-    }
+        r => r,
+    });
+    let _ = std::fs::remove_file(&tmp);
+    linked.map_err(ask_err)
 }
 
 #[cfg(test)]

@@ -284,7 +284,10 @@ fn gpuarchd_audits_an_image_once_and_each_later_start_is_judged() {
         let found: Vec<_> = std::fs::read_dir(&audits)
             .unwrap()
             .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+            .filter(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                n.ends_with(".json") && n != "index.json"
+            })
             .collect();
         if let Some(e) = found.first() {
             break e.path();
