@@ -385,17 +385,16 @@ impl Auditor<'_> {
                 return;
             }
         };
-        // SAFETY: the map is read only, and dropped before this returns.
-        // A file truncated meanwhile raises SIGBUS on access; see the
-        // module's note.
-        let map = match unsafe { memmap2::Mmap::map(&file) } {
+        // Mapped, not read into the heap. A file truncated meanwhile raises
+        // SIGBUS on access: see the module's note (gpuarchd's worker).
+        let map = match gpuarch_kernels::file::Mapped::new(&file) {
             Ok(m) => m,
             Err(e) => {
                 self.out.unread.push(format!("/{rel}: {e}"));
                 return;
             }
         };
-        match inspect::summarize(&map) {
+        match inspect::summarize(map.bytes()) {
             // Code with no kernel in it (a wrapper library's placeholder
             // cubin: cuFFTW's) launches nothing, wherever it runs. Code
             // whose kernels could not be read (compressed) counts.

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use gpuarch_core::arch::ComputeCapability;
 use gpuarch_kernels::library::{self, LibraryError, Limits, Source};
-use gpuarch_kernels::remote::{SHARED_WHEEL_SCHEMA, SharedWheel};
+use gpuarch_kernels::remote::{RemoteError, SHARED_WHEEL_SCHEMA, SharedWheel};
 use gpuarch_wire::dbus::JobState;
 use tracing::{info, warn};
 
@@ -62,7 +62,7 @@ impl Cache {
         let stopped = format!("{failed}: {name}: the import stopped");
         self.run_library_job(state, place, stopped, move |c| {
             c.import_library(&name, &file)
-                .map_err(|why| format!("{failed}: {why}"))
+                .map_err(|error| JobError::Import { failed, error })
         })
         .await;
     }
@@ -92,7 +92,7 @@ impl Cache {
         state: Arc<Mutex<JobStatus>>,
         _place: ImportPlace,
         stopped: String,
-        work: impl FnOnce(&Self) -> Result<Outcome, String> + Send + 'static,
+        work: impl FnOnce(&Self) -> Result<Outcome, JobError> + Send + 'static,
     ) {
         let Some(_permit) = self.import_turn(&state).await else {
             return;
@@ -100,7 +100,7 @@ impl Cache {
         let me = self.clone();
         let result = tokio::task::spawn_blocking(move || work(&me))
             .await
-            .unwrap_or_else(|e| Err(format!("{stopped}: {e}")));
+            .unwrap_or_else(|error| Err(JobError::Stopped { stopped, error }));
         finish_library_job(&state, result);
     }
 
@@ -121,7 +121,7 @@ impl Cache {
     }
 
     /// The pull, its import, then its trees: what to say, a line each.
-    fn pull_library(&self, dist: &str, version: &str) -> Result<Vec<String>, String> {
+    fn pull_library(&self, dist: &str, version: &str) -> Result<Vec<String>, JobError> {
         let head = format!("{dist} {version}");
         if let Ok(index) = library::read_index(&self.libraries_dir(), dist, version) {
             let mut lines = vec![format!(
@@ -134,8 +134,8 @@ impl Cache {
         let remote = self
             .builder
             .remote()
-            .ok_or_else(|| format!("{head}: no registry (kernels.remote)"))?;
-        let root = self.libraries_root().map_err(|e| e.to_string())?;
+            .ok_or_else(|| JobError::NoRegistry { head: head.clone() })?;
+        let root = self.libraries_root()?;
         let path = root.join("tmp").join(format!(
             "pull-{dist}-{version}.{}.{}.whl",
             std::process::id(),
@@ -149,7 +149,10 @@ impl Cache {
                 .create_new(true)
                 .mode(0o600)
                 .open(&path)
-                .map_err(|e| format!("{}: {e}", path.display()))?
+                .map_err(|error| JobError::Io {
+                    path: path.clone(),
+                    error,
+                })?
         };
         // The wheel and what it unpacks to must both fit: the wheel is
         // bounded as the import is, and the import by what is left.
@@ -158,8 +161,11 @@ impl Cache {
             let max = self.import_limits(&root).max_bytes;
             let (about, origin) = remote
                 .pull_wheel(dist, version, &file, max, budget)
-                .map_err(|e| format!("{head}: not pulled: {e}"))?
-                .ok_or_else(|| format!("{head}: not in the registry"))?;
+                .map_err(|error| JobError::Pull {
+                    head: head.clone(),
+                    error,
+                })?
+                .ok_or_else(|| JobError::NotInRegistry { head: head.clone() })?;
             info!("pulled the wheel of {head} from {origin}");
             let source = Source {
                 name: &about.wheel,
@@ -167,7 +173,11 @@ impl Cache {
                 expect: Some((dist, version)),
             };
             let index = library::import_wheel(&root, &file, &source, &self.import_limits(&root))
-                .map_err(|e| format!("{head}: pulled from {origin}, not imported: {e}"))?;
+                .map_err(|error| JobError::NotImported {
+                    head: head.clone(),
+                    origin: origin.clone(),
+                    error,
+                })?;
             let mut lines = vec![format!("{head}: pulled from {origin}")];
             lines.push(imported_line(&index));
             lines.extend(self.lay_out_version(dist, version));
@@ -277,10 +287,52 @@ fn imported_line(index: &library::Index) -> String {
     )
 }
 
+/// Why a library job (an import, a pull) failed, as its message says it.
+#[derive(Debug, thiserror::Error)]
+enum JobError {
+    #[error("{failed}: {error}")]
+    Import {
+        failed: String,
+        #[source]
+        error: LibraryError,
+    },
+    #[error("{stopped}: {error}")]
+    Stopped {
+        stopped: String,
+        #[source]
+        error: tokio::task::JoinError,
+    },
+    #[error("{head}: no registry (kernels.remote)")]
+    NoRegistry { head: String },
+    #[error(transparent)]
+    Library(#[from] LibraryError),
+    #[error("{}: {error}", .path.display())]
+    Io {
+        path: std::path::PathBuf,
+        #[source]
+        error: std::io::Error,
+    },
+    #[error("{head}: not pulled: {error}")]
+    Pull {
+        head: String,
+        #[source]
+        error: RemoteError,
+    },
+    #[error("{head}: not in the registry")]
+    NotInRegistry { head: String },
+    #[error("{head}: pulled from {origin}, not imported: {error}")]
+    NotImported {
+        head: String,
+        origin: String,
+        #[source]
+        error: LibraryError,
+    },
+}
+
 /// The job's end: its first line as its message, the rest as its log. An
 /// import kept but not pushed fails the job, since it was not all that was
 /// asked; importing it again pushes it.
-fn finish_library_job(state: &Mutex<JobStatus>, result: Result<Outcome, String>) {
+fn finish_library_job(state: &Mutex<JobStatus>, result: Result<Outcome, JobError>) {
     let Ok(mut s) = state.lock() else {
         return;
     };
@@ -305,7 +357,7 @@ fn finish_library_job(state: &Mutex<JobStatus>, result: Result<Outcome, String>)
         }
         Err(why) => {
             s.state = JobState::Failed;
-            s.message = why;
+            s.message = why.to_string();
         }
     }
 }

@@ -65,14 +65,37 @@ pub struct Mount {
     pub options: Vec<String>,
 }
 
+/// Why an image's layers cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum LayersError {
+    #[error("the snapshot has {0} mounts (one is read)")]
+    Mounts(usize),
+    #[error("an overlay mount without lowerdir")]
+    NoLowerdir,
+    #[error("an overlay lowerdir over 1 MiB")]
+    LowerdirTooLong,
+    #[error("a relative lowerdir in {0:.200?}")]
+    RelativeLowerdir(String),
+    #[error("the snapshot is a {0:.40?} mount (overlay and bind are read)")]
+    MountType(String),
+    #[error("containerd at {}: {message}", .socket.display())]
+    Containerd { socket: PathBuf, message: String },
+    #[error("nri.snapshotters names no snapshotter")]
+    NoSnapshotter,
+    #[error("no snapshot of the container in containerd's {0}")]
+    NoSnapshot(String),
+    /// Not containerd: a runtime whose images gpuarchd does not read.
+    #[error(
+        "{0} keeps its images where gpuarchd does not read them (its runtime handler gpuarch, or gpuarch's hook in its hooks_dir, reads the container's rootfs)"
+    )]
+    NotContainerd(String),
+}
+
 /// The image's layer directories, the top one first, from the mounts of
 /// the container's snapshot; or why they cannot be read.
-pub fn layer_dirs(mounts: &[Mount]) -> Result<Vec<PathBuf>, String> {
+pub fn layer_dirs(mounts: &[Mount]) -> Result<Vec<PathBuf>, LayersError> {
     let [m] = mounts else {
-        return Err(format!(
-            "the snapshot has {} mounts (one is read)",
-            mounts.len()
-        ));
+        return Err(LayersError::Mounts(mounts.len()));
     };
     match m.r#type.as_str() {
         "bind" | "rbind" => Ok(vec![PathBuf::from(&m.source)]),
@@ -81,20 +104,17 @@ pub fn layer_dirs(mounts: &[Mount]) -> Result<Vec<PathBuf>, String> {
                 .options
                 .iter()
                 .find_map(|o| o.strip_prefix("lowerdir="))
-                .ok_or("an overlay mount without lowerdir")?;
+                .ok_or(LayersError::NoLowerdir)?;
             if lower.len() > MAX_OPTION {
-                return Err("an overlay lowerdir over 1 MiB".to_owned());
+                return Err(LayersError::LowerdirTooLong);
             }
             let dirs: Vec<PathBuf> = lower.split(':').map(PathBuf::from).collect();
             if dirs.iter().any(|d| !d.is_absolute()) {
-                return Err(format!("a relative lowerdir in {lower:.200?}"));
+                return Err(LayersError::RelativeLowerdir(lower.to_owned()));
             }
             Ok(dirs)
         }
-        other => Err(format!(
-            "the snapshot is a {:.40?} mount (overlay and bind are read)",
-            other
-        )),
+        other => Err(LayersError::MountType(other.to_owned())),
     }
 }
 
@@ -186,28 +206,24 @@ impl Images {
     }
 
     /// The layer directories of container `id`'s image, or why not.
-    pub async fn layers(&self, id: &str) -> Result<Vec<PathBuf>, String> {
+    pub async fn layers(&self, id: &str) -> Result<Vec<PathBuf>, LayersError> {
         let mut tried = Vec::new();
         for s in &self.snapshotters {
             match self.mounts(s, id).await {
                 Ok(m) => return layer_dirs(&m),
                 Err(e) if e.code() == tonic::Code::NotFound => tried.push(s.as_str()),
                 Err(e) => {
-                    return Err(format!(
-                        "containerd at {}: {}",
-                        self.socket.display(),
-                        gpuarch_core::text::clean(e.message())
-                    ));
+                    return Err(LayersError::Containerd {
+                        socket: self.socket.clone(),
+                        message: gpuarch_core::text::clean(e.message()).into_owned(),
+                    });
                 }
             }
         }
         if tried.is_empty() {
-            return Err("nri.snapshotters names no snapshotter".to_owned());
+            return Err(LayersError::NoSnapshotter);
         }
-        Err(format!(
-            "no snapshot of the container in containerd's {}",
-            tried.join(", ")
-        ))
+        Err(LayersError::NoSnapshot(tried.join(", ")))
     }
 
     /// What the image in `dirs` holds for the process of `view`: kept, or
@@ -216,7 +232,7 @@ impl Images {
     /// notes.
     pub fn read(
         &self,
-        dirs: &Result<Vec<PathBuf>, String>,
+        dirs: &Result<Vec<PathBuf>, LayersError>,
         view: &ContainerView,
         cache: Option<&Path>,
     ) -> (Software, Vec<String>) {
@@ -295,7 +311,7 @@ mod tests {
                 "\"fuse.stargz\" mount",
             ),
         ] {
-            let e = layer_dirs(&m).unwrap_err();
+            let e = layer_dirs(&m).unwrap_err().to_string();
             assert!(e.contains(why), "{e}");
         }
     }
@@ -322,10 +338,11 @@ mod tests {
         let other = ContainerView::with_env([("PATH", "/bin")]);
         assert!(images.read(&dirs, &other, None).0.dists.is_empty());
         // No layers: nothing known, and why.
-        let (sw, notes) = images.read(&Err("containerd is down".to_owned()), &view, None);
+        let down = Err(LayersError::NoSnapshot("overlayfs".to_owned()));
+        let (sw, notes) = images.read(&down, &view, None);
         assert!(!sw.was_read());
         assert!(
-            notes[0].contains("not read: containerd is down"),
+            notes[0].contains("not read: no snapshot of the container in containerd's overlayfs"),
             "{notes:?}"
         );
     }

@@ -367,11 +367,8 @@ impl proto::nri_ttrpc::Plugin for Plugin {
                 let dirs = if runtime == "containerd" {
                     handle.block_on(images.layers(&id))
                 } else {
-                    Err(format!(
-                        "{} keeps its images where gpuarchd does not read them \
-                         (its runtime handler gpuarch, or gpuarch's hook in its \
-                         hooks_dir, reads the container's rootfs)",
-                        gpuarch_core::text::clean(&runtime)
+                    Err(image::LayersError::NotContainerd(
+                        gpuarch_core::text::clean(&runtime).into_owned(),
                     ))
                 };
                 images.read(&dirs, view, cache.is_dir().then_some(cache.as_path()))

@@ -551,9 +551,10 @@ impl<'a> Staging<'a> {
         if files.is_empty() {
             return Err(self.refused(format!("no files under {}", kind.root)));
         }
-        let missing = check_lists(&files_dir, &files).map_err(|e| self.refused(e))?;
+        let missing = check_lists(&files_dir, &files).map_err(|e| self.refused(e.to_string()))?;
         for (rel, info) in files.iter_mut() {
-            info.targets = targets(&files_dir.join(rel), rel).map_err(|e| self.refused(e))?;
+            info.targets =
+                targets(&files_dir.join(rel), rel).map_err(|e| self.refused(e.to_string()))?;
         }
         let index = Index {
             schema: SCHEMA,
@@ -621,7 +622,7 @@ fn create_readonly(path: &Path) -> io::Result<std::fs::File> {
 fn check_lists(
     files_dir: &Path,
     files: &BTreeMap<String, FileInfo>,
-) -> Result<BTreeMap<String, String>, String> {
+) -> Result<BTreeMap<String, String>, MemberError> {
     let mut missing = BTreeMap::new();
     for list in files
         .keys()
@@ -631,16 +632,23 @@ fn check_lists(
         let mut text = String::new();
         std::fs::File::open(files_dir.join(list))
             .and_then(|f| f.take(MAX_LIST + 1).read_to_string(&mut text))
-            .map_err(|e| format!("{list}: {e}"))?;
+            .map_err(|error| MemberError::Io {
+                rel: list.clone(),
+                error,
+            })?;
         if text.len() as u64 > MAX_LIST {
-            return Err(format!("{list}: over {} MiB", MAX_LIST >> 20));
+            return Err(MemberError::ListTooLarge(list.clone()));
         }
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() {
                 continue;
             }
-            let bad = |why: &str| format!("{list} line {}: {why}", n + 1);
+            let bad = |why: &str| MemberError::ListLine {
+                list: list.clone(),
+                line: n + 1,
+                why: why.to_owned(),
+            };
             let mut it = line.split_whitespace();
             let (Some(sha), Some(name), None) = (it.next(), it.next(), it.next()) else {
                 return Err(bad("not 'sha256 name'"));
@@ -676,12 +684,10 @@ fn check_lists(
         .map(|p| p.rsplit_once('/').map_or("", |(d, _)| d))
         .collect();
     if missing.len() > MAX_MISSING || dirs.len() > MAX_FETCH_DIRS {
-        return Err(format!(
-            "its checksum lists name {} files it lacks, in {} directories: at most \
-             {MAX_MISSING} files in {MAX_FETCH_DIRS} directories are fetched at run time",
-            missing.len(),
-            dirs.len()
-        ));
+        return Err(MemberError::TooMany {
+            files: missing.len(),
+            dirs: dirs.len(),
+        });
     }
     Ok(missing)
 }
@@ -689,18 +695,22 @@ fn check_lists(
 /// What a file carries: every target the inspector reads. A `.cubin` must
 /// carry GPU code; another file that holds none (a header, a list) is not
 /// GPU code, and one that cannot be read as GPU code is neither.
-fn targets(path: &Path, rel: &str) -> Result<Vec<String>, String> {
-    let f = std::fs::File::open(path).map_err(|e| format!("{rel}: {e}"))?;
-    let len = f.metadata().map_err(|e| format!("{rel}: {e}"))?.len();
+fn targets(path: &Path, rel: &str) -> Result<Vec<String>, MemberError> {
+    let io = |error| MemberError::Io {
+        rel: rel.to_owned(),
+        error,
+    };
+    let f = std::fs::File::open(path).map_err(io)?;
+    let len = f.metadata().map_err(io)?.len();
     let is_cubin = rel.ends_with(".cubin");
     if len == 0 {
         return if is_cubin {
-            Err(format!("{rel}: an empty cubin"))
+            Err(MemberError::EmptyCubin(rel.to_owned()))
         } else {
             Ok(Vec::new())
         };
     }
-    let mapped = Mapped::new(&f).map_err(|e| format!("{rel}: {e}"))?;
+    let mapped = Mapped::new(&f).map_err(io)?;
     match inspect::summarize(mapped.bytes()) {
         Ok(objs) if !objs.is_empty() => {
             let mut t: Vec<String> = objs.iter().map(|o| o.target.to_string()).collect();
@@ -709,9 +719,45 @@ fn targets(path: &Path, rel: &str) -> Result<Vec<String>, String> {
             Ok(t)
         }
         _ if !is_cubin => Ok(Vec::new()),
-        Ok(_) => Err(format!("{rel}: a cubin with no GPU code")),
-        Err(e) => Err(format!("{rel}: {e}")),
+        Ok(_) => Err(MemberError::NoCode(rel.to_owned())),
+        Err(error) => Err(MemberError::Inspect {
+            rel: rel.to_owned(),
+            error,
+        }),
     }
+}
+
+/// Why a wheel's member, or its checksum lists, refuse the import.
+#[derive(Debug, thiserror::Error)]
+enum MemberError {
+    #[error("{rel}: {error}")]
+    Io {
+        rel: String,
+        #[source]
+        error: io::Error,
+    },
+    #[error("{0}: an empty cubin")]
+    EmptyCubin(String),
+    #[error("{0}: a cubin with no GPU code")]
+    NoCode(String),
+    #[error("{rel}: {error}")]
+    Inspect {
+        rel: String,
+        #[source]
+        error: inspect::InspectError,
+    },
+    #[error("{0}: over {mib} MiB", mib = MAX_LIST >> 20)]
+    ListTooLarge(String),
+    #[error("{list} line {line}: {why}")]
+    ListLine {
+        list: String,
+        line: usize,
+        why: String,
+    },
+    #[error(
+        "its checksum lists name {files} files it lacks, in {dirs} directories: at most {MAX_MISSING} files in {MAX_FETCH_DIRS} directories are fetched at run time"
+    )]
+    TooMany { files: usize, dirs: usize },
 }
 
 /// Put the staged import `tmp` in place as `<root>/<dist>/<version>`,
