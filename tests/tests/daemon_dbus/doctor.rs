@@ -12,9 +12,11 @@ pub(super) fn doctor_root(dir: &Path) {
         std::fs::write(p, data).unwrap();
     };
     let shipped = |rel: &str| std::fs::read(workspace_root().join(rel)).unwrap();
+    // A limit any test host's disk holds: the default (10 GiB) is weighed
+    // against the host's free space, which the free-space test sets up.
     w(
         "etc/gpuarch/config.yaml",
-        b"kernels:\n  cache_dir: /var/cache/gpuarch\n",
+        b"kernels:\n  cache_dir: /var/cache/gpuarch\n  max_bytes: 268435456\n",
     );
     std::fs::create_dir_all(dir.join("var/cache/gpuarch")).unwrap();
     for bin in ["podman", "dockerd", "containerd", "crio", "gpuarch-hook"] {
@@ -117,6 +119,12 @@ fn doctor_weighs_the_caches_free_space_against_what_the_store_may_take() {
     let snapshot = node.path("run/inventory.json");
     let cache = root.join("var/cache/gpuarch");
     let _fs = gpuarch_tests::Tmpfs::mount(&cache, "size=512m,mode=0755");
+    // The default limit, 10 GiB, on a 512 MiB disk.
+    std::fs::write(
+        root.join("etc/gpuarch/config.yaml"),
+        "kernels:\n  cache_dir: /var/cache/gpuarch\n",
+    )
+    .unwrap();
     let (_, out) = doctor_on(&node, root, &snapshot);
     let line = out
         .lines()
@@ -468,7 +476,7 @@ fn doctor_judges_the_snapshot_by_the_daemons_last_read() {
     doctor_root(root);
     std::fs::write(
         root.join("etc/gpuarch/config.yaml"),
-        "kernels:\n  cache_dir: /var/cache/gpuarch\ndaemon:\n  refresh_interval_s: 1\n",
+        "kernels:\n  cache_dir: /var/cache/gpuarch\n  max_bytes: 268435456\ndaemon:\n  refresh_interval_s: 1\n",
     )
     .unwrap();
     let snapshot = node.path("run/inventory.json");
