@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Invalid, in_range};
+use super::{Invalid, absolute, in_range};
 
 /// The image audit at container start. Off unless `dir` is set.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,13 +53,9 @@ impl Default for AuditConfig {
 
 impl AuditConfig {
     pub(super) fn validate(&self) -> Result<(), Invalid> {
-        match &self.dir {
-            Some(p) if !p.is_absolute() => Err(Invalid::NotAbsolute {
-                key: "audit.dir".to_owned(),
-                path: p.clone(),
-            }),
-            _ => Ok(()),
-        }
+        self.dir
+            .as_deref()
+            .map_or(Ok(()), |p| absolute("audit.dir", p))
     }
 
     /// Where the hook leaves its requests.

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Invalid, in_range};
+use super::{Invalid, absolute, in_range};
 
 /// Limits of one `gpuarch-hook` or `gpuarch-runtime` invocation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,12 +67,8 @@ pub struct RuntimeConfig {
 
 impl RuntimeConfig {
     pub(super) fn validate(&self) -> Result<(), Invalid> {
-        match &self.path {
-            Some(p) if !p.is_absolute() => Err(Invalid::NotAbsolute {
-                key: "runtime.path".to_owned(),
-                path: p.clone(),
-            }),
-            _ => Ok(()),
-        }
+        self.path
+            .as_deref()
+            .map_or(Ok(()), |p| absolute("runtime.path", p))
     }
 }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Invalid, in_range};
+use super::{Invalid, absolute, in_range};
 
 /// Where `gpuarch-hook` and `gpuarch-runtime` put their lines. Never the
 /// process's stderr unless asked, or a terminal: run by an engine, that
@@ -96,12 +96,6 @@ impl std::str::FromStr for LogLevel {
 
 impl LogConfig {
     pub(super) fn validate(&self) -> Result<(), Invalid> {
-        if !self.file.is_absolute() {
-            return Err(Invalid::NotAbsolute {
-                key: "log.file".to_owned(),
-                path: self.file.clone(),
-            });
-        }
-        Ok(())
+        absolute("log.file", &self.file)
     }
 }

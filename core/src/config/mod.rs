@@ -188,6 +188,18 @@ impl Config {
 }
 
 /// A number of a section, refused outside `range` with its key's name.
+/// `path`, the value of `key`, must be absolute.
+fn absolute(key: &str, path: &std::path::Path) -> Result<(), Invalid> {
+    if path.is_absolute() {
+        Ok(())
+    } else {
+        Err(Invalid::NotAbsolute {
+            key: key.to_owned(),
+            path: path.to_owned(),
+        })
+    }
+}
+
 fn in_range<'de, D: serde::Deserializer<'de>>(
     d: D,
     name: &str,
