@@ -175,34 +175,16 @@ fn other_dirs(view: &ContainerView) -> Vec<(String, String, usize)> {
     dirs
 }
 
-/// `path` relative to the image's `/`, `..` taken lexically (it is only
-/// ever opened inside the root). None for a relative path or one that is
-/// not UTF-8.
+/// An env value's path relative to the image's `/`
+/// (`gpuarch_hook::image::rel_of`): None for a relative path.
 fn rel_of(path: &str) -> Option<String> {
-    if !path.starts_with('/') {
-        return None;
-    }
-    Some(join("", path))
+    gpuarch_hook::image::rel_of(Path::new(path))
 }
 
 /// `rel` joined to directory `base` (both inside the image), `..` and `.`
 /// taken lexically; never above the image's `/`.
 fn join(base: &str, rel: &str) -> String {
-    let mut parts: Vec<&str> = if rel.starts_with('/') {
-        Vec::new()
-    } else {
-        base.split('/').filter(|p| !p.is_empty()).collect()
-    };
-    for c in rel.split('/') {
-        match c {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            n => parts.push(n),
-        }
-    }
-    parts.join("/")
+    gpuarch_hook::image::rel_of(&Path::new("/").join(base).join(rel)).unwrap_or_default()
 }
 
 struct Auditor<'a> {
@@ -510,7 +492,8 @@ pub fn serve(
         deadline: Duration::from_secs(w.max_seconds),
         ..Limits::default()
     };
-    let a = audit(&root, &view, &limits);
+    let mut a = audit(&root, &view, &limits);
+    a.images = w.request.images;
     serde_json::to_writer(&mut output, &a).map_err(|e| WorkerError::Write(e.into()))?;
     output.flush().map_err(WorkerError::Write)
 }

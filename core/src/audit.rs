@@ -74,6 +74,16 @@ pub fn candidate(name: &str) -> bool {
         || name.ends_with(".ptx")
 }
 
+/// The `TORCH_CUDA_ARCH_LIST` a rebuild for GPUs of `caps` takes: each
+/// capability once, in order, `;`-separated (`7.5;8.6`).
+pub fn rebuild_list(caps: impl IntoIterator<Item = ComputeCapability>) -> String {
+    let caps: std::collections::BTreeSet<ComputeCapability> = caps.into_iter().collect();
+    caps.iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
 /// What a GPU of `cap` cannot run of `audit`, one line each, naming the
 /// file, its owner and the GPU (`gpu`, as the caller shows it), and the
 /// list to rebuild with (`archs`: every assigned GPU's capability).
@@ -150,6 +160,12 @@ mod tests {
         assert!(no.is_empty(), "{no:?}");
         assert_eq!(jit.len(), 1);
         assert!(jit[0].contains("PTX JIT from compute_80"), "{}", jit[0]);
+    }
+
+    #[test]
+    fn the_rebuild_list_names_each_capability_once_in_order() {
+        let caps = [(8, 6), (7, 5), (8, 6)].map(|(a, b)| ComputeCapability::new(a, b));
+        assert_eq!(rebuild_list(caps), "7.5;8.6");
     }
 
     #[test]

@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -51,8 +51,6 @@ const WORKER_DATA: u64 = 1 << 30;
 enum RunError {
     #[error("{0}")]
     Io(#[from] std::io::Error),
-    #[error("not a regular file")]
-    NotAFile,
     #[error("the request: {0}")]
     Request(#[source] serde_json::Error),
     #[error("the request is too large")]
@@ -156,6 +154,8 @@ pub fn pass(cfg: &AuditConfig, failed: &mut HashMap<String, Instant>) {
         .take(MOST_PER_PASS)
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
+    // Only a pass that kept an audit can take the directory past its bound.
+    let mut kept_any = false;
     for key in names {
         let path = requests.join(&key);
         if key.starts_with('.') {
@@ -192,8 +192,7 @@ pub fn pass(cfg: &AuditConfig, failed: &mut HashMap<String, Instant>) {
             }
         };
         let t0 = Instant::now();
-        let images = req.images.clone();
-        let mut a = match audit_in_worker(req, &key, cfg.max_seconds) {
+        let a = match audit_in_worker(req, &key, cfg.max_seconds) {
             Ok(a) => a,
             Err(e) => {
                 warn!(
@@ -204,11 +203,11 @@ pub fn pass(cfg: &AuditConfig, failed: &mut HashMap<String, Instant>) {
                 continue;
             }
         };
-        a.images = images;
         if let Err(e) = keep(&entry, &a).and_then(|()| index(dir, &key, &a.images)) {
             warn!("image audit {key}: not kept: {e}");
             continue;
         }
+        kept_any = true;
         info!(
             "image audit {key}: {} binaries with GPU code in {} files ({} MiB) in {} ms{}",
             a.binaries.len(),
@@ -221,21 +220,14 @@ pub fn pass(cfg: &AuditConfig, failed: &mut HashMap<String, Instant>) {
                 .unwrap_or_default()
         );
     }
-    prune(dir);
+    if kept_any {
+        prune(dir);
+    }
 }
 
 /// A request's bytes (never through a link, at most 64 KiB).
 fn read_request(path: &Path) -> Result<Vec<u8>, RunError> {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-        .open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(RunError::NotAFile);
-    }
-    let mut b = Vec::new();
-    f.take(64 << 10).read_to_end(&mut b)?;
-    Ok(b)
+    Ok(gpuarch_hook::audit::read_private(path, 64 << 10)?)
 }
 
 /// Run the audit of `req` in `gpuarchd --audit-worker`.
@@ -321,19 +313,10 @@ fn audit_in_worker(request: Request, key: &str, max_seconds: u64) -> Result<Imag
     serde_json::from_slice(&stdout).map_err(RunError::Answer)
 }
 
-/// Write `a` as `entry`, whole (a temporary file renamed over it).
+/// Write `a` as `entry`, whole, root's alone.
 fn keep(entry: &Path, a: &ImageAudit) -> std::io::Result<()> {
-    let tmp = entry.with_extension("json.tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(&tmp)?;
-    f.write_all(&serde_json::to_vec(a).map_err(std::io::Error::other)?)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, entry)
+    let body = serde_json::to_vec(a).map_err(std::io::Error::other)?;
+    gpuarch_fs::write_atomic_private(entry, &body)
 }
 
 /// Most names kept in `index.json`.
@@ -359,18 +342,8 @@ fn index(dir: &Path, key: &str, names: &[String]) -> std::io::Result<()> {
             map.remove(&first);
         }
     }
-    let path = dir.join("index.json");
-    let tmp = dir.join("index.json.tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(&tmp)?;
-    f.write_all(&serde_json::to_vec(&map).map_err(std::io::Error::other)?)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
+    let body = serde_json::to_vec(&map).map_err(std::io::Error::other)?;
+    gpuarch_fs::write_atomic_private(&dir.join("index.json"), &body)
 }
 
 /// Past [`MOST_KEPT`] audits, remove the least recently written tenth.

@@ -25,6 +25,11 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
     replace(path, data, 0o644, None)
 }
 
+/// [`write_atomic`] for a file only its owner reads (mode 0600).
+pub fn write_atomic_private(path: &Path, data: &[u8]) -> io::Result<()> {
+    replace(path, data, 0o600, None)
+}
+
 /// [`write_atomic`] for a file that exists and is someone's config: the new
 /// file keeps the old one's mode and owner (a config may hold credentials
 /// at 0600). A symlink is refused rather than replaced by a plain file.

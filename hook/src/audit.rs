@@ -16,25 +16,21 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gpuarch_core::arch::CudaVersion;
-use gpuarch_core::audit::{ImageAudit, SCHEMA, findings};
+use gpuarch_core::audit::{ImageAudit, SCHEMA, findings, rebuild_list};
 use gpuarch_core::config::{AuditConfig, valid_key};
 use gpuarch_core::oci::ContainerView;
 use gpuarch_core::plan::Plan;
+use gpuarch_core::select::AssignedGpu;
 
 /// Most bytes of a kept audit read.
 pub const MAX_AUDIT: u64 = 8 << 20;
 /// Most findings noted for one GPU; the rest are counted.
 const MOST_NOTED: usize = 8;
-/// The variables of the process that decide what the audit reads: where
-/// its Python imports from, its library path, its kernel caches.
-pub const AUDIT_VARS: [&str; 12] = [
-    "PATH",
-    "VIRTUAL_ENV",
-    "CONDA_PREFIX",
-    "PYTHONPATH",
-    "PYTHONUSERBASE",
-    "PYTHONHOME",
-    "HOME",
+/// Beside where its Python imports from (`image::PROCESS_VARS`, which the
+/// worker needs to find the same environments and so the same image key),
+/// the variables of the process that decide what the audit reads: its
+/// library path and its kernel caches.
+const LIBRARY_VARS: [&str; 5] = [
     "LD_LIBRARY_PATH",
     "HF_HOME",
     "HF_HUB_CACHE",
@@ -42,12 +38,17 @@ pub const AUDIT_VARS: [&str; 12] = [
     "FLASHINFER_CUBIN_DIR",
 ];
 
+/// Every variable of the process a request carries.
+pub fn audit_vars() -> impl Iterator<Item = &'static str> {
+    crate::image::PROCESS_VARS.into_iter().chain(LIBRARY_VARS)
+}
+
 /// What the hook leaves for gpuarchd to audit an image.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Request {
     /// The container's rootfs on the host, as its config names it.
     pub rootfs: std::path::PathBuf,
-    /// [`AUDIT_VARS`] the process sets.
+    /// The [`audit_vars`] the process sets.
     pub env: Vec<(String, String)>,
     /// The process's uid and gid, where the config says.
     pub user: Option<(u32, u32)>,
@@ -125,6 +126,22 @@ pub fn at_start(
     out
 }
 
+/// For each GPU of `plan`, in order: the GPU as the notes name it, the
+/// binaries of `audit` it cannot run, and those it runs only by PTX JIT
+/// (`core::audit::findings`, with the list to rebuild all of them with).
+fn per_gpu<'p>(
+    audit: &ImageAudit,
+    plan: &'p Plan,
+    driver: Option<CudaVersion>,
+) -> impl Iterator<Item = (&'p AssignedGpu, String, Vec<String>, Vec<String>)> {
+    let archs = rebuild_list(plan.gpus.iter().map(|g| g.compute_capability));
+    plan.gpus.iter().map(move |g| {
+        let label = format!("GPU {} ({}, {})", g.index, g.name, g.compute_capability);
+        let (cannot, jit) = findings(audit, &label, g.compute_capability, driver, &archs);
+        (g, label, cannot, jit)
+    })
+}
+
 /// The findings of `audit` for the GPUs of `plan`, into `out`.
 pub fn judge(
     audit: &ImageAudit,
@@ -133,18 +150,8 @@ pub fn judge(
     refuse: bool,
     out: &mut Judged,
 ) {
-    let mut caps: Vec<_> = plan.gpus.iter().map(|g| g.compute_capability).collect();
-    caps.sort();
-    caps.dedup();
-    let archs = caps
-        .iter()
-        .map(|c| c.to_string())
-        .collect::<Vec<_>>()
-        .join(";");
     let mut refusals = Vec::new();
-    for g in &plan.gpus {
-        let label = format!("GPU {} ({}, {})", g.index, g.name, g.compute_capability);
-        let (cannot, jit) = findings(audit, &label, g.compute_capability, driver, &archs);
+    for (_, label, cannot, jit) in per_gpu(audit, plan, driver) {
         for list in [&cannot, &jit] {
             out.notes.extend(list.iter().take(MOST_NOTED).cloned());
             if list.len() > MOST_NOTED {
@@ -183,21 +190,9 @@ pub fn report(
     plan: &Plan,
     driver: Option<CudaVersion>,
 ) -> serde_json::Value {
-    let mut caps: Vec<_> = plan.gpus.iter().map(|g| g.compute_capability).collect();
-    caps.sort();
-    caps.dedup();
-    let archs = caps
-        .iter()
-        .map(|c| c.to_string())
-        .collect::<Vec<_>>()
-        .join(";");
     let mut runs = true;
-    let gpus: Vec<serde_json::Value> = plan
-        .gpus
-        .iter()
-        .map(|g| {
-            let label = format!("GPU {} ({}, {})", g.index, g.name, g.compute_capability);
-            let (cannot, jit) = findings(audit, &label, g.compute_capability, driver, &archs);
+    let gpus: Vec<serde_json::Value> = per_gpu(audit, plan, driver)
+        .map(|(g, label, cannot, jit)| {
             runs &= cannot.is_empty();
             serde_json::json!({"gpu": label, "uuid": g.uuid, "cannot": cannot, "jit": jit})
         })
@@ -261,18 +256,30 @@ pub fn find(cfg: &AuditConfig, image: &str) -> Result<Option<(String, ImageAudit
     }
 }
 
+/// The first `max` bytes of a file of `audit.dir` (a kept audit, the
+/// index, a request): never through a link, and only a regular file (a
+/// FIFO there would otherwise hold its reader).
+pub fn read_private(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let mut b = Vec::new();
+    f.take(max).read_to_end(&mut b)?;
+    Ok(b)
+}
+
 /// `audit.dir/index.json`: name to image key; empty where there is none.
 pub fn read_index(dir: &Path) -> std::collections::BTreeMap<String, String> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(dir.join("index.json"))
+    read_private(&dir.join("index.json"), MAX_INDEX)
         .ok()
-        .and_then(|f| {
-            let mut b = Vec::new();
-            f.take(MAX_INDEX).read_to_end(&mut b).ok()?;
-            serde_json::from_slice(&b).ok()
-        })
+        .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or_default()
 }
 
@@ -283,19 +290,11 @@ enum Kept {
 }
 
 fn read_kept(entry: &Path) -> Kept {
-    let f = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(entry)
-    {
-        Ok(f) => f,
+    let bytes = match read_private(entry, MAX_AUDIT) {
+        Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Kept::None,
         Err(e) => return Kept::Bad(e.to_string()),
     };
-    let mut bytes = Vec::new();
-    if let Err(e) = f.take(MAX_AUDIT).read_to_end(&mut bytes) {
-        return Kept::Bad(e.to_string());
-    }
     match serde_json::from_slice::<ImageAudit>(&bytes) {
         Ok(a) if a.schema == SCHEMA => Kept::Audit(a),
         Ok(a) => Kept::Bad(format!("schema {} (this hook reads {SCHEMA})", a.schema)),
@@ -314,23 +313,22 @@ fn ask(
     let Some(dir) = cfg.requests_dir() else {
         return Err(AuditError::Off);
     };
-    let req = Request {
-        rootfs: rootfs.to_owned(),
-        env: AUDIT_VARS
-            .iter()
-            .filter_map(|k| view.env_get(k).map(|v| ((*k).to_owned(), v.to_owned())))
-            .collect(),
-        user: view.user,
-        images: gpuarch_core::jit::image_names(view),
-    };
     let path = dir.join(key);
+    if path.symlink_metadata().is_ok() {
+        return Ok(());
+    }
     let ask_err = |error| AuditError::Ask {
         path: path.clone(),
         error,
     };
-    if path.symlink_metadata().is_ok() {
-        return Ok(());
-    }
+    let req = Request {
+        rootfs: rootfs.to_owned(),
+        env: audit_vars()
+            .filter_map(|k| view.env_get(k).map(|v| (k.to_owned(), v.to_owned())))
+            .collect(),
+        user: view.user,
+        images: gpuarch_core::jit::image_names(view),
+    };
     let body = serde_json::to_vec(&req).map_err(|e| ask_err(e.into()))?;
     // Written whole under a dot-name gpuarchd passes over, then linked to
     // its name: gpuarchd never reads half a request, and a request already

@@ -46,15 +46,7 @@ pub fn run(cli: &Cli, args: &AuditArgs, out: &mut String) -> Result<u8> {
     };
     let audit = gpuarch_audit::audit(&root, &view, &limits);
     // The list a rebuild for all of these GPUs takes.
-    let archs = {
-        let mut caps: Vec<_> = gpus.iter().map(|(_, c)| *c).collect();
-        caps.sort();
-        caps.dedup();
-        caps.iter()
-            .map(|c| c.to_string())
-            .collect::<Vec<_>>()
-            .join(";")
-    };
+    let archs = gpuarch_core::audit::rebuild_list(gpus.iter().map(|(_, c)| *c));
     let judged: Vec<Vec<Placement>> = audit
         .binaries
         .iter()

@@ -79,7 +79,7 @@ struct Prefix {
 /// `path` made relative to the image's `/`, `..` taken lexically (the
 /// result is only ever opened inside the rootfs). None for a relative
 /// path, which names nothing the image fixes.
-pub(crate) fn rel_of(path: &Path) -> Option<String> {
+pub fn rel_of(path: &Path) -> Option<String> {
     if !path.is_absolute() {
         return None;
     }

@@ -43,6 +43,7 @@ use sha2::{Digest, Sha256};
 
 use crate::rootfs::Root;
 use envs::Site;
+pub use envs::rel_of;
 pub use tree::Layers;
 use tree::Tree;
 
@@ -415,7 +416,7 @@ struct Discovered {
 const MAX_DISCOVERED: usize = 8;
 
 /// The variables of a process that decide where its Python imports from.
-const PROCESS_VARS: [&str; 7] = [
+pub const PROCESS_VARS: [&str; 7] = [
     "PATH",
     "VIRTUAL_ENV",
     "CONDA_PREFIX",
