@@ -453,4 +453,21 @@ fn hostile_requests_are_dropped_and_nothing_is_kept() {
         "{log}"
     );
     assert_eq!(node.ctl(None, &["status"]).status.code(), Some(0), "{log}");
+    // AuditImage takes names, never paths: a name over 1024 bytes is
+    // refused, a path-like name or an unknown key is not found, and
+    // nothing outside audit.dir is read.
+    let huge = "x".repeat(2000);
+    for (image, said) in [
+        (huge.as_str(), "an image of 2000 bytes (at most 1024)"),
+        (
+            "../../../etc/shadow",
+            "no audit of ../../../etc/shadow on this node",
+        ),
+        (&key('f'), "on this node"),
+    ] {
+        let o = node.ctl(None, &["audit", "--image", image]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains(said), "{err}");
+    }
 }
