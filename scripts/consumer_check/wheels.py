@@ -1,0 +1,195 @@
+"""The consumers' own files, fetched once from PyPI: single members of
+wheels by HTTP range reads, sdists' members, NVRTC's libraries."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+from consumer_check.common import (
+    ACCELERATES, CACHE, DEEPSPEEDS, FLASHINFER, FLASHINFERS, FLASHINFER_CUBINS, FLASH_ATTNS,
+    NVRTC, TORCH, VLLM, XFORMERS,
+)
+
+
+class RangeFile(__import__("io").RawIOBase):
+    """A file on an HTTP server read with Range requests, so that zipfile
+    reads one member of a wheel without downloading the wheel (torch's are
+    70 MB and more, FlashInfer's up to 67 MB)."""
+
+    def __init__(self, url):
+        import urllib.request
+        self.url, self.pos = url, 0
+        head = urllib.request.Request(url, method="HEAD")
+        self.size = int(urllib.request.urlopen(head, timeout=60).headers["Content-Length"])
+
+    def seekable(self):
+        return True
+
+    def readable(self):
+        return True
+
+    def tell(self):
+        return self.pos
+
+    def seek(self, off, whence=0):
+        self.pos = {0: off, 1: self.pos + off, 2: self.size + off}[whence]
+        return self.pos
+
+    def readinto(self, b):
+        import urllib.request
+        if self.pos >= self.size:
+            return 0
+        end = min(self.size, self.pos + len(b)) - 1
+        req = urllib.request.Request(self.url, headers={"Range": f"bytes={self.pos}-{end}"})
+        data = urllib.request.urlopen(req, timeout=60).read()
+        b[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+PYPI = {}
+
+
+def wheel_member(dist, version, member, dest):
+    """`member` of a wheel of dist==version on PyPI (the smallest, where
+    several carry the same Python), read in place with Range requests."""
+    import io
+    import urllib.parse
+    import urllib.request
+    if os.path.isfile(dest):
+        return
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    index = f"https://pypi.org/pypi/{dist}/json"
+    try:
+        if dist not in PYPI:
+            PYPI[dist] = json.load(urllib.request.urlopen(index, timeout=60))
+        files = [f for f in PYPI[dist]["releases"][version] if f["filename"].endswith(".whl")]
+        wheel = min(files, key=lambda f: f["size"])
+        url = urllib.parse.urljoin(index, wheel["url"])
+        with zipfile.ZipFile(io.BufferedReader(RangeFile(url), buffer_size=1 << 16)) as z:
+            data = z.read(member)
+    except Exception as e:
+        sys.exit(f"cannot fetch {member} of {dist}=={version}: {e!r}")
+    with open(dest + ".tmp", "wb") as f:
+        f.write(data)
+    os.replace(dest + ".tmp", dest)
+
+
+def fetch_member(dist, version, member, dest):
+    """`member` of the wheel of dist==version, saved at dest (a callable
+    `member` picks the first name it accepts)."""
+    if os.path.isfile(dest):
+        return
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        tried = []
+        for platform in ([None] if dist != "torch" else
+                         ["macosx_11_0_arm64", "macosx_14_0_arm64"]):
+            cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                   "--only-binary=:all:", "-d", tmp, f"{dist}=={version}"]
+            if platform:
+                cmd += ["--platform", platform, "--python-version", "3.12"]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            tried.append(f"{platform}: {r.stderr.strip().splitlines()[-1:]}")
+            if r.returncode == 0:
+                break
+        wheels = glob.glob(os.path.join(tmp, "*.whl"))
+        if not wheels:
+            sys.exit(f"cannot download {dist}=={version}: {tried}")
+        with zipfile.ZipFile(wheels[0]) as z:
+            if callable(member):
+                member = next(n for n in z.namelist() if member(n))
+            data = z.read(member)
+        with open(dest + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(dest + ".tmp", dest)
+
+
+def fetch_sdist_member(dist, version, member, dest):
+    """`member` of dist's sdist (pip cannot download flash-attn's without
+    building it, which needs torch): found through PyPI's JSON API."""
+    fetch_sdist_members(dist, version, lambda name: dest if name == member else None, dest)
+
+
+def fetch_sdist_members(dist, version, pick, done):
+    """Each member of dist's sdist that `pick(name)` names a destination
+    for, saved there; `done` is the file whose presence says it is fetched."""
+    import tarfile
+    import urllib.request
+    if os.path.isfile(done):
+        return
+    try:
+        import urllib.parse
+        index = f"https://pypi.org/pypi/{dist}/json"
+        meta = json.load(urllib.request.urlopen(index, timeout=60))
+        url = urllib.parse.urljoin(index, next(
+            u["url"] for u in meta["releases"][version] if u["packagetype"] == "sdist"))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "sdist.tar.gz")
+            urllib.request.urlretrieve(url, path)
+            with tarfile.open(path) as t:
+                for m in t.getmembers():
+                    dest = pick(m.name)
+                    if dest is None or not m.isfile():
+                        continue
+                    os.makedirs(os.path.dirname(dest), exist_ok=True)
+                    with open(dest + ".tmp", "wb") as f:
+                        f.write(t.extractfile(m).read())
+                    os.replace(dest + ".tmp", dest)
+    except Exception as e:
+        sys.exit(f"cannot fetch from {dist}=={version}'s sdist: {e!r}")
+    if not os.path.isfile(done):
+        sys.exit(f"{dist}=={version}'s sdist has no {os.path.basename(done)}")
+
+
+def nvrtc_member(name):
+    """The NVRTC library itself in its wheel (not its builtins)."""
+    import re
+    return re.search(r"/lib/libnvrtc\.so\.[0-9.]+$", name) is not None
+
+
+def fetch():
+    for v in TORCH:
+        wheel_member("torch", v, "torch/utils/cpp_extension.py",
+                     os.path.join(CACHE, f"torch-{v}", "cpp_extension.py"))
+    for v in [FLASHINFER, *FLASHINFERS]:
+        wheel_member("flashinfer-python", v, "flashinfer/compilation_context.py",
+                     os.path.join(CACHE, f"flashinfer-{v}", "compilation_context.py"))
+    for v in ACCELERATES:
+        for member in ("accelerate/utils/environment.py", "accelerate/utils/dataclasses.py"):
+            fetch_member("accelerate", v, member,
+                         os.path.join(CACHE, f"accelerate-{v}", os.path.basename(member)))
+    wheel_member("torch", TORCH[-1], "torch/_inductor/runtime/cache_dir_utils.py",
+                 os.path.join(CACHE, f"torch-{TORCH[-1]}", "cache_dir_utils.py"))
+    fetch_member("flashinfer-python", FLASHINFER, "flashinfer/jit/env.py",
+                 os.path.join(CACHE, f"flashinfer-{FLASHINFER}", "env.py"))
+    for v in FLASHINFER_CUBINS:
+        d = os.path.join(CACHE, f"flashinfer-{v}")
+        wheel_member("flashinfer-python", v, "flashinfer/jit/env.py", os.path.join(d, "env.py"))
+        wheel_member("flashinfer-cubin", v, "flashinfer_cubin/__init__.py",
+                     os.path.join(d, "flashinfer_cubin_init.py"))
+    for v in FLASH_ATTNS:
+        fetch_sdist_member("flash-attn", v, f"flash_attn-{v}/setup.py",
+                           os.path.join(CACHE, f"flash-attn-{v}", "setup.py"))
+    for v in XFORMERS:
+        fetch_sdist_member("xformers", v, f"xformers-{v}/setup.py",
+                           os.path.join(CACHE, f"xformers-{v}", "setup.py"))
+    for v in DEEPSPEEDS:
+        # builder.py and every op's builder beside it.
+        d = os.path.join(CACHE, f"deepspeed-{v}", "op_builder")
+        prefix = f"deepspeed-{v}/op_builder/"
+
+        def pick(name, d=d, prefix=prefix):
+            rest = name[len(prefix):] if name.startswith(prefix) else ""
+            return os.path.join(d, rest) if rest.endswith(".py") and "/" not in rest else None
+        fetch_sdist_members("deepspeed", v, pick, os.path.join(d, "builder.py"))
+    for dist, version in NVRTC:
+        fetch_member(dist, version, nvrtc_member,
+                     os.path.join(CACHE, f"nvrtc-{version}", "libnvrtc.so"))
+    # vLLM's wheel is 330 MB; its sdist (47 MB) carries the same envs.py.
+    fetch_sdist_member("vllm", VLLM, f"vllm-{VLLM}/vllm/envs.py",
+                       os.path.join(CACHE, f"vllm-{VLLM}", "envs.py"))

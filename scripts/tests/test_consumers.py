@@ -1,0 +1,114 @@
+"""scripts/consumers' modules, one by one, where no wheel is needed: the
+readers every consumer's check trusts (gencode targets, what serves a
+GPU, a toolkit's name for it), the judge of "never worse than unset",
+the stand-ins for a process's env and modules, and the pins. The
+consumers' own code runs in scripts/test's full matrix."""
+
+import os
+import sys
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, SCRIPTS)
+
+from consumer_check import cli, common, flashinfer, torch  # noqa: E402
+
+
+def test_gencode_flags_are_read_as_targets():
+    flags = ["-O3", "-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_86,code=sm_86",
+             "-gencode=arch=compute_120,code=compute_120", "-gencode=arch=compute_100f,code=sm_100f"]
+    assert common.targets_of(flags) == [("sm", (9, 0), "a"), ("sm", (8, 6), ""),
+                                        ("compute", (12, 0), ""), ("sm", (10, 0), "f")]
+
+
+def test_what_serves_a_gpu():
+    sm86 = [("sm", (8, 6), "")]
+    assert common.serves((8, 9), sm86), "SASS runs on a later minor of its major"
+    assert not common.serves((8, 0), sm86), "nor on an earlier one"
+    assert not common.serves((9, 0), sm86), "nor on another major"
+    assert common.serves((9, 0), [("sm", (9, 0), "a")])
+    assert not common.serves((10, 0), [("sm", (9, 0), "a")]), "an `a` target is exact"
+    assert common.serves((12, 0), [("compute", (9, 0), "")]), "PTX JITs forward"
+    assert not common.serves((8, 6), [("compute", (9, 0), "")]), "never back"
+
+
+def test_thor_is_named_by_its_toolkit():
+    assert common.as_named((11, 0), "12.9") == (10, 1)
+    assert common.as_named((11, 0), "13.0") == (11, 0)
+    assert common.as_named((11, 0), None) == (11, 0)
+    assert common.as_named((9, 0), "12.0") == (9, 0)
+
+
+def test_flashinfer_targets_family_and_exact():
+    assert flashinfer.fi_serves((10, 3), [(10, "0f")])
+    assert not flashinfer.fi_serves((10, 3), [(10, "0a")])
+    assert flashinfer.fi_serves((12, 0), [(12, "0a")])
+    assert not flashinfer.fi_serves((12, 1), [(11, "0")])
+
+
+def test_never_worse_than_unset_is_judged_per_gpu():
+    builds = {"8.0", "8.6", "9.0"}
+    default = [("sm", (8, 0), ""), ("sm", (9, 0), "")]
+    # Ours serves both GPUs: nothing wrong.
+    ok = torch.judge_targets("x", [("sm", (8, 6), ""), ("sm", (9, 0), "")], default,
+                             [(8, 6), (9, 0)], "12.8", builds, "builds", "torch")
+    assert ok == []
+    # Ours loses the Hopper GPU the default serves.
+    lost = torch.judge_targets("x", [("sm", (8, 6), "")], default, [(8, 6), (9, 0)], "12.8",
+                               builds, "builds", "torch")
+    assert len(lost) == 1 and "runs on (9, 0)" in lost[0]
+    # Ours asks for what the toolkit cannot build.
+    cannot = torch.judge_targets("x", [("sm", (10, 0), "")], default, [], "12.8", builds,
+                                 "builds", "torch")
+    assert cannot == ["x: CUDA 12.8 cannot build sm_100"]
+
+
+def test_torch_wheels_by_release():
+    assert torch.torch_runs("2.4.1", [(9, 0)], "12.4")
+    assert not torch.torch_runs("2.4.1", [(10, 0)], "12.8"), "2.4 wheels have no Blackwell"
+    assert torch.torch_runs("2.7.1", [(10, 0), (12, 0)], "12.8")
+    assert not torch.torch_runs("2.9.1", [(3, 7)], "12.8"), "2.9 dropped Kepler"
+
+
+def test_tally_counts_by_outcome():
+    before = common.OUTCOMES.copy()
+    common.tally(True, False)
+    common.tally(True, False)
+    assert common.OUTCOMES[("unset works", "gpuarch fails")] == \
+        before[("unset works", "gpuarch fails")] + 2
+    common.OUTCOMES.clear()
+    common.OUTCOMES.update(before)
+
+
+def test_env_and_modules_are_given_back(monkeypatch):
+    monkeypatch.setenv("GPUARCH_TEST_A", "kept")
+    monkeypatch.delenv("GPUARCH_TEST_B", raising=False)
+    with common.Env({"GPUARCH_TEST_A": None, "GPUARCH_TEST_B": "set"}):
+        assert "GPUARCH_TEST_A" not in os.environ
+        assert os.environ["GPUARCH_TEST_B"] == "set"
+    assert os.environ["GPUARCH_TEST_A"] == "kept"
+    assert "GPUARCH_TEST_B" not in os.environ
+    stand_in = object()
+    with common.Modules({"json": stand_in, "gpuarch_no_such_module": stand_in}):
+        assert sys.modules["json"] is stand_in
+    import json
+    assert sys.modules["json"] is json and json.dumps(1) == "1"
+    assert "gpuarch_no_such_module" not in sys.modules
+
+
+def test_one_gpu_per_capability_makes_a_valid_snapshot():
+    snap = cli.majors_inventory(["7.5", "9.0"])
+    assert [d["compute_capability"] for d in snap["devices"]] == ["7.5", "9.0"]
+    assert len({d["uuid"] for d in snap["devices"]}) == 2
+    assert len({d["pci_bus_id"] for d in snap["devices"]}) == 2
+
+
+def test_the_pins_are_in_order_and_the_newest_is_tested():
+    def key(v):
+        return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in v.split(".")[:3])
+    for pins, newest in [(common.FLASHINFERS, None), (common.ACCELERATES, common.ACCELERATE),
+                         (common.DEEPSPEEDS, common.DEEPSPEED),
+                         (common.FLASH_ATTNS, common.FLASH_ATTN), (common.TORCH, None)]:
+        assert pins == sorted(pins, key=key) and len(set(pins)) == len(pins), pins
+        if newest:
+            assert pins[-1] == newest
+    assert set(common.FLASHINFER_CUBINS) <= set(common.FLASHINFERS)
