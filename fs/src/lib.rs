@@ -2,6 +2,7 @@
 //!
 //! - [`trust`]: whether another user could have put a file there or changed it;
 //! - [`config`]: the config file, read through [`trust`];
+//! - [`record`]: what each container got, kept for `gpuarchctl why`;
 //! - [`write_atomic`]: replace a file whole or not at all.
 //! - [`rewrite_atomic`]: the same for a file that exists, keeping its mode and owner.
 //!
@@ -10,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod record;
 pub mod trust;
 
 use std::fs::{self, File, OpenOptions};

@@ -32,7 +32,7 @@ pub fn run(json: bool, args: &WhyArgs, out: &mut String) -> Result<u8> {
             dir.display()
         );
     }
-    let found = record::find(&dir, &args.container).map_err(|e| {
+    let found = gpuarch_fs::record::find(&dir, &args.container).map_err(|e| {
         if e.kind() == std::io::ErrorKind::PermissionDenied {
             // Group gpuarch may call gpuarchd, but the records hold every
             // container's env and are root's alone (mode 0700).
@@ -50,9 +50,8 @@ pub fn run(json: bool, args: &WhyArgs, out: &mut String) -> Result<u8> {
     let mut docker_said = None;
     let found = if found.is_empty() {
         match crate::docker_api::container_id(&args.container) {
-            Ok(id) => {
-                record::find(&dir, &id).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?
-            }
+            Ok(id) => gpuarch_fs::record::find(&dir, &id)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?,
             Err(e) => {
                 docker_said = Some(e.to_string());
                 found
