@@ -116,7 +116,23 @@ pub struct Loaded {
     /// notes (so the record of every container planned meanwhile says it).
     pub note: Option<String>,
     /// Why no config could be used at all (the defaults then apply).
-    pub error: Option<String>,
+    pub error: Option<NoConfig>,
+}
+
+/// Why no config could be used: the file's fault, and why gpuarchd's last
+/// valid config could not stand in for it.
+#[derive(Debug, thiserror::Error)]
+pub enum NoConfig {
+    #[error("{file} (and gpuarchd has published no valid config at {})", .last.display())]
+    NoLastGood {
+        file: ConfigFileError,
+        last: PathBuf,
+    },
+    #[error("{file} (and gpuarchd's last valid config is unusable: {error})")]
+    LastGoodUnusable {
+        file: ConfigFileError,
+        error: ConfigFileError,
+    },
 }
 
 /// [`read_config`], falling back to gpuarchd's last valid config when the
@@ -163,12 +179,12 @@ pub fn read_config_or_last_good_at(path: &Path, named: bool, inventory: Option<P
             config: gpuarch_core::config::Config::default(),
             note: None,
             error: Some(if e_is_not_found(&e) {
-                format!(
-                    "{error} (and gpuarchd has published no valid config at {})",
-                    last.display()
-                )
+                NoConfig::NoLastGood { file: error, last }
             } else {
-                format!("{error} (and gpuarchd's last valid config is unusable: {e})")
+                NoConfig::LastGoodUnusable {
+                    file: error,
+                    error: e,
+                }
             }),
         },
     }
@@ -274,11 +290,15 @@ strictt: false
         let l = read_config_or_last_good_at(&cfg, true, Some(snap.clone()));
         assert_eq!(l.config, gpuarch_core::config::Config::default());
         let e = l.error.unwrap();
+        assert!(matches!(e, NoConfig::LastGoodUnusable { .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains("bogus") && e.contains("unusable"), "{e}");
         std::fs::remove_file(&last).unwrap();
         let e = read_config_or_last_good_at(&cfg, true, Some(snap))
             .error
             .unwrap();
+        assert!(matches!(e, NoConfig::NoLastGood { .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains("has published no valid config"), "{e}");
     }
 }

@@ -75,16 +75,6 @@ impl Context {
     }
 }
 
-/// Read the config (`GPUARCH_CONFIG` or `/etc/gpuarch/config.yaml`), else,
-/// where that file cannot be used, gpuarchd's last valid config: the
-/// config, a note for the Plan saying which was used and why, and the
-/// error for the caller to report when neither could be (the defaults,
-/// fail open, then apply).
-pub fn load_config() -> (Config, Option<String>, Option<String>) {
-    let l = gpuarch_fs::config::read_config_or_last_good();
-    (l.config, l.error, l.note)
-}
-
 /// Why there is no context: no inventory could be had in time.
 #[derive(Debug, thiserror::Error)]
 pub enum ContextError {

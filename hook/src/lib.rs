@@ -28,11 +28,12 @@ pub mod library;
 pub mod log;
 pub mod nvml;
 pub mod rootfs;
+pub mod run;
 pub mod shim;
 pub mod stage;
 
 pub use context::{
-    Context, HOOK_ENV_VARS, SAFE_PATH, load_config, load_context, read_at_most, read_config_file,
+    Context, HOOK_ENV_VARS, SAFE_PATH, load_context, read_at_most, read_config_file,
 };
 pub use edit::{HookError, edit, precreate};
 
@@ -58,7 +59,7 @@ pub fn keep_record(
     if !dir.is_dir() {
         return;
     }
-    if let Err(e) = record::keep(dir, &record::Record::new(id, by, plan), only_first) {
+    if let Err(e) = gpuarch_fs::record::keep(dir, &record::Record::new(id, by, plan), only_first) {
         log::warn(&format!(
             "{}: {e}; gpuarchctl why will not know this container",
             dir.display()

@@ -35,26 +35,15 @@ pub enum Outcome {
 /// that the selection reads them as it reads a pod's CDI annotations.
 pub const CDI_ANNOTATION: &str = "cdi.k8s.io/gpuarch-nri";
 
-/// Why a container is refused its start.
-#[derive(Debug, thiserror::Error)]
-pub enum Refusal {
-    /// What `strict: true` refuses a start over.
-    #[error("{0}")]
-    Strict(String),
-    /// The container's config could not be planned (only refused under
-    /// `strict`; else it starts unchanged).
-    #[error("cannot plan: {0}")]
-    Plan(HookError),
-}
-
 /// Plan `container` of `pod`, its image's consumers found as `image`
-/// says, and give the adjustment. A refusal under `strict` is the error.
+/// says, and give the adjustment; or why it could not be planned, for
+/// the runner's policy ([`gpuarch_hook::run::verdict`]).
 pub fn adjust(
     pod: &PodSandbox,
     container: &Container,
     ctx: &Context,
     image: Image<'_>,
-) -> Result<Outcome, Refusal> {
+) -> Result<Outcome, HookError> {
     if !pod.runtime_handler.is_empty()
         && ctx.config.nri.skip_handlers.contains(&pod.runtime_handler)
     {
@@ -63,11 +52,7 @@ pub fn adjust(
     let config = oci_config(pod, container);
     // What the container gets, made once; its parts become the
     // adjustment as they are (nothing is found by diffing a config).
-    let e = match gpuarch_hook::edit::make(&config, ctx, image) {
-        Ok(e) => e,
-        Err(HookError::Refused(why)) => return Err(Refusal::Strict(why)),
-        Err(e) => return Err(Refusal::Plan(e)),
-    };
+    let e = gpuarch_hook::edit::make(&config, ctx, image)?;
     if e.plan.is_noop() {
         return Ok(Outcome::Nothing(e.plan));
     }

@@ -57,6 +57,7 @@ use std::time::{Duration, Instant};
 use gpuarch_core::config::NriConfig;
 use gpuarch_hook::Context;
 use gpuarch_hook::edit::Image;
+use gpuarch_hook::run::{self, StartError, Verdict};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -329,6 +330,7 @@ impl proto::nri_ttrpc::Plugin for Plugin {
         };
         let config = (*self.shared.config()).clone();
         let record_dir = config.hook.record_dir.clone();
+        let strict = config.strict;
         let mut ctx = Context::new((*snapshot).clone(), config, self.hook_path.clone());
         ctx.env_files = false;
         let pod = req.pod.as_ref().cloned().unwrap_or_default();
@@ -412,12 +414,21 @@ impl proto::nri_ttrpc::Plugin for Plugin {
             Ok(Outcome::Skipped(handler)) => {
                 debug!("NRI: {who}: runtime handler {handler} plans it itself");
             }
-            Err(why) => {
-                warn!("NRI: {who}: refusing the start: {why}");
-                return Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
-                    ttrpc::Code::FAILED_PRECONDITION,
-                    format!("gpuarch: {why}"),
-                )));
+            Err(e) => {
+                let e = StartError::from(e);
+                match run::verdict(&e, strict) {
+                    Verdict::Unchanged => {
+                        warn!("NRI: {who}: cannot plan: {e}; it starts unchanged");
+                    }
+                    v => {
+                        let why = if v == Verdict::Strict { "strict: " } else { "" };
+                        warn!("NRI: {who}: {why}refusing the start: {e}");
+                        return Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
+                            ttrpc::Code::FAILED_PRECONDITION,
+                            format!("gpuarch: {e}"),
+                        )));
+                    }
+                }
             }
         }
         Ok(resp)
@@ -442,7 +453,7 @@ fn keep_record(dir: &std::path::Path, id: &str, plan: &gpuarch_core::plan::Plan)
     if id.is_empty() || !dir.is_dir() {
         return;
     }
-    if let Err(e) = record::keep(dir, &record::Record::new(id, "nri", plan), false) {
+    if let Err(e) = gpuarch_fs::record::keep(dir, &record::Record::new(id, "nri", plan), false) {
         warn!(
             "{}: {e}; gpuarchctl why will not know this container",
             dir.display()
@@ -451,252 +462,4 @@ fn keep_record(dir: &std::path::Path, id: &str, plan: &gpuarch_core::plan::Plan)
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::fake_runtime::{FakeRuntime, container};
-    use super::*;
-    use gpuarch_core::config::Config;
-    use gpuarch_core::snapshot::Snapshot;
-    use std::collections::HashMap;
-
-    fn shared(dir: &std::path::Path, strict: bool) -> Arc<Shared> {
-        let mut cfg = Config {
-            strict,
-            ..Config::default()
-        };
-        cfg.nri.enable = true;
-        cfg.nri.socket = dir.join("nri.sock");
-        cfg.nri.containerd = dir.join("containerd.sock");
-        cfg.hook.record_dir = dir.join("records");
-        cfg.hook.image_cache = dir.join("images");
-        cfg.kernels.mount_root = dir.join("kernels");
-        cfg.jit_cache.dir = dir.join("jit");
-        let s = Shared::new(
-            cfg,
-            dir.join("inventory.json"),
-            dir.join("config.yaml"),
-            false,
-        );
-        let fixture = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../tests/fixtures/2080ti-3090.json"
-        );
-        s.refreshed(Snapshot::from_json(&std::fs::read(fixture).unwrap()).unwrap());
-        Arc::new(s)
-    }
-
-    fn env(resp: &proto::nri::CreateContainerResponse) -> HashMap<String, String> {
-        resp.adjust
-            .env
-            .iter()
-            .map(|kv| (kv.key.clone(), kv.value.clone()))
-            .collect()
-    }
-
-    /// The probe's leak: a peer at the NRI socket that never registers
-    /// gpuarchd, and claims a 4 MiB frame it never sends. Each failed
-    /// session must close its connection (and so end its tasks).
-    #[tokio::test]
-    async fn a_peer_that_never_registers_leaves_no_connection_behind() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let dir = tempfile::tempdir().unwrap();
-        let s = shared(dir.path(), false);
-        let cfg = s.config().nri.clone();
-        let listener = tokio::net::UnixListener::bind(&cfg.socket).unwrap();
-        let rounds = 2;
-        let peer = tokio::spawn(async move {
-            let mut closed = 0;
-            for _ in 0..rounds {
-                let (mut c, _) = listener.accept().await.unwrap();
-                let mut h = Vec::new();
-                h.extend(mux::PLUGIN_SERVICE.to_be_bytes());
-                h.extend(mux::MAX_FRAME.to_be_bytes());
-                h.push(0);
-                c.write_all(&h).await.unwrap();
-                // Whatever gpuarchd sends (its registration), then its close.
-                let mut buf = [0u8; 4096];
-                loop {
-                    match tokio::time::timeout(Duration::from_secs(20), c.read(&mut buf)).await {
-                        Ok(Ok(0)) => {
-                            closed += 1;
-                            break;
-                        }
-                        Ok(Ok(_)) => {}
-                        _ => break,
-                    }
-                }
-            }
-            closed
-        });
-        let (_tx, mut stop) = watch::channel(false);
-        for _ in 0..rounds {
-            let e = session(&s, &cfg, &mut stop).await.unwrap_err();
-            assert!(
-                matches!(e, SessionError::NoAnswer(_) | SessionError::Refused { .. }),
-                "{e}"
-            );
-        }
-        assert_eq!(
-            peer.await.unwrap(),
-            rounds,
-            "each failed session's connection closed"
-        );
-    }
-
-    #[tokio::test]
-    async fn a_pod_gets_its_plan_and_the_containers_own_value_wins() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("records")).unwrap();
-        let s = shared(dir.path(), false);
-        let rt = FakeRuntime::bind(&s.config().nri.socket).unwrap();
-        let (_stop_tx, stop) = watch::channel(false);
-        tokio::spawn(run(s.clone(), stop));
-        let p = rt.accept().await.unwrap();
-        assert_eq!(p.registered.plugin_name, "gpuarch");
-        assert_eq!(p.registered.plugin_idx, "50");
-        assert_eq!(p.events, 1 << 3, "CreateContainer alone");
-
-        let (pod, c) = container(&["NVIDIA_VISIBLE_DEVICES=1"], &[]);
-        let got = env(&p.create(&pod, &c).await.unwrap());
-        assert_eq!(got["TORCH_CUDA_ARCH_LIST"], "8.6");
-        assert_eq!(got["GPUARCH_DTYPE"], "bfloat16");
-        let records: Vec<_> = std::fs::read_dir(dir.path().join("records"))
-            .unwrap()
-            .collect();
-        assert_eq!(records.len(), 1, "a record for gpuarchctl why");
-        // A runtime other than containerd (CRI-O): the image is not read,
-        // the record says why and where it would be.
-        let record = std::fs::read_to_string(records[0].as_ref().unwrap().path()).unwrap();
-        assert!(
-            record.contains("not read: fake-runtime keeps its images where gpuarchd does not")
-                && record.contains("runtime handler gpuarch"),
-            "{record}"
-        );
-
-        let (pod, c) = container(&[], &[("/dev/nvidia0", 195, 0)]);
-        assert_eq!(
-            env(&p.create(&pod, &c).await.unwrap())["TORCH_CUDA_ARCH_LIST"],
-            "7.5"
-        );
-
-        let (pod, c) = container(
-            &["NVIDIA_VISIBLE_DEVICES=1", "TORCH_CUDA_ARCH_LIST=8.0"],
-            &[],
-        );
-        let got = env(&p.create(&pod, &c).await.unwrap());
-        assert!(!got.contains_key("TORCH_CUDA_ARCH_LIST"), "{got:?}");
-        assert_eq!(got["GPUARCH_DTYPE"], "bfloat16");
-
-        // CDI devices as NRI lists them (no device node yet).
-        let (pod, mut c) = container(&[], &[]);
-        let mut cdi = proto::nri::CDIDevice::new();
-        cdi.name = "nvidia.com/gpu=0".to_owned();
-        c.CDI_devices.push(cdi);
-        assert_eq!(
-            env(&p.create(&pod, &c).await.unwrap())["TORCH_CUDA_ARCH_LIST"],
-            "7.5"
-        );
-
-        // No GPU, GPUARCH_DISABLE, the gpuarch handler: no adjustment.
-        for (env_, handler) in [
-            (vec![], ""),
-            (vec!["NVIDIA_VISIBLE_DEVICES=1", "GPUARCH_DISABLE=1"], ""),
-            (vec!["NVIDIA_VISIBLE_DEVICES=1"], "gpuarch"),
-        ] {
-            let (mut pod, c) = container(&env_, &[]);
-            pod.runtime_handler = handler.to_owned();
-            let resp = p.create(&pod, &c).await.unwrap();
-            assert!(resp.adjust.is_none(), "{env_:?} {handler:?}: {resp:?}");
-        }
-    }
-
-    #[tokio::test]
-    async fn strict_refuses_through_the_runtime_and_a_flood_is_answered_in_time() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = shared(dir.path(), true);
-        let rt = FakeRuntime::bind(&s.config().nri.socket).unwrap();
-        let (_stop_tx, stop) = watch::channel(false);
-        tokio::spawn(run(s.clone(), stop));
-        let p = rt.accept().await.unwrap();
-        let (pod, c) = container(
-            &["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_REQUIRE_ARCH=arch>=8.0"],
-            &[],
-        );
-        let e = p.create(&pod, &c).await.unwrap_err().to_string();
-        assert!(
-            e.contains("NVIDIA_REQUIRE_ARCH") && e.contains("2080 Ti"),
-            "{e}"
-        );
-
-        // A pod author's flood, 3 MiB of requirement terms under ttrpc's
-        // 4 MiB message, without strict: a note, and an answer well inside
-        // NRI's 2 s.
-        let mut cfg = (*s.config()).clone();
-        cfg.strict = false;
-        s.set_config(cfg);
-        let term = "arch>=7.0,".repeat(300_000);
-        let flood: Vec<String> = vec![
-            format!("NVIDIA_REQUIRE_X={term}arch>=7.0"),
-            "NVIDIA_VISIBLE_DEVICES=1".to_owned(),
-        ];
-        let flood: Vec<&str> = flood.iter().map(String::as_str).collect();
-        let (pod, c) = container(&flood, &[]);
-        let t = Instant::now();
-        let resp = p.create(&pod, &c).await.unwrap();
-        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
-        assert_eq!(env(&resp)["TORCH_CUDA_ARCH_LIST"], "8.6");
-    }
-
-    #[tokio::test]
-    async fn gpuarchd_registers_again_after_the_runtime_goes_or_talks_nonsense() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = shared(dir.path(), false);
-        let sock = s.config().nri.socket.clone();
-        let (stop_tx, stop) = watch::channel(false);
-        let task = tokio::spawn(run(s.clone(), stop));
-        // Nothing listens yet: gpuarchd keeps trying.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        let rt = FakeRuntime::bind(&sock).unwrap();
-        drop(rt.accept().await.unwrap());
-        // A runtime restart: a new socket at the same path.
-        drop(rt);
-        std::fs::remove_file(&sock).unwrap();
-        let rt = FakeRuntime::bind(&sock).unwrap();
-        let p = rt.accept().await.unwrap();
-        let (pod, c) = container(&["NVIDIA_VISIBLE_DEVICES=1"], &[]);
-        assert_eq!(
-            env(&p.create(&pod, &c).await.unwrap())["TORCH_CUDA_ARCH_LIST"],
-            "8.6"
-        );
-        drop(p);
-        // A peer that answers the registration with garbage, then a frame
-        // over NRI's limit: gpuarchd drops it and comes back.
-        drop(rt);
-        std::fs::remove_file(&sock).unwrap();
-        let l = tokio::net::UnixListener::bind(&sock).unwrap();
-        let (mut bad, _) = l.accept().await.unwrap();
-        use tokio::io::AsyncWriteExt;
-        bad.write_all(&[
-            0, 0, 0, 2, 0, 0, 0, 12, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 1, 9, 9, 1, 2,
-        ])
-        .await
-        .unwrap();
-        bad.write_all(&[0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff])
-            .await
-            .unwrap();
-        drop(l);
-        std::fs::remove_file(&sock).unwrap();
-        let rt = FakeRuntime::bind(&sock).unwrap();
-        let p = rt.accept().await.unwrap();
-        assert_eq!(
-            env(&p.create(&pod, &c).await.unwrap())["TORCH_CUDA_ARCH_LIST"],
-            "8.6"
-        );
-        // gpuarchd stopping ends the loop.
-        stop_tx.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .unwrap()
-            .unwrap();
-    }
-}
+mod tests;

@@ -15,6 +15,7 @@ use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use gpuarch_hook::run::{self, Ran, Runner, Start, StartError};
 use gpuarch_hook::stage::{self, Stage, State};
 use gpuarch_hook::{budget, log};
 
@@ -68,63 +69,45 @@ fn precreate() -> ExitCode {
         log::fatal(&format!("cannot read the OCI config: {e}"));
         return ExitCode::FAILURE;
     }
+    let runner = Runner::load();
+    // podman gives precreate no OCI state: the id, when there is one, is
+    // read from the config's mounts.
+    let start = Start {
+        by: "gpuarch-hook precreate",
+        id: None,
+        only_first: false,
+        unchanged: "the container starts unchanged",
+        verb: "start",
+    };
     if bytes.len() as u64 > limit {
-        return too_large(&bytes, stdin);
+        // Not parsed: it streams through unchanged (in constant memory
+        // beyond what was read), or the start fails.
+        return match run::fail::<()>(&StartError::TooLarge(limit), runner.config().strict, &start) {
+            Ran::Unchanged => write_out(&bytes, Some(stdin)),
+            _ => ExitCode::FAILURE,
+        };
     }
-    let (cfg, cfg_err, cfg_note) = gpuarch_hook::load_config();
-    log::configure(&cfg.log);
-    if let Some(n) = &cfg_note {
-        log::warn(n);
-    }
-    let strict = cfg.strict;
-    let records = cfg.hook.record_dir.clone();
-    // audit.refuse refuses whatever strict says.
-    let mut refuses = false;
-    let result = match cfg_err {
-        // A config that cannot be read leaves strict off: fail open.
-        Some(e) => Err(e),
-        None => {
-            // The config is in memory and bounded; only NVML can hang, and
-            // it alone runs under the budget, in a process of its own.
-            let hook_path = std::env::current_exe().ok();
-            gpuarch_hook::load_context(cfg, hook_path)
-                .map_err(|e| e.to_string())
-                .and_then(|ctx| {
-                    gpuarch_hook::precreate(&bytes, &ctx).map_err(|e| {
-                        refuses = e.refuses();
-                        e.to_string()
-                    })
-                })
-        }
-    };
-    let result = result.map(|(out, mut plan)| {
-        plan.notes.extend(cfg_note);
-        (out, plan)
+    // The config is in memory and bounded; only NVML can hang, and it
+    // alone runs under the budget, in a process of its own.
+    let ran = runner.run(&start, |cfg| {
+        let ctx = gpuarch_hook::load_context(cfg, std::env::current_exe().ok())?;
+        Ok(gpuarch_hook::precreate(&bytes, &ctx)?)
     });
-    let out: &[u8] = match &result {
-        Ok((out, plan)) => {
-            // podman gives precreate no OCI state: the id, when there is
-            // one, is read from the config's mounts.
-            log::set_container(None, &plan.container);
-            log::plan(plan);
-            gpuarch_hook::keep_record(&records, None, "gpuarch-hook precreate", plan, false);
-            out
-        }
-        Err(e) if refuses => {
-            log::fatal(&format!("{e} (refusing to start the container)"));
-            return ExitCode::FAILURE;
-        }
-        Err(e) if strict => {
-            log::fatal(&format!("{e} (strict: refusing to start the container)"));
-            return ExitCode::FAILURE;
-        }
-        Err(e) => {
-            log::warn(&format!("{e}; the container starts unchanged"));
-            &bytes
-        }
-    };
+    match ran {
+        Ran::Planned((out, _)) => write_out(&out, None::<std::io::Empty>),
+        Ran::Unchanged => write_out(&bytes, None::<std::io::Empty>),
+        Ran::Refused => ExitCode::FAILURE,
+    }
+}
+
+/// Write the config for the engine: `head`, then what is left of `rest`.
+fn write_out(head: &[u8], rest: Option<impl Read>) -> ExitCode {
     let mut stdout = std::io::stdout().lock();
-    match stdout.write_all(out).and_then(|()| stdout.flush()) {
+    let written = stdout.write_all(head).and_then(|()| match rest {
+        Some(mut r) => std::io::copy(&mut r, &mut stdout).map(|_| ()),
+        None => Ok(()),
+    });
+    match written.and_then(|()| stdout.flush()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             log::fatal(&format!("cannot write the config: {e}"));
@@ -133,90 +116,35 @@ fn precreate() -> ExitCode {
     }
 }
 
-/// A config over the bound is not parsed: it streams through unchanged
-/// (fail open, in constant memory beyond what was read), or with `strict`
-/// the start fails.
-fn too_large(head: &[u8], mut rest: impl Read) -> ExitCode {
-    let reason = format!(
-        "OCI config is over {} MiB; not planning it",
-        gpuarch_core::oci::MAX_CONFIG_BYTES >> 20
-    );
-    let (cfg, _, _) = gpuarch_hook::load_config();
-    log::configure(&cfg.log);
-    if cfg.strict {
-        log::fatal(&format!(
-            "{reason} (strict: refusing to start the container)"
-        ));
-        return ExitCode::FAILURE;
-    }
-    log::warn(&format!("{reason}; the container starts unchanged"));
-    let mut stdout = std::io::stdout().lock();
-    let copied = stdout
-        .write_all(head)
-        .and_then(|()| std::io::copy(&mut rest, &mut stdout))
-        .and_then(|_| stdout.flush());
-    match copied {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            log::fatal(&format!("cannot pass the config through: {e}"));
-            ExitCode::FAILURE
-        }
-    }
-}
-
 fn in_container(which: Stage) -> ExitCode {
-    let (cfg, cfg_err, cfg_note) = gpuarch_hook::load_config();
-    log::configure(&cfg.log);
-    if let Some(n) = &cfg_note {
-        log::warn(n);
-    }
-    let strict = cfg.strict;
-    let records = cfg.hook.record_dir.clone();
-    let mut id = None;
-    let result = match cfg_err {
-        Some(e) => Err(e),
-        None => match State::read(std::io::stdin().lock()) {
-            Err(e) => Err(e.to_string()),
-            Ok(state) => {
-                id = state.id.clone();
-                log::set_container(id.as_deref(), &Default::default());
-                // The container's rootfs may be anything (a FUSE mount
-                // that never answers): the whole stage runs under the
-                // budget.
-                let budget = Duration::from_millis(cfg.hook.timeout_ms);
-                budget::within(budget, move || {
-                    let ctx = gpuarch_hook::load_context(cfg, None).map_err(|e| e.to_string())?;
-                    stage::run(which, &state, &ctx).map_err(|e| e.to_string())
-                })
-                .map_err(|e| e.to_string())
-                .and_then(|r| r)
-            }
+    let runner = Runner::load();
+    let state = State::read(std::io::stdin().lock());
+    let id = state.as_ref().ok().and_then(|s| s.id.clone());
+    log::set_container(id.as_deref(), &Default::default());
+    let start = Start {
+        by: match which {
+            Stage::Prestart => "gpuarch-hook prestart",
+            _ => "gpuarch-hook create-container",
         },
+        id: id.as_deref(),
+        // Only where no earlier step (precreate, the shim) planned it:
+        // theirs is what the container's env holds.
+        only_first: true,
+        unchanged: &format!("the container starts without /{} inside", stage::ENV_FILE),
+        verb: "start",
     };
-    match result {
-        Ok(mut out) => {
-            out.plan.notes.extend(cfg_note);
-            log::set_container(id.as_deref(), &out.plan.container);
-            log::plan(&out.plan);
-            let by = match which {
-                Stage::Prestart => "gpuarch-hook prestart",
-                _ => "gpuarch-hook create-container",
-            };
-            // Only where no earlier step (precreate, the shim) planned it:
-            // theirs is what the container's env holds.
-            gpuarch_hook::keep_record(&records, id.as_deref(), by, &out.plan, true);
-            ExitCode::SUCCESS
-        }
-        Err(e) if strict => {
-            log::fatal(&format!("{e} (strict: refusing to start the container)"));
-            ExitCode::FAILURE
-        }
-        Err(e) => {
-            log::warn(&format!(
-                "{e}; the container starts without /{} inside",
-                stage::ENV_FILE
-            ));
-            ExitCode::SUCCESS
-        }
+    let ran = runner.run(&start, |cfg| {
+        let state = state?;
+        // The container's rootfs may be anything (a FUSE mount that never
+        // answers): the whole stage runs under the budget.
+        let budget = Duration::from_millis(cfg.hook.timeout_ms);
+        budget::within(budget, move || -> Result<_, StartError> {
+            let ctx = gpuarch_hook::load_context(cfg, None)?;
+            Ok(stage::run(which, &state, &ctx)?)
+        })?
+    });
+    match ran {
+        Ran::Refused => ExitCode::FAILURE,
+        Ran::Planned(_) | Ran::Unchanged => ExitCode::SUCCESS,
     }
 }

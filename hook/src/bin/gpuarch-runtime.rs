@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use gpuarch_hook::log;
+use gpuarch_hook::run::{Ran, Runner, Start};
 use gpuarch_hook::shim::{self, Invocation};
 
 /// What marks this program whatever its file is named, for gpuarchctl's
@@ -36,13 +37,11 @@ fn main() -> ExitCode {
     if let Some(path) = &inv.log {
         log::set_runtime_log(path.clone(), inv.log_json);
     }
-    let (cfg, cfg_err, cfg_note) = gpuarch_hook::load_config();
-    log::configure(&cfg.log);
+    let runner = Runner::load();
     log::set_container(inv.id.as_deref(), &Default::default());
-    let records = cfg.hook.record_dir.clone();
     let myself = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"));
     let runtime = match shim::find_runtime(
-        cfg.runtime.path.as_deref(),
+        runner.config().runtime.path.as_deref(),
         std::env::var_os("PATH").as_deref(),
         &myself,
     ) {
@@ -53,54 +52,32 @@ fn main() -> ExitCode {
         }
     };
     if inv.creates() {
-        let strict = cfg.strict;
-        // audit.refuse refuses whatever strict says.
-        let mut refuses = false;
-        let result = match cfg_err {
-            Some(e) => Err(e),
-            None => {
-                let bundle = inv
-                    .bundle
-                    .clone()
-                    .or_else(|| std::env::current_dir().ok())
-                    .unwrap_or_else(|| PathBuf::from("."));
-                let hook = myself.with_file_name("gpuarch-hook");
-                let hook = hook.is_file().then_some(hook);
-                // Only NVML can hang here (the bundle is the engine's, the
-                // rest gpuarch's own files): it alone runs under the budget,
-                // in a process of its own.
-                let env_files = cfg.runtime.env_files;
-                gpuarch_hook::load_context(cfg, hook)
-                    .map_err(|e| e.to_string())
-                    .and_then(|mut ctx| {
-                        ctx.env_files = env_files;
-                        shim::rewrite_bundle(&bundle, &ctx).map_err(|e| {
-                            refuses = e.refuses();
-                            e.to_string()
-                        })
-                    })
-            }
+        let by = format!("gpuarch-runtime {}", inv.command.as_deref().unwrap_or(""));
+        let start = Start {
+            by: &by,
+            id: inv.id.as_deref(),
+            only_first: false,
+            unchanged: "the container starts unchanged",
+            verb: "create",
         };
-        match result {
-            Ok(mut plan) => {
-                if let Some(n) = cfg_note {
-                    log::warn(&n);
-                    plan.notes.push(n);
-                }
-                log::set_container(inv.id.as_deref(), &plan.container);
-                log::plan(&plan);
-                let by = format!("gpuarch-runtime {}", inv.command.as_deref().unwrap_or(""));
-                gpuarch_hook::keep_record(&records, inv.id.as_deref(), &by, &plan, false);
-            }
-            Err(e) if refuses => {
-                log::fatal(&format!("{e} (refusing to create the container)"));
-                return ExitCode::FAILURE;
-            }
-            Err(e) if strict => {
-                log::fatal(&format!("{e} (strict: refusing to create the container)"));
-                return ExitCode::FAILURE;
-            }
-            Err(e) => log::warn(&format!("{e}; the container starts unchanged")),
+        let ran = runner.run(&start, |cfg| {
+            let bundle = inv
+                .bundle
+                .clone()
+                .or_else(|| std::env::current_dir().ok())
+                .unwrap_or_else(|| PathBuf::from("."));
+            let hook = myself.with_file_name("gpuarch-hook");
+            let hook = hook.is_file().then_some(hook);
+            // Only NVML can hang here (the bundle is the engine's, the rest
+            // gpuarch's own files): it alone runs under the budget, in a
+            // process of its own.
+            let env_files = cfg.runtime.env_files;
+            let mut ctx = gpuarch_hook::load_context(cfg, hook)?;
+            ctx.env_files = env_files;
+            Ok(shim::rewrite_bundle(&bundle, &ctx)?)
+        });
+        if let Ran::Refused = ran {
+            return ExitCode::FAILURE;
         }
     }
     let err = shim::exec_runtime(&runtime, &args, (shim::ACTIVE_ENV, "1"));
