@@ -4,7 +4,7 @@
 //!
 //! Where it looks:
 //! - each Python environment the image's process would import from, found
-//!   as the image read finds them (`gpuarch_hook::image::sites`): every
+//!   as the image read finds them (`gpuarch_container::image::sites`): every
 //!   installed distribution's `RECORD` names its files, and those that may
 //!   hold GPU code (shared libraries, cubins, fatbins, PTX) are read, each
 //!   owned by its distribution and release;
@@ -31,9 +31,9 @@ use std::io::Read as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use gpuarch_container::rootfs::Root;
 use gpuarch_core::audit::{Binary, ImageAudit, SCHEMA, candidate};
 use gpuarch_core::oci::ContainerView;
-use gpuarch_hook::rootfs::Root;
 use gpuarch_kernels::inspect::{self, InspectError};
 use nix::dir::{Dir, Type};
 use nix::errno::Errno;
@@ -90,7 +90,7 @@ pub fn audit(root: &Root, view: &ContainerView, limits: &Limits) -> ImageAudit {
             ..Default::default()
         },
     };
-    match gpuarch_hook::image::sites(
+    match gpuarch_container::image::sites(
         root,
         view,
         DISCOVERY_ENTRIES,
@@ -176,15 +176,15 @@ fn other_dirs(view: &ContainerView) -> Vec<(String, String, usize)> {
 }
 
 /// An env value's path relative to the image's `/`
-/// (`gpuarch_hook::image::rel_of`): None for a relative path.
+/// (`gpuarch_container::image::rel_of`): None for a relative path.
 fn rel_of(path: &str) -> Option<String> {
-    gpuarch_hook::image::rel_of(Path::new(path))
+    gpuarch_container::image::rel_of(Path::new(path))
 }
 
 /// `rel` joined to directory `base` (both inside the image), `..` and `.`
 /// taken lexically; never above the image's `/`.
 fn join(base: &str, rel: &str) -> String {
-    gpuarch_hook::image::rel_of(&Path::new("/").join(base).join(rel)).unwrap_or_default()
+    gpuarch_container::image::rel_of(&Path::new("/").join(base).join(rel)).unwrap_or_default()
 }
 
 struct Auditor<'a> {
@@ -432,7 +432,7 @@ fn record_paths(record: &[u8]) -> Vec<String> {
 /// What gpuarchd's audit worker is given on its standard input.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct WorkerInput {
-    pub request: gpuarch_hook::audit::Request,
+    pub request: gpuarch_container::audit::Request,
     /// The image read's key the start found: the rootfs opened must be
     /// that image (not another mount namespace's empty directory, not a
     /// rootfs replaced since).
@@ -453,7 +453,7 @@ pub enum WorkerError {
     #[error("{}: {error}", .rootfs.display())]
     Root {
         rootfs: std::path::PathBuf,
-        error: gpuarch_hook::rootfs::RootfsError,
+        error: gpuarch_container::rootfs::RootfsError,
     },
     #[error("{} is not the image the start read (its environments' identity differs: another mount namespace, or a rootfs replaced since)", .0.display())]
     NotTheImage(std::path::PathBuf),
@@ -483,7 +483,7 @@ pub fn serve(
     })?;
     let mut view = ContainerView::with_env(w.request.env);
     view.user = w.request.user;
-    match gpuarch_hook::image::identify(&root, &view) {
+    match gpuarch_container::image::identify(&root, &view) {
         Some(k) if k == w.key => {}
         Some(_) => return Err(WorkerError::NotTheImage(rootfs)),
         None => return Err(WorkerError::Unidentified(rootfs)),

@@ -1,5 +1,5 @@
 //! The image audit at container start, gpuarchd's half (`audit:` in the
-//! config; the hook's half is `gpuarch_hook::audit`).
+//! config; the hook's half is `gpuarch_container::audit`).
 //!
 //! The hook leaves a request per image not yet audited in
 //! `audit.dir/requests/`, named by the image read's key, holding the
@@ -23,9 +23,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpuarch_audit::{MAX_WORKER_INPUT, WorkerInput};
+use gpuarch_container::audit::Request;
 use gpuarch_core::audit::ImageAudit;
 use gpuarch_core::config::{AuditConfig, valid_key};
-use gpuarch_hook::audit::Request;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
@@ -227,7 +227,7 @@ pub fn pass(cfg: &AuditConfig, failed: &mut HashMap<String, Instant>) {
 
 /// A request's bytes (never through a link, at most 64 KiB).
 fn read_request(path: &Path) -> Result<Vec<u8>, RunError> {
-    Ok(gpuarch_hook::audit::read_private(path, 64 << 10)?)
+    Ok(gpuarch_container::audit::read_private(path, 64 << 10)?)
 }
 
 /// Run the audit of `req` in `gpuarchd --audit-worker`.
@@ -329,7 +329,7 @@ fn index(dir: &Path, key: &str, names: &[String]) -> std::io::Result<()> {
     if names.is_empty() {
         return Ok(());
     }
-    let mut map = gpuarch_hook::audit::read_index(dir);
+    let mut map = gpuarch_container::audit::read_index(dir);
     for n in names {
         map.insert(n.clone(), key.to_owned());
     }

@@ -8,10 +8,10 @@ pub fn inventory() -> Snapshot {
 /// The hook's context: that node, default config, kernels from a directory
 /// that does not exist (so no mounts), the hook at its installed path.
 #[allow(dead_code)] // not every target plans a container
-pub fn context() -> gpuarch_hook::Context {
+pub fn context() -> gpuarch_container::Context {
     let mut config = gpuarch_core::config::Config::default();
     config.kernels.mount_root = "/nonexistent/gpuarch-fuzz".into();
-    gpuarch_hook::Context {
+    gpuarch_container::Context {
         inventory: inventory(),
         config,
         hook_path: Some("/usr/bin/gpuarch-hook".into()),

@@ -10,7 +10,7 @@ fuzz_target!(|data: &[u8]| {
     let ctx = common::context();
     let _ = gpuarch_core::oci::ContainerView::from_json(data);
     if let Ok(mut value) = gpuarch_core::oci::parse_value(data) {
-        if let Ok(plan) = gpuarch_hook::edit(&mut value, &ctx) {
+        if let Ok(plan) = gpuarch_container::edit(&mut value, &ctx) {
             // What comes out must encode again.
             serde_json::to_vec(&value).expect("edited config encodes");
             let _ = plan.is_noop();

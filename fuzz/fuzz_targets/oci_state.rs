@@ -3,5 +3,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = gpuarch_hook::stage::State::parse(data);
+    let _ = gpuarch_container::stage::State::parse(data);
 });

@@ -8,7 +8,7 @@
 
 use clap::{Arg, Command};
 
-use crate::stage;
+use gpuarch_container::stage;
 
 const FILES_AND_ENV: &str = "Config: GPUARCH_CONFIG, else /etc/gpuarch/config.yaml (absent: defaults). \
 Inventory: GPUARCH_INVENTORY, else /run/gpuarch/inventory.json (written by gpuarchd), else NVML \

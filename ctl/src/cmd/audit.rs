@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use gpuarch_audit::Limits;
+use gpuarch_container::rootfs::Root;
 use gpuarch_core::arch::{CudaVersion, Placement};
 use gpuarch_core::audit::ImageAudit;
 use gpuarch_core::oci::ContainerView;
-use gpuarch_hook::rootfs::Root;
 use gpuarch_wire::dbus::InventoryProxy;
 use serde_json::json;
 

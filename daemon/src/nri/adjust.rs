@@ -1,19 +1,19 @@
 //! One container, as NRI shows it, through the same [`Edit`] the hook and
-//! the shim make ([`gpuarch_hook::edit::make`]), and back as NRI's
+//! the shim make ([`gpuarch_container::edit::make`]), and back as NRI's
 //! adjustment: the Plan's env, the kernel and JIT cache mounts, and the
 //! `createContainer` hook when mounted libraries need ldconfig. The OCI
 //! config written from NRI's view is only read; the Edit's parts are
 //! turned into NRI's types as they are.
 //!
-//! [`Edit`]: gpuarch_hook::edit::Edit
+//! [`Edit`]: gpuarch_container::edit::Edit
 //!
 //! NRI shows a container before its root filesystem is mounted: the
 //! image is read from its layers ([`super::image`]), given here as
 //! [`Image::Read`].
 
+use gpuarch_container::edit::Image;
+use gpuarch_container::{Context, HookError};
 use gpuarch_core::plan::Plan;
-use gpuarch_hook::edit::Image;
-use gpuarch_hook::{Context, HookError};
 use serde_json::{Value, json};
 
 use super::proto::nri::{
@@ -37,7 +37,7 @@ pub const CDI_ANNOTATION: &str = "cdi.k8s.io/gpuarch-nri";
 
 /// Plan `container` of `pod`, its image's consumers found as `image`
 /// says, and give the adjustment; or why it could not be planned, for
-/// the runner's policy ([`gpuarch_hook::run::verdict`]).
+/// the runner's policy ([`gpuarch_container::run::verdict`]).
 pub fn adjust(
     pod: &PodSandbox,
     container: &Container,
@@ -52,7 +52,7 @@ pub fn adjust(
     let config = oci_config(pod, container);
     // What the container gets, made once; its parts become the
     // adjustment as they are (nothing is found by diffing a config).
-    let e = gpuarch_hook::edit::make(&config, ctx, image)?;
+    let e = gpuarch_container::edit::make(&config, ctx, image)?;
     if e.plan.is_noop() {
         return Ok(Outcome::Nothing(e.plan));
     }

@@ -4,7 +4,7 @@
 //! has mounted nothing: gpuarchd asks containerd's Snapshots API for the
 //! snapshot's mounts, and reads the image's layer directories they name
 //! (overlayfs's `lowerdir`, the native snapshotter's copy) as overlayfs
-//! merges them ([`gpuarch_hook::image::Layers`]).
+//! merges them ([`gpuarch_container::image::Layers`]).
 //!
 //! The container's own writable layer is not read: it is empty until the
 //! container runs. A read is kept by the layers it read (paths, inodes and
@@ -19,9 +19,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use gpuarch_container::image::{self, Layers};
 use gpuarch_core::oci::ContainerView;
 use gpuarch_core::software::Software;
-use gpuarch_hook::image::{self, Layers};
 use hyper_util::rt::TokioIo;
 use sha2::{Digest, Sha256};
 use tonic::transport::{Channel, Endpoint, Uri};

@@ -54,10 +54,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use gpuarch_container::Context;
+use gpuarch_container::edit::Image;
+use gpuarch_container::run::{self, StartError, Verdict};
 use gpuarch_core::config::NriConfig;
-use gpuarch_hook::Context;
-use gpuarch_hook::edit::Image;
-use gpuarch_hook::run::{self, StartError, Verdict};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 

@@ -95,16 +95,18 @@ impl Inventory {
         let _admitted = Admission::take(Some(&hdr), "AuditImage")?;
         let cfg = self.shared.config().audit.clone();
         let name = image.to_owned();
-        let found = blocking(&READ_WORK, move || gpuarch_hook::audit::find(&cfg, &name))
-            .await?
-            .map_err(|e| fdo::Error::Failed(e.to_string()))?;
+        let found = blocking(&READ_WORK, move || {
+            gpuarch_container::audit::find(&cfg, &name)
+        })
+        .await?
+        .map_err(|e| fdo::Error::Failed(e.to_string()))?;
         let Some((key, audit)) = found else {
             return Err(fdo::Error::FileNotFound(format!(
                 "AuditImage: no audit of {image} on this node (an image is audited at its first start here)"
             )));
         };
         let driver = gpuarch_core::arch::CudaVersion::parse(&snap.cuda_driver_version).ok();
-        Ok(gpuarch_hook::audit::report(image, &key, &audit, &plan, driver).to_string())
+        Ok(gpuarch_container::audit::report(image, &key, &audit, &plan, driver).to_string())
     }
 
     /// gres.conf lines for this node: one "Name=gpu Type=sm_XY

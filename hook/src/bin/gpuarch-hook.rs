@@ -15,9 +15,9 @@ use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use gpuarch_hook::run::{self, Ran, Runner, Start, StartError};
-use gpuarch_hook::stage::{self, Stage, State};
-use gpuarch_hook::{budget, log};
+use gpuarch_container::run::{self, Ran, Runner, Start, StartError};
+use gpuarch_container::stage::{self, Stage, State};
+use gpuarch_container::{budget, log};
 
 /// What a stage name asks for: `None` for precreate, else the
 /// in-container stage; `Err` for a name that is no stage.
@@ -90,8 +90,8 @@ fn precreate() -> ExitCode {
     // The config is in memory and bounded; only NVML can hang, and it
     // alone runs under the budget, in a process of its own.
     let ran = runner.run(&start, |cfg| {
-        let ctx = gpuarch_hook::load_context(cfg, std::env::current_exe().ok())?;
-        Ok(gpuarch_hook::precreate(&bytes, &ctx)?)
+        let ctx = gpuarch_container::load_context(cfg, std::env::current_exe().ok())?;
+        Ok(gpuarch_container::precreate(&bytes, &ctx)?)
     });
     match ran {
         Ran::Planned((out, _)) => write_out(&out, None::<std::io::Empty>),
@@ -139,7 +139,7 @@ fn in_container(which: Stage) -> ExitCode {
         // answers): the whole stage runs under the budget.
         let budget = Duration::from_millis(cfg.hook.timeout_ms);
         budget::within(budget, move || -> Result<_, StartError> {
-            let ctx = gpuarch_hook::load_context(cfg, None)?;
+            let ctx = gpuarch_container::load_context(cfg, None)?;
             Ok(stage::run(which, &state, &ctx)?)
         })?
     });

@@ -13,9 +13,9 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use gpuarch_hook::log;
-use gpuarch_hook::run::{Ran, Runner, Start};
-use gpuarch_hook::shim::{self, Invocation};
+use gpuarch_container::log;
+use gpuarch_container::run::{Ran, Runner, Start};
+use gpuarch_container::shim::{self, Invocation};
 
 /// What marks this program whatever its file is named, for gpuarchctl's
 /// engine checks (a containerd BinaryName or a Docker runtime path that is
@@ -72,7 +72,7 @@ fn main() -> ExitCode {
             // gpuarch's own files): it alone runs under the budget, in a
             // process of its own.
             let env_files = cfg.runtime.env_files;
-            let mut ctx = gpuarch_hook::load_context(cfg, hook)?;
+            let mut ctx = gpuarch_container::load_context(cfg, hook)?;
             ctx.env_files = env_files;
             Ok(shim::rewrite_bundle(&bundle, &ctx)?)
         });

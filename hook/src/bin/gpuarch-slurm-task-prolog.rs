@@ -57,7 +57,7 @@ fn main() -> ExitCode {
 /// build tree's, else the package's); if it cannot be run, the task starts
 /// unchanged.
 fn ask_gpuarchd() -> ExitCode {
-    let ctl = gpuarch_hook::nvml::gpuarchctl();
+    let ctl = gpuarch_container::nvml::gpuarchctl();
     let e = std::process::Command::new(&ctl)
         .args(["slurm", "task-prolog"])
         .exec();

@@ -1,4 +1,4 @@
-//! Unit tests of `hook/src/edit.rs`.
+//! Unit tests of `container/src/edit.rs`.
 
 use super::*;
 use crate::context::SAFE_PATH;

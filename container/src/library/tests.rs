@@ -1,4 +1,4 @@
-//! Unit tests of `hook/src/library.rs`: when a container gets a library.
+//! Unit tests of `container/src/library.rs`: when a container gets a library.
 
 use super::*;
 use gpuarch_core::config::EnvConfig;

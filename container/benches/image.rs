@@ -17,8 +17,8 @@ use std::hint::black_box;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use gpuarch_hook::image;
-use gpuarch_hook::rootfs::Root;
+use gpuarch_container::image;
+use gpuarch_container::rootfs::Root;
 
 fn time(iters: u32, mut f: impl FnMut()) -> Duration {
     for _ in 0..iters / 10 {
