@@ -281,6 +281,11 @@ pub fn select_request(list: &str, view: &ContainerView, inv: &Snapshot) -> Selec
 /// callers such as the D-Bus `Plan`, where a wrong name is the caller's
 /// mistake to be told about, not a note to skip past.
 pub fn check_request_entry(entry: &str, inv: &Snapshot) -> Result<(), DeviceNameError> {
+    resolve_entry(entry, inv).map(|_| ())
+}
+
+/// The devices one strict entry names ([`check_request_entry`]).
+fn resolve_entry(entry: &str, inv: &Snapshot) -> Result<Vec<AssignedGpu>, DeviceNameError> {
     let t = entry.trim();
     if t.is_empty() {
         return Err(DeviceNameError::Empty);
@@ -288,7 +293,26 @@ pub fn check_request_entry(entry: &str, inv: &Snapshot) -> Result<(), DeviceName
     if t.contains(',') {
         return Err(DeviceNameError::Comma(shown(t)));
     }
-    resolve(t, inv).map(|_| ())
+    resolve(t, inv)
+}
+
+/// Select GPUs from device names each of which must name a device of this
+/// host ([`check_request_entry`]): the devices resolved once, in CUDA
+/// order; or the first entry that names none, and why.
+pub fn select_devices<'a>(
+    devices: &[&'a str],
+    inv: &Snapshot,
+) -> Result<Selection, (&'a str, DeviceNameError)> {
+    let mut gpus = Vec::new();
+    for d in devices {
+        extend_distinct(&mut gpus, resolve_entry(d, inv).map_err(|e| (*d, e))?);
+    }
+    Ok(finish(
+        Some(Source::Request),
+        gpus,
+        Notes::default(),
+        &ContainerView::default(),
+    ))
 }
 
 /// The character major of /dev/nvidiaN, nvidiactl and nvidia-modeset.

@@ -216,18 +216,14 @@ pub fn plan_devices(
     if let Some(d) = devices.iter().find(|d| d.len() > MAX_DEVICE_NAME) {
         return Err(DeviceListError::TooLong(d.len()));
     }
-    for d in devices {
-        select::check_request_entry(d, inv).map_err(|error| DeviceListError::Unknown {
-            name: (*d).to_owned(),
+    // Each name resolved once, and what it resolved to planned: nothing
+    // joined into a list to be parsed again.
+    let selection =
+        select::select_devices(devices, inv).map_err(|(name, error)| DeviceListError::Unknown {
+            name: name.to_owned(),
             error,
         })?;
-    }
-    Ok(plan_request(
-        &devices.join(","),
-        &ContainerView::with_env(Vec::<(String, String)>::new()),
-        inv,
-        cfg,
-    ))
+    Ok(plan_with(&ContainerView::default(), inv, cfg, || selection))
 }
 
 /// Check the image's `NVIDIA_REQUIRE_*` on each assigned GPU; a note for

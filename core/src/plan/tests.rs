@@ -464,6 +464,41 @@ fn the_3090_alone_gets_bf16_and_flash_attention_2() {
 }
 
 #[test]
+fn an_explicit_device_list_is_planned_as_the_same_request_is() {
+    let inv = host();
+    let empty = ContainerView::default();
+    for (devices, list) in [
+        (&["1", "0"][..], "1,0"),
+        (&["all"][..], "all"),
+        (&["0", " 0 ", "all"][..], "0,0,all"),
+    ] {
+        let strict = plan_devices(devices, &inv, &cfg()).unwrap();
+        assert_eq!(
+            strict,
+            plan_request(list, &empty, &inv, &cfg()),
+            "{devices:?}"
+        );
+        assert!(strict.blocking.is_empty() && strict.notes.iter().all(|n| !n.contains("ignored")));
+    }
+    assert_eq!(
+        plan_devices(&["1"], &inv, &cfg())
+            .unwrap()
+            .env_get("TORCH_CUDA_ARCH_LIST"),
+        Some("8.6")
+    );
+    // Where the request notes and skips a bad name, the list refuses it.
+    let e = plan_devices(&["0", "7"], &inv, &cfg()).unwrap_err();
+    assert!(
+        matches!(&e, DeviceListError::Unknown { name, .. } if name == "7"),
+        "{e}"
+    );
+    assert!(matches!(
+        plan_devices(&["0,1"], &inv, &cfg()),
+        Err(DeviceListError::Unknown { .. })
+    ));
+}
+
+#[test]
 fn capabilities_follow_cuda_order_and_the_arch_list_is_sorted() {
     let v = ContainerView::with_env([
         ("NVIDIA_VISIBLE_DEVICES", "all"),
