@@ -159,10 +159,36 @@ pub fn run(args: Args) -> Result<()> {
     result
 }
 
+/// gpuarchd itself: start, serve until stopped, shut down.
 async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
-    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
-    let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+    let mut running = start(&shared, nvml_lib).await?;
+    let outcome = serve_until_stopped(&shared, &mut running).await;
+    shutdown(&shared, running, &outcome).await;
+    outcome
+}
+
+/// gpuarchd started: what its loop serves and what shutdown stops.
+struct Running {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+    cache: Option<Arc<cache::Cache>>,
+    req_tx: mpsc::Sender<Request>,
+    /// The bus's signals to gpuarchd's connection: its end, a lost name.
+    lost: zbus::MessageStream,
+    stop_tx: tokio_watch::Sender<bool>,
+    refresh_task: tokio::task::JoinHandle<()>,
+    nri_task: tokio::task::JoinHandle<()>,
+    /// Kept for as long as gpuarchd runs: dropped, they stop watching.
+    _watchers: [Option<notify::RecommendedWatcher>; 2],
+}
+
+/// The first inventory, the kernel cache, the bus name, every task, and
+/// READY=1.
+async fn start(shared: &Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<Running> {
+    let term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
 
     let mut refresher = Refresher::new(shared.clone(), nvml_lib);
     // The first read before the name is taken: READY=1 means "answering,
@@ -183,7 +209,7 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
             None
         }
     };
-    let (conns, mut lost) = connect(&shared, cache.as_ref(), &req_tx)
+    let (conns, lost) = connect(shared, cache.as_ref(), &req_tx)
         .await
         .with_context(|| format!("owning {} on the system bus", service::BUS_NAME))?;
     shared.set_buses(conns);
@@ -195,7 +221,7 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
 
     let (stop_tx, stop_rx) = tokio_watch::channel(false);
     let refresh_task = tokio::spawn(refresher.run(req_rx, stop_rx.clone()));
-    let _watcher = watch::start(shared.clone(), req_tx.clone());
+    let config_watcher = watch::start(shared.clone(), req_tx.clone());
     tokio::spawn(jit_gc_every(shared.clone()));
     let nri_task = tokio::spawn(nri::run(shared.clone(), stop_rx.clone()));
     tokio::spawn(audit::run(shared.clone(), stop_rx.clone()));
@@ -214,19 +240,35 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
     if let Err(e) = sdnotify::notify("READY=1") {
         warn!("cannot notify systemd: {e}");
     }
-    let _kernel_watcher = cache.as_ref().and_then(|c| start_kernels(c.clone()));
+    let kernel_watcher = cache.as_ref().and_then(|c| start_kernels(c.clone()));
+    Ok(Running {
+        term,
+        int,
+        hup,
+        cache,
+        req_tx,
+        lost,
+        stop_tx,
+        refresh_task,
+        nri_task,
+        _watchers: [config_watcher, kernel_watcher],
+    })
+}
 
-    // When the bus goes away (dbus-daemon restarted), everything but the
-    // D-Bus API goes on: the snapshot the hook reads, the builds, the
-    // watchers. Reconnect with backoff and take the name again; the
-    // objects, and the jobs kept for late readers, are served anew.
-    let mut outcome = Ok(());
+/// Serve until SIGTERM or SIGINT (Ok), or until the bus name is another
+/// process's (Err: systemd restarts gpuarchd). SIGHUP reloads.
+///
+/// When the bus goes away (dbus-daemon restarted), everything but the
+/// D-Bus API goes on: the snapshot the hook reads, the builds, the
+/// watchers. Reconnect with backoff and take the name again; the objects,
+/// and the jobs kept for late readers, are served anew.
+async fn serve_until_stopped(shared: &Arc<Shared>, r: &mut Running) -> Result<()> {
     let mut down: Option<Reconnect> = None;
     loop {
         tokio::select! {
-            _ = term.recv() => break,
-            _ = int.recv() => break,
-            m = next_signal(&mut lost), if down.is_none() => match m {
+            _ = r.term.recv() => return Ok(()),
+            _ = r.int.recv() => return Ok(()),
+            m = next_signal(&mut r.lost), if down.is_none() => match m {
                 None | Some(Err(_)) => {
                     warn!("lost the connection to the system bus; reconnecting");
                     shared.set_buses(Vec::new());
@@ -237,14 +279,13 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
                     // Another owner took the name: a second gpuarchd
                     // allowed to replace us. It answers from now on.
                     if msg.body().deserialize::<&str>().ok() == Some(service::BUS_NAME) {
-                        outcome = Err(anyhow::anyhow!("lost the bus name {}", service::BUS_NAME));
-                        break;
+                        return Err(anyhow::anyhow!("lost the bus name {}", service::BUS_NAME));
                     }
                 }
             },
             _ = tokio::time::sleep_until(down.as_ref().map_or_else(tokio::time::Instant::now, |d| d.at)), if down.is_some() => {
                 let Some(d) = down.as_mut() else { continue };
-                match connect(&shared, cache.as_ref(), &req_tx).await {
+                match connect(shared, r.cache.as_ref(), &r.req_tx).await {
                     Ok((conns, stream)) => {
                         info!(
                             "back on the system bus as {} after {:.1?} and {} attempts",
@@ -253,16 +294,15 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
                             d.attempts + 1
                         );
                         shared.set_buses(conns);
-                        lost = stream;
+                        r.lost = stream;
                         down = None;
                         let _ = sdnotify::notify("STATUS=serving");
                     }
                     Err(e) if matches!(e.downcast_ref::<zbus::Error>(), Some(zbus::Error::NameTaken)) => {
-                        outcome = Err(anyhow::anyhow!(
+                        return Err(anyhow::anyhow!(
                             "{} is owned by another process since the bus came back",
                             service::BUS_NAME
                         ));
-                        break;
                     }
                     Err(e) => {
                         tracing::debug!("reconnecting to the system bus: {e:#}");
@@ -270,25 +310,28 @@ async fn serve(shared: Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<()> {
                     }
                 }
             }
-            _ = hup.recv() => {
+            _ = r.hup.recv() => {
                 info!("SIGHUP: reloading the config and the inventory");
                 let (tx, _rx) = tokio::sync::oneshot::channel();
-                let _ = req_tx.send(Request::Reload(tx)).await;
+                let _ = r.req_tx.send(Request::Reload(tx)).await;
             }
         }
     }
-    match &outcome {
+}
+
+/// Say why gpuarchd stops, stop every task, and leave the bus.
+async fn shutdown(shared: &Arc<Shared>, r: Running, outcome: &Result<()>) {
+    match outcome {
         Ok(()) => info!("stopping"),
         Err(e) => error!("{e}; stopping so that systemd restarts gpuarchd"),
     }
     let _ = sdnotify::notify("STOPPING=1\nSTATUS=stopping");
-    let _ = stop_tx.send(true);
+    let _ = r.stop_tx.send(true);
     // The refresher stops between steps; a snapshot write in progress
     // finishes (it is a rename, so the file is whole either way).
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), refresh_task).await;
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), nri_task).await;
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), r.refresh_task).await;
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), r.nri_task).await;
     shared.set_buses(Vec::new());
-    outcome
 }
 
 /// How many incoming messages gpuarchd holds before it has handled them;
