@@ -36,6 +36,10 @@ pub enum StartError {
     Stage(Box<StageError>),
     #[error(transparent)]
     Budget(#[from] BudgetError),
+    /// Not planned within the time the engine waits for an answer (NRI's
+    /// watchdog).
+    #[error("not planned within {0:?}, the most the runtime is kept waiting")]
+    Late(std::time::Duration),
     /// The OCI config is over the bound: not parsed at all.
     #[error("OCI config is over {} MiB; not planning it", .0 >> 20)]
     TooLarge(u64),

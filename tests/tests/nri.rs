@@ -456,16 +456,26 @@ fn cases(suite: &str) {
         s.node.log()
     );
 
-    // containerd restarts: gpuarchd registers again, and pods get the Plan.
-    s.containerd.restart();
-    s.wait_log(REGISTERED, 2);
-    let (_, env) = s.pod("", &gpu1, &[]);
-    assert_eq!(
-        cri::var(&env.unwrap(), "TORCH_CUDA_ARCH_LIST").as_deref(),
-        Some("8.6")
-    );
+    churn(&mut s, suite);
 
-    // gpuarchd down: pods start, unchanged.
+    // gpuarchd down: pods start, unchanged. Its stop is at once (it waited
+    // out a 1 s timer, and every GPU pod of that second went unplanned).
+    let sigterm = std::time::SystemTime::now();
+    let (status, took) = s.node.stop();
+    assert!(status.success(), "{status:?}\n{}", s.node.log());
+    eprintln!("{suite}: gpuarchd stopped {took:?} after SIGTERM");
+    assert!(
+        took < Duration::from_millis(100),
+        "gpuarchd took {took:?} to stop"
+    );
+    // A restart (systemctl restart, a package upgrade): GPU pods go
+    // unplanned from the SIGTERM to the new gpuarchd's registration.
+    s.start_gpuarchd(true);
+    s.wait_log(REGISTERED, 1);
+    let log = s.node.log();
+    let line = log.lines().find(|l| l.contains(REGISTERED)).unwrap();
+    let gap = logged_at(line).duration_since(sigterm).unwrap_or_default();
+    eprintln!("{suite}: a restart of gpuarchd leaves NRI without it for {gap:?}");
     s.node.stop();
     let t = Instant::now();
     let (_, env) = s.pod("", &gpu1, &[]);
@@ -479,6 +489,107 @@ fn cases(suite: &str) {
     assert!(!s.node.log().contains(REGISTERED), "{}", s.node.log());
     let (_, env) = s.pod("", &gpu1, &[]);
     assert_eq!(cri::var(&env.unwrap(), "TORCH_CUDA_ARCH_LIST"), None);
+}
+
+/// When `line` (a line of gpuarchd's log) was written.
+fn logged_at(line: &str) -> std::time::SystemTime {
+    let stamp = line.split_whitespace().next().unwrap_or_default();
+    humantime::parse_rfc3339(stamp).unwrap_or_else(|e| panic!("{e}: {line}"))
+}
+
+/// Pods made by kubelet's calls all at once, GPU and CPU; and across a
+/// restart of containerd, a stream of them, with gpuarchd's registration
+/// timed from the socket's return.
+fn churn(s: &mut Stack, suite: &str) {
+    // All at once: each planned for its own GPU, the CPU pods untouched,
+    // none failed.
+    const AT_ONCE: usize = 16;
+    let names: Vec<String> = (0..AT_ONCE)
+        .map(|i| format!("burst{i}-{}", std::process::id()))
+        .collect();
+    let wants = |i: usize| match i % 4 {
+        0 => Some(("0", "7.5")),
+        1 | 2 => Some(("1", "8.6")),
+        _ => None,
+    };
+    let t = Instant::now();
+    let runs: Vec<Result<(), String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let (containerd, pods) = (&s.containerd, &s.pods);
+                scope.spawn(move || {
+                    let envs: Vec<(&str, &str)> = wants(i)
+                        .map(|(g, _)| ("NVIDIA_VISIBLE_DEVICES", g))
+                        .into_iter()
+                        .collect();
+                    let pod = cri::Pod {
+                        sock: &containerd.sock,
+                        pods,
+                        image: IMAGE,
+                        name,
+                        handler: "",
+                        envs: &envs,
+                        annotations: &[],
+                        devices: &[],
+                    };
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap()
+                        .block_on(pod.run("env > /out/env"))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    eprintln!("{suite}: {AT_ONCE} pods at once in {:?}", t.elapsed());
+    for (i, (name, r)) in names.iter().zip(runs).enumerate() {
+        r.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let env = s.out(name, "env");
+        assert_eq!(
+            cri::var(&env, "TORCH_CUDA_ARCH_LIST").as_deref(),
+            wants(i).map(|(_, cc)| cc),
+            "{name}: {env}\n{}",
+            s.lines_of(name)
+        );
+    }
+
+    // containerd restarts: gpuarchd registers again as soon as its NRI
+    // socket is back, and pods get the Plan.
+    s.containerd.restart();
+    s.wait_log(REGISTERED, 2);
+    let back = std::fs::metadata(&s.containerd.nri_sock)
+        .and_then(|m| m.created().or_else(|_| m.modified()))
+        .unwrap();
+    // gpuarchd's part is its connection: the registration's answer is
+    // containerd's, which may still be starting when its socket appears.
+    let log = s.node.log();
+    let line = log
+        .lines()
+        .filter(|l| l.contains(REGISTERED))
+        .nth(1)
+        .unwrap();
+    let registered = logged_at(line).duration_since(back).unwrap_or_default();
+    let connected = log
+        .lines()
+        .filter(|l| l.contains("NRI: connected to") && logged_at(l) >= back)
+        .map(|l| logged_at(l).duration_since(back).unwrap_or_default())
+        .next()
+        .unwrap_or_else(|| panic!("no connection after the socket came back:\n{log}"));
+    eprintln!(
+        "{suite}: containerd's NRI socket back; gpuarchd connected {connected:?} and was registered {registered:?} after"
+    );
+    assert!(
+        connected < Duration::from_millis(100),
+        "connected {connected:?} after the socket came back"
+    );
+    let (_, env) = s.pod("", &[("NVIDIA_VISIBLE_DEVICES", "1")], &[]);
+    assert_eq!(
+        cri::var(&env.unwrap(), "TORCH_CUDA_ARCH_LIST").as_deref(),
+        Some("8.6")
+    );
 }
 
 #[test]

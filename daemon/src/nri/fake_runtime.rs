@@ -22,6 +22,8 @@ use super::proto::nri_ttrpc::{PluginClient, Runtime, create_runtime};
 pub struct FakeRuntime {
     listener: UnixListener,
     name: String,
+    /// What Configure says of the runtime's wait for a plugin (NRI's 2 s).
+    request_timeout: Duration,
 }
 
 /// A plugin that registered and was configured.
@@ -74,7 +76,15 @@ impl FakeRuntime {
         Ok(Self {
             listener: UnixListener::bind(path)?,
             name: name.to_owned(),
+            request_timeout: Duration::from_secs(2),
         })
+    }
+
+    /// This runtime waiting `t` for a plugin's answer (containerd's
+    /// `plugin_request_timeout`), as Configure tells the plugin.
+    pub fn waiting(mut self, t: Duration) -> Self {
+        self.request_timeout = t;
+        self
     }
 
     /// The next plugin to connect, registered, configured and synchronized.
@@ -100,7 +110,7 @@ impl FakeRuntime {
         let mut cfg = ConfigureRequest::new();
         cfg.runtime_name.clone_from(&self.name);
         cfg.runtime_version = "1.0".to_owned();
-        cfg.request_timeout = 2000;
+        cfg.request_timeout = i64::try_from(self.request_timeout.as_millis()).unwrap_or(i64::MAX);
         let ctx = || ttrpc::context::with_duration(wait);
         let events = client.configure(ctx(), &cfg).await.map_err(rpc)?.events;
         client

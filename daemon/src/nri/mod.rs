@@ -5,7 +5,14 @@
 //!
 //! Fail open: while gpuarchd is down or not registered, the runtime starts
 //! pods unchanged. When the runtime goes away (a restart), gpuarchd
-//! connects again within [`RETRY`] of its socket being back.
+//! connects again as soon as its socket is back ([`run`]).
+//!
+//! NRI holds the runtime's lock across each call to a plugin, for every
+//! pod of the node, CPU pods included, and drops a plugin that has not
+//! answered in 2 s. So the answer waits on nothing slow: no bus round
+//! trip, no build, the image read within its own bounds, and a watchdog
+//! that answers without an adjustment (or refuses, under `strict`) at
+//! [`ANSWER_WITHIN`].
 
 mod adjust;
 pub mod image;
@@ -75,21 +82,62 @@ pub const PLUGIN_NAME: &str = "gpuarch";
 pub const RETRY: Duration = Duration::from_secs(1);
 /// NRI's event numbers start at 1; a subscription sets bit (event - 1).
 const CREATE_CONTAINER: i32 = 4;
+/// The latest CreateContainer is answered where the runtime does not say
+/// how long it waits: three quarters of NRI's 2 s, after which containerd
+/// drops the plugin. Where Configure gives the runtime's wait
+/// (containerd's `plugin_request_timeout`), three quarters of that.
+pub const ANSWER_WITHIN: Duration = Duration::from_millis(1500);
+
+/// The watchdog's limit for a runtime that waits `request_timeout_ms` for
+/// an answer (0 or less: not said).
+pub fn answer_within(request_timeout_ms: i64) -> Duration {
+    match u64::try_from(request_timeout_ms) {
+        Ok(ms) if ms > 0 => Duration::from_millis(ms.saturating_mul(3) / 4),
+        _ => ANSWER_WITHIN,
+    }
+}
 /// How long the runtime has to call Configure after registration.
 const CONFIGURE_WITHIN: Duration = Duration::from_secs(5);
 
+/// The first wait after a failed connection; each next doubles, up to
+/// [`RETRY`]. The socket's return wakes gpuarchd before that.
+pub const RETRY_FIRST: Duration = Duration::from_millis(50);
+
 /// Keep gpuarchd registered with the runtime while `nri.enable` is set,
 /// until `stop`.
+///
+/// - A session that ends (the runtime restarting) is followed by a new
+///   connection when the socket is back, or after [`RETRY_FIRST`].
+/// - While the runtime's socket is absent or refuses, gpuarchd waits for
+///   it to appear (inotify on its directory), and tries again after a
+///   backoff of [`RETRY_FIRST`] doubling to [`RETRY`] in case the watch
+///   missed it.
+/// - `stop` ends the session and this loop at once.
 pub async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let mut last_failure: Option<String> = None;
     let say = |state: String| shared.set_nri_state(state);
+    let (appeared_tx, mut appeared) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let mut watched: Option<SocketWatch> = None;
+    let mut backoff = RETRY_FIRST;
     loop {
+        if *stop.borrow() {
+            return;
+        }
         let cfg = shared.config().nri.clone();
+        if watched.as_ref().map(|w| &w.socket) != Some(&cfg.socket) {
+            watched = SocketWatch::new(&cfg.socket, appeared_tx.clone());
+        }
+        // What appeared before this attempt is seen by it.
+        while appeared.try_recv().is_ok() {}
         if !cfg.enable {
             say("off (nri.enable)".to_owned());
+            backoff = RETRY;
         } else {
             match session(&shared, &cfg, &mut stop).await {
                 Ok(why) => {
+                    if *stop.borrow() {
+                        return;
+                    }
                     info!(
                         "NRI: the connection to {} ended ({why}); connecting again",
                         cfg.socket.display()
@@ -99,28 +147,69 @@ pub async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
                         cfg.socket.display()
                     ));
                     last_failure = None;
+                    // Not at once: a runtime that ends each session as it
+                    // starts is not answered by a busy loop.
+                    backoff = RETRY_FIRST;
                 }
                 Err(e) => {
                     let e = e.to_string();
                     say(format!(
-                        "not registered: {e}; trying again every {} s",
+                        "not registered: {e}; trying again when the socket appears, and every {} s",
                         RETRY.as_secs()
                     ));
-                    // Said once, not every second while the runtime is down.
+                    // Said once, not on every try while the runtime is down.
                     if last_failure.as_deref() != Some(&e) {
-                        warn!("NRI: {e}; trying again every {} s", RETRY.as_secs());
+                        warn!("NRI: {e}; trying again when the socket appears");
                         last_failure = Some(e);
                     }
                 }
             }
         }
         tokio::select! {
-            _ = tokio::time::sleep(RETRY) => {}
-            _ = stop.changed() => return,
+            () = tokio::time::sleep(backoff) => backoff = (backoff * 2).min(RETRY),
+            Some(()) = appeared.recv() => backoff = RETRY_FIRST,
+            r = stop.changed() => if r.is_err() || *stop.borrow() {
+                return;
+            },
         }
-        if *stop.borrow() {
-            return;
+    }
+}
+
+/// A watch on the directory of the runtime's NRI socket, telling when an
+/// entry of the socket's name appears there (the runtime listening again).
+struct SocketWatch {
+    socket: PathBuf,
+    _watcher: notify::RecommendedWatcher,
+}
+
+impl SocketWatch {
+    /// `None` where the directory cannot be watched (absent, or no inotify
+    /// left): the backoff alone then finds the socket.
+    fn new(socket: &std::path::Path, tx: tokio::sync::mpsc::UnboundedSender<()>) -> Option<Self> {
+        use notify::{EventKind, RecursiveMode, Watcher};
+        let dir = socket.parent()?;
+        let name = socket.file_name()?.to_owned();
+        let mut w = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+            let Ok(ev) = ev else { return };
+            if matches!(ev.kind, EventKind::Create(_) | EventKind::Modify(_))
+                && ev.paths.iter().any(|p| p.file_name() == Some(&name))
+            {
+                let _ = tx.send(());
+            }
+        })
+        .ok()?;
+        if let Err(e) = w.watch(dir, RecursiveMode::NonRecursive) {
+            debug!(
+                "NRI: cannot watch {} ({e}); the socket is looked for every {} s",
+                dir.display(),
+                RETRY.as_secs()
+            );
+            return None;
         }
+        Some(Self {
+            socket: socket.to_owned(),
+            _watcher: w,
+        })
     }
 }
 
@@ -160,12 +249,14 @@ async fn session(
             socket: socket.clone(),
             error,
         })?;
+    debug!("NRI: connected to {}; registering", cfg.socket.display());
     let mut m = mux::split(stream);
     let (configured_tx, configured) = tokio::sync::oneshot::channel();
     let plugin = Plugin {
         shared: shared.clone(),
         configured: std::sync::Mutex::new(Some(configured_tx)),
         runtime: std::sync::Mutex::new(String::new()),
+        answer_within: std::sync::Mutex::new(ANSWER_WITHIN),
         hook_path: hook_path(),
         images: Arc::new(image::Images::new(&cfg.containerd, &cfg.snapshotters)),
     };
@@ -266,6 +357,8 @@ struct Plugin {
     configured: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<String>>>,
     /// The runtime's name, as Configure gave it.
     runtime: std::sync::Mutex<String>,
+    /// The watchdog's limit, from the runtime's wait ([`answer_within`]).
+    answer_within: std::sync::Mutex<Duration>,
     hook_path: Option<PathBuf>,
     /// Where the containers' images are read from.
     images: Arc<image::Images>,
@@ -281,6 +374,8 @@ impl proto::nri_ttrpc::Plugin for Plugin {
         let runtime = format!("{} {}", req.runtime_name, req.runtime_version);
         req.runtime_name
             .clone_into(&mut self.runtime.lock().unwrap_or_else(|p| p.into_inner()));
+        *self.answer_within.lock().unwrap_or_else(|p| p.into_inner()) =
+            answer_within(req.request_timeout);
         if let Some(tx) = self
             .configured
             .lock()
@@ -362,28 +457,51 @@ impl proto::nri_ttrpc::Plugin for Plugin {
             .clone();
         let images = self.images.clone();
         let handle = tokio::runtime::Handle::current();
-        let planned = tokio::task::spawn_blocking(move || {
-            let cache = ctx.config.hook.image_cache.clone();
-            let id = container.id.clone();
-            let read = |view: &gpuarch_core::oci::ContainerView| {
-                let dirs = if runtime == "containerd" {
-                    handle.block_on(images.layers(&id))
-                } else {
-                    Err(image::LayersError::NotContainerd(
-                        gpuarch_core::text::clean(&runtime).into_owned(),
-                    ))
+        // The plan's own bounds keep it well under the limit; the
+        // watchdog answers where something unforeseen does not (the plan
+        // then finishes on its thread, unused).
+        let limit = *self.answer_within.lock().unwrap_or_else(|p| p.into_inner());
+        let planned = tokio::time::timeout(
+            limit,
+            tokio::task::spawn_blocking(move || {
+                let cache = ctx.config.hook.image_cache.clone();
+                let id = container.id.clone();
+                let read = |view: &gpuarch_core::oci::ContainerView| {
+                    let dirs = if runtime == "containerd" {
+                        handle.block_on(images.layers(&id))
+                    } else {
+                        Err(image::LayersError::NotContainerd(
+                            gpuarch_core::text::clean(&runtime).into_owned(),
+                        ))
+                    };
+                    images.read(&dirs, view, cache.is_dir().then_some(cache.as_path()))
                 };
-                images.read(&dirs, view, cache.is_dir().then_some(cache.as_path()))
-            };
-            let outcome = adjust(&pod, &container, &ctx, Image::Read(&read));
-            (outcome, container)
-        })
+                let outcome = adjust(&pod, &container, &ctx, Image::Read(&read));
+                (outcome, container)
+            }),
+        )
         .await;
         let (outcome, container) = match planned {
-            Ok(p) => p,
-            Err(e) => {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => {
                 warn!("NRI: {who}: planning failed ({e}); it starts unchanged");
                 return Ok(resp);
+            }
+            Err(_) => {
+                let e = StartError::Late(limit);
+                return match run::verdict(&e, strict) {
+                    Verdict::Unchanged => {
+                        warn!("NRI: {who}: {e}; it starts unchanged");
+                        Ok(resp)
+                    }
+                    _ => {
+                        warn!("NRI: {who}: strict: refusing the start: {e}");
+                        Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
+                            ttrpc::Code::FAILED_PRECONDITION,
+                            format!("gpuarch: {e}"),
+                        )))
+                    }
+                };
             }
         };
         match outcome {

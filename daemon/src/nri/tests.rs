@@ -249,3 +249,114 @@ async fn gpuarchd_registers_again_after_the_runtime_goes_or_talks_nonsense() {
         .unwrap()
         .unwrap();
 }
+
+/// The time from `since` until the fake runtime's next plugin has
+/// registered.
+async fn registered_after(
+    rt: &FakeRuntime,
+    since: Instant,
+) -> (Duration, super::fake_runtime::Plugin) {
+    let p = rt.accept().await.unwrap();
+    (since.elapsed(), p)
+}
+
+/// A restart or an upgrade stops gpuarchd: the session and the loop end
+/// at once (they waited out a 1 s retry timer, and every GPU pod of that
+/// second started unplanned). And the runtime's socket coming back is
+/// answered at once, however long it was gone: the directory is watched,
+/// not polled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_ends_at_once_and_the_runtimes_return_is_answered_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = shared(dir.path(), false);
+    let sock = s.config().nri.socket.clone();
+    let (stop_tx, stop) = watch::channel(false);
+    let task = tokio::spawn(run(s.clone(), stop));
+    // Nothing listens for 1.5 s: the backoff has grown to its 1 s.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let t = Instant::now();
+    let rt = FakeRuntime::bind(&sock).unwrap();
+    let (took, p) = registered_after(&rt, t).await;
+    assert!(
+        took < Duration::from_millis(100),
+        "registered {took:?} after the socket appeared"
+    );
+    // A runtime restart: gone 1.2 s, then a new socket at the same path.
+    drop(p);
+    drop(rt);
+    std::fs::remove_file(&sock).unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let t = Instant::now();
+    let rt = FakeRuntime::bind(&sock).unwrap();
+    let (took, p) = registered_after(&rt, t).await;
+    assert!(
+        took < Duration::from_millis(100),
+        "registered {took:?} after the socket came back"
+    );
+    let (pod, c) = container(&["NVIDIA_VISIBLE_DEVICES=1"], &[]);
+    assert_eq!(
+        env(&p.create(&pod, &c).await.unwrap())["TORCH_CUDA_ARCH_LIST"],
+        "8.6"
+    );
+    // The stop, while registered.
+    let t = Instant::now();
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_millis(100),
+        "the NRI loop ended {took:?} after the stop"
+    );
+    assert!(p.sync().await.is_err(), "the session is closed");
+}
+
+/// A containerd whose snapshot service never answers (gpuarchd's call
+/// gives up at 500 ms), under a runtime that waits 400 ms for a plugin:
+/// the watchdog answers at three quarters of that, without an adjustment
+/// (refused under strict), before the runtime would drop gpuarchd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mute_containerd_is_answered_by_the_watchdog_in_time() {
+    assert_eq!(answer_within(2000), ANSWER_WITHIN);
+    assert_eq!(answer_within(0), ANSWER_WITHIN);
+    assert_eq!(answer_within(-1), ANSWER_WITHIN);
+    let limit = answer_within(400);
+    assert_eq!(limit, Duration::from_millis(300));
+    let dir = tempfile::tempdir().unwrap();
+    let s = shared(dir.path(), false);
+    let mut cfg = (*s.config()).clone();
+    // Accepts and holds every connection, answers nothing.
+    let mute = tokio::net::UnixListener::bind(&cfg.nri.containerd).unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((c, _)) = mute.accept().await {
+            held.push(c);
+        }
+    });
+    let rt = FakeRuntime::bind_as(&cfg.nri.socket, "containerd")
+        .unwrap()
+        .waiting(Duration::from_millis(400));
+    let (stop_tx, stop) = watch::channel(false);
+    let task = tokio::spawn(run(s.clone(), stop));
+    let p = rt.accept().await.unwrap();
+    let (pod, c) = container(&["NVIDIA_VISIBLE_DEVICES=1"], &[]);
+    let t = Instant::now();
+    let resp = p.create(&pod, &c).await.unwrap();
+    let took = t.elapsed();
+    assert!(env(&resp).is_empty(), "{:?}", env(&resp));
+    assert!(
+        took >= limit && took < Duration::from_millis(400),
+        "answered after {took:?}"
+    );
+    cfg.strict = true;
+    s.set_config(cfg);
+    let e = p.create(&pod, &c).await.unwrap_err().to_string();
+    assert!(e.contains("not planned within 300ms"), "{e}");
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
+}
