@@ -497,64 +497,151 @@ fn logged_at(line: &str) -> std::time::SystemTime {
     humantime::parse_rfc3339(stamp).unwrap_or_else(|e| panic!("{e}: {line}"))
 }
 
+/// Names for a batch of `n` pods.
+fn batch_names(what: &str, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| format!("{what}{i}-{}", std::process::id()))
+        .collect()
+}
+
+/// What pod `i` of a batch asks for (GPU 0, 1, 1, none, ...), and the
+/// TORCH_CUDA_ARCH_LIST it must get when planned.
+fn batch_want(i: usize) -> Option<(&'static str, &'static str)> {
+    match i % 4 {
+        0 => Some(("0", "7.5")),
+        1 | 2 => Some(("1", "8.6")),
+        _ => None,
+    }
+}
+
+/// Pods `names`, the i-th asking what [`batch_want`] says, started
+/// `spacing` apart and all in flight together, while `meanwhile` runs on
+/// this thread; each one's outcome.
+fn pods_batch(
+    containerd: &stack::Containerd,
+    pods: &Path,
+    names: &[String],
+    spacing: Duration,
+    meanwhile: impl FnOnce(),
+) -> Vec<Result<(), String>> {
+    std::thread::scope(|scope| {
+        // The pods are started from a thread of their own, so that
+        // `meanwhile` runs while they are.
+        let starter = scope.spawn(move || {
+            let mut handles = Vec::new();
+            for (i, name) in names.iter().enumerate() {
+                handles.push(std::thread::spawn({
+                    let (sock, pods, name) =
+                        (containerd.sock.clone(), pods.to_owned(), name.clone());
+                    move || {
+                        let envs: Vec<(&str, &str)> = batch_want(i)
+                            .map(|(g, _)| ("NVIDIA_VISIBLE_DEVICES", g))
+                            .into_iter()
+                            .collect();
+                        let pod = cri::Pod {
+                            sock: &sock,
+                            pods: &pods,
+                            image: IMAGE,
+                            name: &name,
+                            handler: "",
+                            envs: &envs,
+                            annotations: &[],
+                            devices: &[],
+                        };
+                        tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()
+                            .unwrap()
+                            .block_on(pod.run("env > /out/env"))
+                    }
+                }));
+                if !spacing.is_zero() {
+                    std::thread::sleep(spacing);
+                }
+            }
+            handles
+        });
+        meanwhile();
+        starter
+            .join()
+            .unwrap()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect()
+    })
+}
+
+/// Every pod of the batch created; a GPU pod planned for its own GPU or
+/// not at all, a CPU pod never. How many GPU pods were planned.
+fn judge_batch(s: &Stack, names: &[String], runs: Vec<Result<(), String>>) -> usize {
+    let mut planned = 0;
+    for (i, (name, r)) in names.iter().zip(runs).enumerate() {
+        r.unwrap_or_else(|e| panic!("{name} failed: {e}"));
+        let env = s.out(name, "env");
+        let got = cri::var(&env, "TORCH_CUDA_ARCH_LIST");
+        match (batch_want(i), got.as_deref()) {
+            (Some((_, want)), Some(got)) => {
+                assert_eq!(got, want, "{name}: {env}\n{}", s.lines_of(name));
+                planned += 1;
+            }
+            (Some(_), None) => {}
+            (None, got) => assert_eq!(got, None, "{name}, a CPU pod: {env}"),
+        }
+    }
+    planned
+}
+
 /// Pods made by kubelet's calls all at once, GPU and CPU; and across a
 /// restart of containerd, a stream of them, with gpuarchd's registration
 /// timed from the socket's return.
 fn churn(s: &mut Stack, suite: &str) {
     // All at once: each planned for its own GPU, the CPU pods untouched,
     // none failed.
-    const AT_ONCE: usize = 16;
-    let names: Vec<String> = (0..AT_ONCE)
-        .map(|i| format!("burst{i}-{}", std::process::id()))
-        .collect();
-    let wants = |i: usize| match i % 4 {
-        0 => Some(("0", "7.5")),
-        1 | 2 => Some(("1", "8.6")),
-        _ => None,
-    };
     let t = Instant::now();
-    let runs: Vec<Result<(), String>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = names
-            .iter()
-            .enumerate()
-            .map(|(i, name)| {
-                let (containerd, pods) = (&s.containerd, &s.pods);
-                scope.spawn(move || {
-                    let envs: Vec<(&str, &str)> = wants(i)
-                        .map(|(g, _)| ("NVIDIA_VISIBLE_DEVICES", g))
-                        .into_iter()
-                        .collect();
-                    let pod = cri::Pod {
-                        sock: &containerd.sock,
-                        pods,
-                        image: IMAGE,
-                        name,
-                        handler: "",
-                        envs: &envs,
-                        annotations: &[],
-                        devices: &[],
-                    };
-                    tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .unwrap()
-                        .block_on(pod.run("env > /out/env"))
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let names = batch_names("burst", 16);
+    let runs = pods_batch(&s.containerd, &s.pods, &names, Duration::ZERO, || {});
+    eprintln!("{suite}: {} pods at once in {:?}", names.len(), t.elapsed());
+    let planned = judge_batch(s, &names, runs);
+    assert_eq!(planned, 12, "every GPU pod planned");
+
+    // gpuarchd stalled for 1.5 s (SIGSTOP) while pods are created: NRI
+    // holds them (CPU pods too) until it answers, inside its 2 s.
+    let pid = nix::unistd::Pid::from_raw(s.node.daemon.as_ref().unwrap().id() as i32);
+    let names = batch_names("stall", 8);
+    let runs = pods_batch(&s.containerd, &s.pods, &names, Duration::ZERO, || {
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
     });
-    eprintln!("{suite}: {AT_ONCE} pods at once in {:?}", t.elapsed());
-    for (i, (name, r)) in names.iter().zip(runs).enumerate() {
-        r.unwrap_or_else(|e| panic!("{name}: {e}"));
-        let env = s.out(name, "env");
-        assert_eq!(
-            cri::var(&env, "TORCH_CUDA_ARCH_LIST").as_deref(),
-            wants(i).map(|(_, cc)| cc),
-            "{name}: {env}\n{}",
-            s.lines_of(name)
-        );
-    }
+    let planned = judge_batch(s, &names, runs);
+    eprintln!("{suite}: gpuarchd stopped 1.5 s: {planned} of 6 GPU pods planned, none failed");
+
+    // A stream of pods, one every 50 ms, across a restart of gpuarchd (as
+    // systemctl restart or a package upgrade does it): none fails, none is
+    // planned wrong; those of the gap start unplanned.
+    let names = batch_names("stream", 24);
+    let node = &mut s.node;
+    let runs = pods_batch(
+        &s.containerd,
+        &s.pods,
+        &names,
+        Duration::from_millis(50),
+        || {
+            std::thread::sleep(Duration::from_millis(300));
+            node.stop();
+            node.start(&[]);
+        },
+    );
+    s.wait_log(REGISTERED, 1);
+    let planned = judge_batch(s, &names, runs);
+    eprintln!(
+        "{suite}: pods started 50 ms apart across a gpuarchd restart: {planned} of 18 GPU pods planned"
+    );
+    assert!(
+        18 - planned <= 3,
+        "{} GPU pods unplanned across a restart",
+        18 - planned
+    );
 
     // containerd restarts: gpuarchd registers again as soon as its NRI
     // socket is back, and pods get the Plan.
