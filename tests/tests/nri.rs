@@ -598,11 +598,11 @@ fn churn(s: &mut Stack, suite: &str) {
     // All at once: each planned for its own GPU, the CPU pods untouched,
     // none failed.
     let t = Instant::now();
-    let names = batch_names("burst", 16);
+    let names = batch_names("burst", 48);
     let runs = pods_batch(&s.containerd, &s.pods, &names, Duration::ZERO, || {});
     eprintln!("{suite}: {} pods at once in {:?}", names.len(), t.elapsed());
     let planned = judge_batch(s, &names, runs);
-    assert_eq!(planned, 12, "every GPU pod planned");
+    assert_eq!(planned, 36, "every GPU pod planned");
 
     // gpuarchd stalled for 1.5 s (SIGSTOP) while pods are created: NRI
     // holds them (CPU pods too) until it answers, inside its 2 s.
