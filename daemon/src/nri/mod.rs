@@ -487,22 +487,7 @@ impl proto::nri_ttrpc::Plugin for Plugin {
                 warn!("NRI: {who}: planning failed ({e}); it starts unchanged");
                 return Ok(resp);
             }
-            Err(_) => {
-                let e = StartError::Late(limit);
-                return match run::verdict(&e, strict) {
-                    Verdict::Unchanged => {
-                        warn!("NRI: {who}: {e}; it starts unchanged");
-                        Ok(resp)
-                    }
-                    _ => {
-                        warn!("NRI: {who}: strict: refusing the start: {e}");
-                        Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
-                            ttrpc::Code::FAILED_PRECONDITION,
-                            format!("gpuarch: {e}"),
-                        )))
-                    }
-                };
-            }
+            Err(_) => return unplanned(&who, &StartError::Late(limit), strict).map(|()| resp),
         };
         match outcome {
             Ok(Outcome::Adjust(adj, mut plan)) => {
@@ -532,25 +517,29 @@ impl proto::nri_ttrpc::Plugin for Plugin {
             Ok(Outcome::Skipped(handler)) => {
                 debug!("NRI: {who}: runtime handler {handler} plans it itself");
             }
-            Err(e) => {
-                let e = StartError::from(e);
-                match run::verdict(&e, strict) {
-                    Verdict::Unchanged => {
-                        warn!("NRI: {who}: cannot plan: {e}; it starts unchanged");
-                    }
-                    v => {
-                        let why = if v == Verdict::Strict { "strict: " } else { "" };
-                        warn!("NRI: {who}: {why}refusing the start: {e}");
-                        return Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
-                            ttrpc::Code::FAILED_PRECONDITION,
-                            format!("gpuarch: {e}"),
-                        )));
-                    }
-                }
-            }
+            Err(e) => unplanned(&who, &StartError::from(e), strict)?,
         }
         Ok(resp)
     }
+}
+
+/// A start that `e` kept from being planned: by the runner's policy
+/// ([`run::verdict`]), it goes on unchanged (`Ok`) or is refused with
+/// gpuarch's reason, as kubelet shows it; said in the log either way.
+fn unplanned(who: &str, e: &StartError, strict: bool) -> ttrpc::Result<()> {
+    let why = match run::verdict(e, strict) {
+        Verdict::Unchanged => {
+            warn!("NRI: {who}: cannot plan: {e}; it starts unchanged");
+            return Ok(());
+        }
+        Verdict::Strict => "strict: ",
+        Verdict::Refused => "",
+    };
+    warn!("NRI: {who}: {why}refusing the start: {e}");
+    Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
+        ttrpc::Code::FAILED_PRECONDITION,
+        format!("gpuarch: {e}"),
+    )))
 }
 
 /// How a container is named in gpuarchd's lines.

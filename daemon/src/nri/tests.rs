@@ -197,22 +197,49 @@ async fn strict_refuses_through_the_runtime_and_a_flood_is_answered_in_time() {
     assert_eq!(env(&resp)["TORCH_CUDA_ARCH_LIST"], "8.6");
 }
 
-#[tokio::test]
+/// The time from `since` until the fake runtime's next plugin has
+/// registered.
+async fn registered_after(
+    rt: &FakeRuntime,
+    since: Instant,
+) -> (Duration, super::fake_runtime::Plugin) {
+    let p = rt.accept().await.unwrap();
+    (since.elapsed(), p)
+}
+
+/// gpuarchd registers again whenever the runtime comes back, at once
+/// however long it was gone (the socket's directory is watched, not
+/// polled), and after a peer that talks nonsense. A stop (a restart or an
+/// upgrade) ends the session and the loop at once: they waited out a 1 s
+/// retry timer, and every GPU pod of that second started unplanned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpuarchd_registers_again_after_the_runtime_goes_or_talks_nonsense() {
     let dir = tempfile::tempdir().unwrap();
     let s = shared(dir.path(), false);
     let sock = s.config().nri.socket.clone();
     let (stop_tx, stop) = watch::channel(false);
     let task = tokio::spawn(run(s.clone(), stop));
-    // Nothing listens yet: gpuarchd keeps trying.
+    // Nothing listens for 1.5 s: the backoff has grown to its 1 s.
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    let t = Instant::now();
     let rt = FakeRuntime::bind(&sock).unwrap();
-    drop(rt.accept().await.unwrap());
-    // A runtime restart: a new socket at the same path.
+    let (took, p) = registered_after(&rt, t).await;
+    assert!(
+        took < Duration::from_millis(100),
+        "registered {took:?} after the socket appeared"
+    );
+    drop(p);
+    // A runtime restart: gone 1.2 s, then a new socket at the same path.
     drop(rt);
     std::fs::remove_file(&sock).unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let t = Instant::now();
     let rt = FakeRuntime::bind(&sock).unwrap();
-    let p = rt.accept().await.unwrap();
+    let (took, p) = registered_after(&rt, t).await;
+    assert!(
+        took < Duration::from_millis(100),
+        "registered {took:?} after the socket came back"
+    );
     let (pod, c) = container(&["NVIDIA_VISIBLE_DEVICES=1"], &[]);
     assert_eq!(
         env(&p.create(&pod, &c).await.unwrap())["TORCH_CUDA_ARCH_LIST"],
@@ -238,62 +265,6 @@ async fn gpuarchd_registers_again_after_the_runtime_goes_or_talks_nonsense() {
     std::fs::remove_file(&sock).unwrap();
     let rt = FakeRuntime::bind(&sock).unwrap();
     let p = rt.accept().await.unwrap();
-    assert_eq!(
-        env(&p.create(&pod, &c).await.unwrap())["TORCH_CUDA_ARCH_LIST"],
-        "8.6"
-    );
-    // gpuarchd stopping ends the loop.
-    stop_tx.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
-}
-
-/// The time from `since` until the fake runtime's next plugin has
-/// registered.
-async fn registered_after(
-    rt: &FakeRuntime,
-    since: Instant,
-) -> (Duration, super::fake_runtime::Plugin) {
-    let p = rt.accept().await.unwrap();
-    (since.elapsed(), p)
-}
-
-/// A restart or an upgrade stops gpuarchd: the session and the loop end
-/// at once (they waited out a 1 s retry timer, and every GPU pod of that
-/// second started unplanned). And the runtime's socket coming back is
-/// answered at once, however long it was gone: the directory is watched,
-/// not polled.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stop_ends_at_once_and_the_runtimes_return_is_answered_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = shared(dir.path(), false);
-    let sock = s.config().nri.socket.clone();
-    let (stop_tx, stop) = watch::channel(false);
-    let task = tokio::spawn(run(s.clone(), stop));
-    // Nothing listens for 1.5 s: the backoff has grown to its 1 s.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let t = Instant::now();
-    let rt = FakeRuntime::bind(&sock).unwrap();
-    let (took, p) = registered_after(&rt, t).await;
-    assert!(
-        took < Duration::from_millis(100),
-        "registered {took:?} after the socket appeared"
-    );
-    // A runtime restart: gone 1.2 s, then a new socket at the same path.
-    drop(p);
-    drop(rt);
-    std::fs::remove_file(&sock).unwrap();
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    let t = Instant::now();
-    let rt = FakeRuntime::bind(&sock).unwrap();
-    let (took, p) = registered_after(&rt, t).await;
-    assert!(
-        took < Duration::from_millis(100),
-        "registered {took:?} after the socket came back"
-    );
-    let (pod, c) = container(&["NVIDIA_VISIBLE_DEVICES=1"], &[]);
     assert_eq!(
         env(&p.create(&pod, &c).await.unwrap())["TORCH_CUDA_ARCH_LIST"],
         "8.6"
