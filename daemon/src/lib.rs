@@ -13,6 +13,7 @@
 //!   removed through [`tree`] (by handle: a container wrote them);
 //! - [`nfd`]: Node Feature Discovery's labels file (`export.nfd`);
 //! - [`nri`]: the Plan for every pod's containers, as an NRI plugin;
+//! - [`handover`]: a restart without a gap (`SIGUSR2`);
 //! - [`sdnotify`], [`logging`]: systemd citizenship.
 //!
 //! gpuarchctl, its CLI, is the crate `gpuarch-ctl`; the records both
@@ -20,6 +21,7 @@
 
 pub mod audit;
 pub mod cache;
+pub mod handover;
 pub mod jit;
 pub mod logging;
 pub mod nfd;
@@ -51,7 +53,8 @@ use gpuarch_kernels::build::Fetch;
     version,
     about = "gpuarch's node daemon: the GPU inventory on D-Bus (io.gpuarch1) and in /run/gpuarch/inventory.json",
     after_help = "Config: --config, else GPUARCH_CONFIG, else /etc/gpuarch/config.yaml (absent: defaults); \
-changes apply without restart, and on SIGHUP. NVML: --nvml-lib, else GPUARCH_NVML_LIB, else libnvidia-ml.so.1. \
+changes apply without restart, and on SIGHUP. SIGUSR2: hand over to the program at gpuarchd's own path (after an \
+upgrade, the new one) without a gap, as the package's upgrades do. NVML: --nvml-lib, else GPUARCH_NVML_LIB, else libnvidia-ml.so.1. \
 Bus: the system bus, or DBUS_SYSTEM_BUS_ADDRESS."
 )]
 pub struct Args {
@@ -127,7 +130,8 @@ fn release_large_buffers() {
     }
 }
 
-/// Run the daemon until SIGTERM or SIGINT.
+/// Run the daemon until SIGTERM or SIGINT, or until a successor took
+/// over (SIGUSR2, [`handover`]).
 pub fn run(args: Args) -> Result<()> {
     release_large_buffers();
     if let Some(w) = logging::init(args.verbose) {
@@ -156,6 +160,7 @@ pub fn run(args: Args) -> Result<()> {
     let result = rt.block_on(serve(shared, nvml_lib));
     // A hung NVML read must not hold up the exit.
     rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    info!("stopped");
     result
 }
 
@@ -172,6 +177,12 @@ struct Running {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
+    usr2: tokio::signal::unix::Signal,
+    /// The program to start as a successor on `SIGUSR2` ([`handover`]).
+    program: Option<PathBuf>,
+    /// The successor started, once: this gpuarchd stops, exit 0, when it
+    /// takes the bus name.
+    successor: Option<u32>,
     cache: Option<Arc<cache::Cache>>,
     req_tx: mpsc::Sender<Request>,
     /// The bus's signals to gpuarchd's connection: its end, a lost name.
@@ -189,6 +200,8 @@ async fn start(shared: &Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<Runnin
     let term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+    let usr2 = signal(SignalKind::user_defined2()).context("SIGUSR2 handler")?;
+    let program = handover::program_at_start();
 
     let mut refresher = Refresher::new(shared.clone(), nvml_lib);
     // The first read before the name is taken: READY=1 means "answering,
@@ -198,6 +211,25 @@ async fn start(shared: &Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<Runnin
     shared.publish_config();
 
     let (req_tx, req_rx) = mpsc::channel::<Request>(64);
+    let (stop_tx, stop_rx) = tokio_watch::channel(false);
+    // NRI first: it needs the inventory, not the bus. A successor
+    // registers before it takes the bus name from the gpuarchd it
+    // replaces, so that one of the two is always registered.
+    let nri_task = tokio::spawn(nri::run(shared.clone(), stop_rx.clone()));
+    if let Some(old) = handover::predecessor() {
+        wait_registered(shared, handover::REGISTER_WITHIN).await;
+        let pid = old.pid;
+        info!(
+            "taking over from gpuarchd pid {pid} (NRI: {})",
+            shared.nri().state
+        );
+        // The old one makes this process the unit's main one, then this
+        // one takes the bus name (and with it, the old one's exit).
+        tokio::task::spawn_blocking(move || old.ready())
+            .await
+            .context("the handover")?
+            .with_context(|| format!("taking over from gpuarchd pid {pid}"))?;
+    }
     let kcfg = shared.config().kernels.clone();
     let cache = match cache::Cache::open(kcfg.clone(), shared.clone()) {
         Ok(c) => Some(c),
@@ -219,11 +251,9 @@ async fn start(shared: &Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<Runnin
         service::OBJECT_PATH
     );
 
-    let (stop_tx, stop_rx) = tokio_watch::channel(false);
     let refresh_task = tokio::spawn(refresher.run(req_rx, stop_rx.clone()));
     let config_watcher = watch::start(shared.clone(), req_tx.clone());
     tokio::spawn(jit_gc_every(shared.clone()));
-    let nri_task = tokio::spawn(nri::run(shared.clone(), stop_rx.clone()));
     tokio::spawn(audit::run(shared.clone(), stop_rx.clone()));
     if let Some(every) = sdnotify::watchdog_interval() {
         let mut stop = stop_rx.clone();
@@ -245,6 +275,9 @@ async fn start(shared: &Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<Runnin
         term,
         int,
         hup,
+        usr2,
+        program,
+        successor: None,
         cache,
         req_tx,
         lost,
@@ -279,6 +312,10 @@ async fn serve_until_stopped(shared: &Arc<Shared>, r: &mut Running) -> Result<()
                     // Another owner took the name: a second gpuarchd
                     // allowed to replace us. It answers from now on.
                     if msg.body().deserialize::<&str>().ok() == Some(service::BUS_NAME) {
+                        if let Some(pid) = r.successor {
+                            info!("the successor (pid {pid}) took {}; handing over", service::BUS_NAME);
+                            return Ok(());
+                        }
                         return Err(anyhow::anyhow!("lost the bus name {}", service::BUS_NAME));
                     }
                 }
@@ -310,6 +347,14 @@ async fn serve_until_stopped(shared: &Arc<Shared>, r: &mut Running) -> Result<()
                     }
                 }
             }
+            _ = r.usr2.recv() => match (&r.successor, &r.program) {
+                (Some(pid), _) => warn!("SIGUSR2: already handing over to pid {pid}"),
+                (None, None) => warn!("SIGUSR2: no successor: gpuarchd's own path is not known"),
+                (None, Some(program)) => match handover::spawn(program) {
+                    Ok(pid) => r.successor = Some(pid),
+                    Err(e) => warn!("SIGUSR2: cannot start {}: {e}; serving on", program.display()),
+                },
+            },
             _ = r.hup.recv() => {
                 info!("SIGHUP: reloading the config and the inventory");
                 let (tx, _rx) = tokio::sync::oneshot::channel();
@@ -325,13 +370,30 @@ async fn shutdown(shared: &Arc<Shared>, r: Running, outcome: &Result<()>) {
         Ok(()) => info!("stopping"),
         Err(e) => error!("{e}; stopping so that systemd restarts gpuarchd"),
     }
-    let _ = sdnotify::notify("STOPPING=1\nSTATUS=stopping");
+    // Handed over, the service is not stopping: the successor is its main
+    // process, and with NotifyAccess=all systemd would take our word.
+    if r.successor.is_none() {
+        let _ = sdnotify::notify("STOPPING=1\nSTATUS=stopping");
+    }
     let _ = r.stop_tx.send(true);
     // The refresher stops between steps; a snapshot write in progress
     // finishes (it is a rename, so the file is whole either way).
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), r.refresh_task).await;
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), r.nri_task).await;
     shared.set_buses(Vec::new());
+}
+
+/// Until NRI is registered, off, or `limit` has passed.
+async fn wait_registered(shared: &Shared, limit: std::time::Duration) {
+    let until = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < until {
+        let state = shared.nri().state;
+        if state.starts_with("registered") || state.starts_with("off") {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    warn!("not registered with NRI {limit:?} after start; taking over all the same");
 }
 
 /// How many incoming messages gpuarchd holds before it has handled them;

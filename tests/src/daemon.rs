@@ -34,6 +34,9 @@ pub struct Node {
     bus: Child,
     pub address: String,
     pub daemon: Option<Child>,
+    /// After [`Node::handover`]: the gpuarchd that took over, a child of
+    /// this process only as its subreaper.
+    pub successor: Option<i32>,
     notify: UnixDatagram,
     /// Every sd_notify datagram received so far.
     pub notes: Vec<String>,
@@ -152,6 +155,7 @@ impl Node {
             bus,
             address,
             daemon: None,
+            successor: None,
             notify,
             notes: Vec::new(),
             bounding_set: None,
@@ -285,15 +289,54 @@ impl Node {
 
     /// SIGTERM; the exit status and how long it took.
     pub fn stop(&mut self) -> (std::process::ExitStatus, Duration) {
-        let mut child = self.daemon.take().unwrap();
         let t0 = Instant::now();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
+        if let Some(pid) = self.successor.take() {
+            signal(pid, nix::sys::signal::Signal::SIGTERM);
+            return (wait_pid(pid), t0.elapsed());
+        }
+        let mut child = self.daemon.take().unwrap();
+        signal(child.id() as i32, nix::sys::signal::Signal::SIGTERM);
         let status = child.wait().unwrap();
         (status, t0.elapsed())
+    }
+
+    /// The running gpuarchd's pid.
+    pub fn pid(&self) -> i32 {
+        self.daemon
+            .as_ref()
+            .map(|c| c.id() as i32)
+            .or(self.successor)
+            .expect("gpuarchd is not running")
+    }
+
+    /// SIGUSR2, as the package's upgrade sends it: gpuarchd starts its
+    /// successor, which says `MAINPID=` once registered with NRI and takes
+    /// the bus name; the old one then exits. Returns the old one's exit
+    /// status; the successor is the running gpuarchd from then on.
+    pub fn handover(&mut self) -> std::process::ExitStatus {
+        // The successor is the old gpuarchd's child: made this process's
+        // when the old one exits, so that it can be waited for.
+        // SAFETY: prctl with plain integer arguments.
+        let r = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+        assert_eq!(r, 0, "PR_SET_CHILD_SUBREAPER");
+        let old = self.pid();
+        self.notes.clear();
+        signal(old, nix::sys::signal::Signal::SIGUSR2);
+        self.wait_note("MAINPID=", Duration::from_secs(10));
+        let successor: i32 = self
+            .notes
+            .iter()
+            .flat_map(|n| n.lines())
+            .find_map(|l| l.strip_prefix("MAINPID="))
+            .and_then(|p| p.parse().ok())
+            .expect("MAINPID=<pid>");
+        assert_ne!(successor, old, "{:?}", self.notes);
+        let status = match self.daemon.take() {
+            Some(mut c) => c.wait().unwrap(),
+            None => wait_pid(old),
+        };
+        self.successor = Some(successor);
+        status
     }
 
     /// gpuarchctl as root, or as nobody with `groups` (setpriv).
@@ -361,9 +404,28 @@ impl Drop for Node {
             let _ = d.kill();
             let _ = d.wait();
         }
+        if let Some(pid) = self.successor.take() {
+            signal(pid, nix::sys::signal::Signal::SIGKILL);
+            wait_pid(pid);
+        }
         let _ = self.bus.kill();
         let _ = self.bus.wait();
     }
+}
+
+fn signal(pid: i32, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig)
+        .unwrap_or_else(|e| panic!("{sig} to {pid}: {e}"));
+}
+
+/// Wait for `pid`, a child of this process or an orphan it reaps.
+fn wait_pid(pid: i32) -> std::process::ExitStatus {
+    use std::os::unix::process::ExitStatusExt;
+    let mut status = 0;
+    // SAFETY: a plain syscall with a pointer to a live local.
+    let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(r, pid, "waitpid {pid}: {}", std::io::Error::last_os_error());
+    std::process::ExitStatus::from_raw(status)
 }
 
 pub fn block_on<F: std::future::Future>(f: F) -> F::Output {

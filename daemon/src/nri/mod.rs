@@ -15,6 +15,7 @@
 //! [`ANSWER_WITHIN`].
 
 mod adjust;
+pub mod claims;
 pub mod image;
 pub mod mux;
 
@@ -259,6 +260,7 @@ async fn session(
         answer_within: std::sync::Mutex::new(ANSWER_WITHIN),
         hook_path: hook_path(),
         images: Arc::new(image::Images::new(&cfg.containerd, &cfg.snapshotters)),
+        claims: claims::path_beside(&shared.snapshot_path),
     };
     let service = proto::nri_ttrpc::create_plugin(Arc::new(plugin));
     let mut server = ttrpc::r#async::Server::new()
@@ -362,6 +364,8 @@ struct Plugin {
     hook_path: Option<PathBuf>,
     /// Where the containers' images are read from.
     images: Arc<image::Images>,
+    /// The claims file ([`claims`]).
+    claims: PathBuf,
 }
 
 #[async_trait::async_trait]
@@ -491,6 +495,19 @@ impl proto::nri_ttrpc::Plugin for Plugin {
         };
         match outcome {
             Ok(Outcome::Adjust(adj, mut plan)) => {
+                // While another gpuarchd is registered (a handover), the
+                // first to claim the container plans it.
+                match claims::claim(&self.claims, &container.id) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        debug!("NRI: {who}: planned by the other gpuarchd (a handover)");
+                        return Ok(resp);
+                    }
+                    Err(e) => warn!(
+                        "NRI: {who}: cannot claim it in {} ({e}); planning it all the same",
+                        self.claims.display()
+                    ),
+                }
                 plan.container.id = Some(container.id.clone());
                 info!(
                     "NRI: {who}: {} ({} µs)",
