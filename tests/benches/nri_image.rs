@@ -1,7 +1,7 @@
 //! How long gpuarchd takes to answer NRI's CreateContainer when it reads
 //! the container's image, under a real containerd 2.1 (the sid engine
 //! root, overlayfs) holding the three-layer Python image of
-//! `tests/tests/nri.rs`. Each container is made with `ctr containers
+//! `tests/tests/nri/`. Each container is made with `ctr containers
 //! create`, which prepares its snapshot under its id as CRI does; the
 //! runtime's side of NRI is `fake_runtime`, naming itself containerd, so
 //! gpuarchd asks the real containerd for each snapshot's layers.

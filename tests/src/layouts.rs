@@ -1,7 +1,7 @@
 //! What `tests/fixtures/images/layouts` holds (every place real images keep
 //! Python), as the hook's line on the image's consumers names it, for the
 //! tests that read it through each way in: runc and podman
-//! (tests/containers.rs), Docker (tests/engines.rs) and NRI (tests/nri.rs).
+//! (tests/containers.rs), Docker (tests/engines.rs) and NRI (tests/nri/).
 
 /// The image's process env: uv's venv first on PATH, as uv's images set it.
 pub const ENV: [&str; 2] = [
