@@ -59,6 +59,12 @@ impl Pod<'_> {
     /// directory [`Pod::out`] at `/out`, to its end; the pod is removed
     /// after. `Err`: what CreateContainer answered when it refused.
     pub async fn run(&self, script: &str) -> Result<(), String> {
+        self.run_timed(script).await.map(|_| ())
+    }
+
+    /// [`Pod::run`], and how long CreateContainer took (kubelet's call,
+    /// NRI's plugins within it).
+    pub async fn run_timed(&self, script: &str) -> Result<Duration, String> {
         let mut c = client(self.sock).await;
         let out = self.out();
         std::fs::create_dir_all(&out).unwrap();
@@ -132,6 +138,7 @@ impl Pod<'_> {
             log_path: "probe.log".into(),
             ..Default::default()
         };
+        let t = Instant::now();
         let created = c
             .create_container(CreateContainerRequest {
                 pod_sandbox_id: pod.clone(),
@@ -139,6 +146,7 @@ impl Pod<'_> {
                 sandbox_config: Some(sandbox),
             })
             .await;
+        let took = t.elapsed();
         let result = match created {
             Err(s) => Err(s.message().to_owned()),
             Ok(r) => {
@@ -167,7 +175,7 @@ impl Pod<'_> {
                     assert!(t.elapsed() < Duration::from_secs(60), "{st:?}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-                Ok(())
+                Ok(took)
             }
         };
         c.stop_pod_sandbox(StopPodSandboxRequest {
