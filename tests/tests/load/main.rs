@@ -513,7 +513,8 @@ fn fifty_containers_at_once_each_get_their_own_plan() {
         };
         s.bundle_cmd("runc", &bundle, kind != Kind::Plain, cfg)
     };
-    let mut runc = measure("runc", RUNC_ROUNDS, &runc_kinds, &prewarm, &uuids, runc_cmd);
+    let measure_runc = || measure("runc", RUNC_ROUNDS, &runc_kinds, &prewarm, &uuids, runc_cmd);
+    let mut runc = measure_runc();
     // podman, with the shipped hooks.d file or an empty hooks dir.
     let podman_kinds = [Kind::Plain, Kind::Gpuarch];
     let podman_cmd = |i, kind| {
@@ -529,14 +530,17 @@ fn fifty_containers_at_once_each_get_their_own_plan() {
         };
         s.podman_cmd(dir, &rootfs_of(&s, kind, i), &args)
     };
-    let mut podman = measure(
-        "podman",
-        PODMAN_ROUNDS,
-        &podman_kinds,
-        &prewarm,
-        &uuids,
-        podman_cmd,
-    );
+    let measure_podman = || {
+        measure(
+            "podman",
+            PODMAN_ROUNDS,
+            &podman_kinds,
+            &prewarm,
+            &uuids,
+            podman_cmd,
+        )
+    };
+    let mut podman = measure_podman();
 
     let runc_added = runc.report("runc behind gpuarch-runtime");
     let podman_added = podman.report("podman with the precreate hook");
@@ -554,22 +558,13 @@ fn fifty_containers_at_once_each_get_their_own_plan() {
     let over = |added: &[Added]| added.iter().any(|a| a.start >= START_GUARD);
     let runc_start = if over(&runc_added) {
         eprintln!("runc: a start figure over the guard; measuring again");
-        measure("runc", RUNC_ROUNDS, &runc_kinds, &prewarm, &uuids, runc_cmd)
-            .report("runc behind gpuarch-runtime, again")
+        measure_runc().report("runc behind gpuarch-runtime, again")
     } else {
         runc_added.clone()
     };
     let podman_start = if over(&podman_added) {
         eprintln!("podman: a start figure over the guard; measuring again");
-        measure(
-            "podman",
-            PODMAN_ROUNDS,
-            &podman_kinds,
-            &prewarm,
-            &uuids,
-            podman_cmd,
-        )
-        .report("podman with the precreate hook, again")
+        measure_podman().report("podman with the precreate hook, again")
     } else {
         podman_added
     };
