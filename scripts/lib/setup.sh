@@ -90,6 +90,31 @@ ensure_flashinfer_wheels() {
     export GPUARCH_FLASHINFER_CUBIN_WHEEL="$cubin" GPUARCH_FLASHINFER_PYTHON_WHEEL="$python"
 }
 
+# Real wheels for the image audit's checks against cuobjdump
+# (tests/tests/audit.rs), each unpacked where an image keeps pip's
+# packages: .local/audit-images/NAME/usr/local/lib/python3.12/site-packages.
+# bitsandbytes 0.45.5 (76 MB): a library per CUDA release, 11.7 to 12.8, each
+# with SASS for its own set of GPUs and no PTX. Downloaded once. Exports
+# GPUARCH_BNB_IMAGE.
+BNB_VERSION=0.45.5
+ensure_audit_images() {
+    local dir="$PWD/.local/audit-images/bitsandbytes-$BNB_VERSION"
+    local site="$dir/usr/local/lib/python3.12/site-packages"
+    if ! [ -f "$dir/installed" ]; then
+        python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
+        rm -rf "$dir"
+        mkdir -p "$site"
+        echo "downloading bitsandbytes $BNB_VERSION (about 76 MB)" >&2
+        python3 -m pip download -q --no-deps --only-binary=:all: \
+            --platform manylinux_2_24_x86_64 --python-version 3.12 \
+            --dest "$dir/wheel" "bitsandbytes==$BNB_VERSION"
+        python3 -m zipfile -e "$dir"/wheel/*.whl "$site"
+        rm -rf "$dir/wheel"
+        touch "$dir/installed"
+    fi
+    export GPUARCH_BNB_IMAGE="$dir"
+}
+
 # A venv of Debian's python3 holding torch and the CUDA 13 toolkit from
 # PyPI (scripts/lib/torch-image.txt), for the container half of
 # scripts/gpu-check part 7 where there is no GPU: torch's own

@@ -2,8 +2,9 @@
 //! `gpuarchctl audit` on real binaries: a library nvcc (from NVIDIA's
 //! wheels) builds for sm_75 alone inside an xformers-shaped package, judged
 //! on the RTX 2080 Ti + RTX 3090 fixture (issue "image audit", seed 000);
-//! and the real torch, cuBLAS, cuFFT and NCCL wheels of the torch image,
-//! every verdict's targets held to NVIDIA's cuobjdump.
+//! and the real torch, cuBLAS, cuFFT and NCCL wheels of the torch image
+//! and bitsandbytes' wheel, every verdict's targets held to NVIDIA's
+//! cuobjdump.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -18,13 +19,25 @@ use gpuarch_tests::audit::{SITE, nvcc_library, xformers_in};
 /// The SASS and PTX targets cuobjdump lists in `file` (`sm_75`,
 /// `compute_80`).
 fn cuobjdump_targets(file: &Path) -> BTreeSet<String> {
+    cuobjdump_listed(file, &[]).0
+}
+
+/// [`cuobjdump_targets`] with more of cuobjdump's options (`-all`: every
+/// section of an ELF host binary, where some keep their PTX), and the
+/// fatal error cuobjdump stopped at, if it did.
+fn cuobjdump_listed(file: &Path, options: &[&str]) -> (BTreeSet<String>, Option<String>) {
     let cuda = gpuarch_tests::cuda_dir().expect("the NVIDIA wheels");
     let o = Command::new(cuda.join("cu13/bin/cuobjdump"))
+        .args(options)
         .args(["--list-elf", "--list-ptx"])
         .arg(file)
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&o.stdout);
+    let fatal = String::from_utf8_lossy(&o.stderr)
+        .lines()
+        .find(|l| l.contains("fatal"))
+        .map(str::to_owned);
     let mut out = BTreeSet::new();
     for line in text.lines() {
         // "ELF file    1: _C.1.sm_75.cubin", "PTX file    2: _C.2.sm_80.ptx"
@@ -40,7 +53,7 @@ fn cuobjdump_targets(file: &Path) -> BTreeSet<String> {
             out.insert(arch.replace("sm_", "compute_"));
         }
     }
-    out
+    (out, fatal)
 }
 
 fn audit(args: &[&str]) -> (Output, Value) {
@@ -216,6 +229,110 @@ fn the_torch_images_wheels_are_audited_as_cuobjdump_reads_them() {
         .collect();
     assert_eq!(cannot, [linalg["path"].as_str().unwrap()], "{text}");
     assert!(text.contains("capability 9.0: runs all of them"), "{text}");
+}
+
+/// bitsandbytes 0.45.5 from PyPI, as an image keeps it: a library per CUDA
+/// release. Those for CUDA 11.7 to 12.6 carry SASS from sm_50 to sm_86 or
+/// sm_90 and the PTX of the last (which cuobjdump lists only with `-all`),
+/// the one for CUDA 12.8 SASS from sm_70 to sm_120: a Pascal GPU (6.1)
+/// cannot run that one, and a Blackwell one (12.0) runs it from SASS and
+/// the others by PTX JIT. cuobjdump 13.5 reads seven of the ten whole; in
+/// the CUDA 12.0 to 12.2 ones it stops at "Invalid ELF" after four cubins.
+#[test]
+fn the_bitsandbytes_wheel_is_audited_as_cuobjdump_reads_it() {
+    let Some(image) = std::env::var_os("GPUARCH_BNB_IMAGE") else {
+        gpuarch_tests::skip(
+            "GPUARCH_BNB_IMAGE names no image (scripts/test unpacks bitsandbytes' wheel)",
+        );
+        return;
+    };
+    let image = std::path::PathBuf::from(image);
+    if gpuarch_tests::cuda_dir().is_none() {
+        return;
+    }
+    let (o, doc) = audit(&["audit", image.to_str().unwrap(), "--cap", "6.1,8.6,12.0"]);
+    let text = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{text}");
+    let binaries = doc["binaries"].as_array().unwrap();
+    let libs: Vec<&Value> = binaries
+        .iter()
+        .filter(|b| {
+            b["path"]
+                .as_str()
+                .unwrap()
+                .contains("/libbitsandbytes_cuda")
+        })
+        .collect();
+    assert_eq!(libs.len(), 10, "{text}");
+    assert_eq!(
+        binaries.len(),
+        10,
+        "the CPU library carries no GPU code: {text}"
+    );
+    let code_of = |b: &Value| -> BTreeSet<String> {
+        b["code"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let cuda124 = libs
+        .iter()
+        .find(|b| b["path"].as_str().unwrap().ends_with("cuda124.so"))
+        .map(|b| code_of(b))
+        .unwrap();
+    let mut compared = 0;
+    for b in libs {
+        let path = b["path"].as_str().unwrap();
+        assert_eq!(b["owner"], "bitsandbytes 0.45.5", "{b}");
+        let code = code_of(b);
+        let on_host = image.join(path.trim_start_matches('/'));
+        match cuobjdump_listed(&on_host, &["-all"]) {
+            (listed, None) => {
+                assert_eq!(code, listed, "{path}");
+                compared += 1;
+            }
+            // cuobjdump 13.5 stops at "Invalid ELF" in the CUDA 12.0 to
+            // 12.2 libraries after their first four cubins: what it listed
+            // is the audit's, and the rest is the same build matrix as
+            // CUDA 12.4's, which it reads whole.
+            (listed, Some(fatal)) => {
+                assert!(listed.is_subset(&code), "{path}: {listed:?} {fatal}");
+                assert_eq!(code, cuda124, "{path}: {fatal}");
+            }
+        }
+        let runs: Vec<&str> = b["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["runs"].as_str().unwrap())
+            .collect();
+        if path.ends_with("cuda128.so") {
+            assert!(!code.contains("sm_61") && code.contains("sm_120"), "{b}");
+            assert_eq!(runs, ["no", "sass", "sass"], "{b}");
+        } else {
+            // 11.7's PTX is compute_86, the others' compute_90.
+            assert!(code.contains("sm_61"), "{b}");
+            assert!(code.iter().any(|c| c.starts_with("compute_")), "{b}");
+            assert!(
+                !code
+                    .iter()
+                    .any(|c| c.ends_with("_100") || c.ends_with("_120")),
+                "{b}"
+            );
+            assert_eq!(runs, ["sass", "sass", "jit"], "{b}");
+        }
+    }
+    assert!(compared >= 7, "cuobjdump read {compared} of the 10 whole");
+    assert!(
+        text.contains("capability 6.1: cannot run 1 of them"),
+        "{text}"
+    );
+    assert!(
+        text.contains("capability 12.0: runs all of them (1 from SASS, 9 by PTX JIT)"),
+        "{text}"
+    );
 }
 
 /// The hook on `root` for GPU `gpu` of the node's 2080 Ti + 3090, with the
