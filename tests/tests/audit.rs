@@ -79,6 +79,16 @@ fn audit(args: &[&str]) -> (Output, Value) {
     (text, doc)
 }
 
+/// The SASS and PTX targets the audit lists for binary `b`.
+fn code_of(b: &Value) -> BTreeSet<String> {
+    b["code"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_owned())
+        .collect()
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -184,14 +194,7 @@ fn the_torch_images_wheels_are_audited_as_cuobjdump_reads_them() {
             .find(|b| b["path"].as_str().unwrap().ends_with(suffix))
             .unwrap_or_else(|| panic!("no {suffix} in {text}"))
     };
-    let code = |b: &Value| -> BTreeSet<String> {
-        b["code"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c.as_str().unwrap().to_owned())
-            .collect()
-    };
+    let code = code_of;
     let on_host = |b: &Value| venv.join(b["path"].as_str().unwrap().trim_start_matches('/'));
     // libtorch_cuda.so (441 MiB, 14 s of cuobjdump here) is held to
     // cuobjdump on the GPU host, by scripts/gpu-check part 3.
@@ -269,14 +272,6 @@ fn the_bitsandbytes_wheel_is_audited_as_cuobjdump_reads_it() {
         10,
         "the CPU library carries no GPU code: {text}"
     );
-    let code_of = |b: &Value| -> BTreeSet<String> {
-        b["code"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c.as_str().unwrap().to_owned())
-            .collect()
-    };
     let cuda124 = libs
         .iter()
         .find(|b| b["path"].as_str().unwrap().ends_with("cuda124.so"))
