@@ -25,9 +25,12 @@ use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::{info, warn};
+
+use crate::state::Shared;
 
 /// Set in the successor's environment: the old gpuarchd's pid.
 pub const ENV: &str = "GPUARCH_HANDOVER";
@@ -107,7 +110,40 @@ impl Predecessor {
 /// Start `program` with this process's arguments as its successor and
 /// lead the handover from this side on a thread of its own; the
 /// successor's pid.
-pub fn spawn(program: &Path) -> std::io::Result<u32> {
+pub fn spawn(program: &Path, shared: Arc<Shared>) -> std::io::Result<u32> {
+    // From before the successor can register until this one exits, or
+    // the successor did not take over.
+    shared.set_claiming(true);
+    let spawned = start(program);
+    if spawned.is_err() {
+        shared.set_claiming(false);
+    }
+    let (mut child, ours) = spawned?;
+    let pid = child.id();
+    info!(
+        "SIGUSR2: started {} (pid {pid}) to take over; serving until it has",
+        program.display()
+    );
+    std::thread::spawn(move || {
+        match lead(ours, pid, crate::sdnotify::notify) {
+            Ok(()) => info!("the successor (pid {pid}) is ready: it is the main process now"),
+            Err(e) => {
+                warn!("the successor (pid {pid}) did not take over: {e}; serving on");
+                let _ = child.kill();
+                shared.set_claiming(false);
+            }
+        }
+        match child.wait() {
+            Ok(s) => warn!("the successor gpuarchd (pid {pid}) ended while this one serves: {s}"),
+            Err(e) => warn!("the successor gpuarchd (pid {pid}): {e}"),
+        }
+    });
+    Ok(pid)
+}
+
+/// `program` started with this process's arguments and the socket at fd 3;
+/// this side of the socket.
+fn start(program: &Path) -> std::io::Result<(std::process::Child, UnixStream)> {
     let (ours, theirs) = UnixStream::pair()?;
     let fd = theirs.as_raw_fd();
     let mut cmd = std::process::Command::new(program);
@@ -131,27 +167,9 @@ pub fn spawn(program: &Path) -> std::io::Result<u32> {
             Ok(())
         });
     }
-    let mut child = cmd.spawn()?;
+    let child = cmd.spawn()?;
     drop(theirs);
-    let pid = child.id();
-    info!(
-        "SIGUSR2: started {} (pid {pid}) to take over; serving until it has",
-        program.display()
-    );
-    std::thread::spawn(move || {
-        match lead(ours, pid, crate::sdnotify::notify) {
-            Ok(()) => info!("the successor (pid {pid}) is ready: it is the main process now"),
-            Err(e) => {
-                warn!("the successor (pid {pid}) did not take over: {e}; serving on");
-                let _ = child.kill();
-            }
-        }
-        match child.wait() {
-            Ok(s) => warn!("the successor gpuarchd (pid {pid}) ended while this one serves: {s}"),
-            Err(e) => warn!("the successor gpuarchd (pid {pid}): {e}"),
-        }
-    });
-    Ok(pid)
+    Ok((child, ours))
 }
 
 /// The old gpuarchd's side: wait for `ready`, make the successor the

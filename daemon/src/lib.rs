@@ -215,8 +215,11 @@ async fn start(shared: &Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<Runnin
     // NRI first: it needs the inventory, not the bus. A successor
     // registers before it takes the bus name from the gpuarchd it
     // replaces, so that one of the two is always registered.
+    let predecessor = handover::predecessor();
+    // Registered beside the old one, this one claims before it adjusts.
+    shared.set_claiming(predecessor.is_some());
     let nri_task = tokio::spawn(nri::run(shared.clone(), stop_rx.clone()));
-    if let Some(old) = handover::predecessor() {
+    if let Some(old) = predecessor {
         wait_registered(shared, handover::REGISTER_WITHIN).await;
         let pid = old.pid;
         info!(
@@ -229,6 +232,7 @@ async fn start(shared: &Arc<Shared>, nvml_lib: Option<PathBuf>) -> Result<Runnin
             .await
             .context("the handover")?
             .with_context(|| format!("taking over from gpuarchd pid {pid}"))?;
+        tokio::spawn(claim_until_gone(shared.clone(), pid));
     }
     let kcfg = shared.config().kernels.clone();
     let cache = match cache::Cache::open(kcfg.clone(), shared.clone()) {
@@ -350,7 +354,7 @@ async fn serve_until_stopped(shared: &Arc<Shared>, r: &mut Running) -> Result<()
             _ = r.usr2.recv() => match (&r.successor, &r.program) {
                 (Some(pid), _) => warn!("SIGUSR2: already handing over to pid {pid}"),
                 (None, None) => warn!("SIGUSR2: no successor: gpuarchd's own path is not known"),
-                (None, Some(program)) => match handover::spawn(program) {
+                (None, Some(program)) => match handover::spawn(program, shared.clone()) {
                     Ok(pid) => r.successor = Some(pid),
                     Err(e) => warn!("SIGUSR2: cannot start {}: {e}; serving on", program.display()),
                 },
@@ -371,7 +375,7 @@ async fn shutdown(shared: &Arc<Shared>, r: Running, outcome: &Result<()>) {
         Err(e) => error!("{e}; stopping so that systemd restarts gpuarchd"),
     }
     // Handed over, the service is not stopping: the successor is its main
-    // process, and with NotifyAccess=all systemd would take our word.
+    // process, and STOPPING=1 is not this one's to say.
     if r.successor.is_none() {
         let _ = sdnotify::notify("STOPPING=1\nSTATUS=stopping");
     }
@@ -381,6 +385,18 @@ async fn shutdown(shared: &Arc<Shared>, r: Running, outcome: &Result<()>) {
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), r.refresh_task).await;
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), r.nri_task).await;
     shared.set_buses(Vec::new());
+}
+
+/// Claim NRI adjustments until the old gpuarchd, this one's parent, has
+/// exited (this process is then another's child): from then on this one
+/// is the only one registered.
+async fn claim_until_gone(shared: Arc<Shared>, old: u32) {
+    let old = nix::unistd::Pid::from_raw(old as i32);
+    while nix::unistd::getppid() == old {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    shared.set_claiming(false);
+    info!("gpuarchd pid {old} has exited; NRI adjustments are no longer claimed");
 }
 
 /// Until NRI is registered, off, or `limit` has passed.

@@ -106,6 +106,10 @@ pub struct Shared {
     /// where it could be made; empty while the bus is down. Replaced when
     /// gpuarchd reconnects after a dbus-daemon restart.
     bus: RwLock<Vec<zbus::Connection>>,
+    /// While two gpuarchds may both be registered with NRI (a handover,
+    /// [`crate::handover`]): each adjustment is claimed first
+    /// ([`crate::nri::claims`]).
+    claiming: std::sync::atomic::AtomicBool,
 }
 
 fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
@@ -133,12 +137,22 @@ impl Shared {
             nvml_library: gpuarch_inventory::DEFAULT_NVML_LIB.to_owned(),
             bus: RwLock::new(Vec::new()),
             nri: RwLock::new(NriStatus::default()),
+            claiming: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     /// What the NRI plugin is doing now.
     pub fn nri(&self) -> NriStatus {
         read(&self.nri).clone()
+    }
+
+    /// Whether NRI adjustments are claimed first (a handover is under way).
+    pub fn claiming(&self) -> bool {
+        self.claiming.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub fn set_claiming(&self, on: bool) {
+        self.claiming.store(on, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The NRI plugin's state changed ([`NriStatus::state`]).

@@ -3,8 +3,11 @@
 //! gpuarchd registers before the old one leaves, and NRI calls both for
 //! each container, one after the other. Two adjustments of the same
 //! variables fail the container's creation (NRI's conflict check), so
-//! each adjustment is first claimed here: the first gpuarchd to claim a
-//! container plans it, the other answers without an adjustment.
+//! while a handover is under way (`Shared::claiming`: the old gpuarchd
+//! from the SIGUSR2 on, the successor until the old one has exited) each
+//! adjustment is first claimed here: the first gpuarchd to claim a
+//! container plans it, the other answers without an adjustment. A lone
+//! gpuarchd claims nothing (a claim costs about 40 µs).
 //!
 //! One file beside the snapshot (`/run/gpuarch/nri-claims`, root's),
 //! under an exclusive `flock`: the last [`MAX_CLAIMS`] claims, a line
@@ -12,8 +15,7 @@
 //! that process claimed it in the last [`WINDOW`]: one creation's calls
 //! to both come within NRI's timeouts, and a later container of the same
 //! id (`ctr run ID` again) is a new one. A claim is one open, lock, read
-//! of at most [`MAX_BYTES`] and write; with one gpuarchd it always
-//! succeeds.
+//! of at most [`MAX_BYTES`] and write.
 
 use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};

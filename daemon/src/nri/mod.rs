@@ -495,18 +495,20 @@ impl proto::nri_ttrpc::Plugin for Plugin {
         };
         match outcome {
             Ok(Outcome::Adjust(adj, mut plan)) => {
-                // While another gpuarchd is registered (a handover), the
-                // first to claim the container plans it.
-                match claims::claim(&self.claims, &container.id) {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        debug!("NRI: {who}: planned by the other gpuarchd (a handover)");
-                        return Ok(resp);
+                // While another gpuarchd may be registered (a handover),
+                // the first to claim the container plans it.
+                if self.shared.claiming() {
+                    match claims::claim(&self.claims, &container.id) {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            debug!("NRI: {who}: planned by the other gpuarchd (a handover)");
+                            return Ok(resp);
+                        }
+                        Err(e) => warn!(
+                            "NRI: {who}: cannot claim it in {} ({e}); planning it all the same",
+                            self.claims.display()
+                        ),
                     }
-                    Err(e) => warn!(
-                        "NRI: {who}: cannot claim it in {} ({e}); planning it all the same",
-                        self.claims.display()
-                    ),
                 }
                 plan.container.id = Some(container.id.clone());
                 info!(

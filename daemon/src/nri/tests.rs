@@ -331,3 +331,42 @@ async fn a_mute_containerd_is_answered_by_the_watchdog_in_time() {
         .unwrap()
         .unwrap();
 }
+
+/// During a handover (claiming on) a container the other gpuarchd claimed
+/// first gets no adjustment from this one, and one it did not is claimed
+/// and planned; with one gpuarchd (claiming off, the usual case) the
+/// claims file is neither read nor written.
+#[tokio::test]
+async fn during_a_handover_a_container_the_other_gpuarchd_claimed_is_left_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = shared(dir.path(), false);
+    let rt = FakeRuntime::bind(&s.config().nri.socket).unwrap();
+    let (_stop_tx, stop) = watch::channel(false);
+    tokio::spawn(run(s.clone(), stop));
+    let p = rt.accept().await.unwrap();
+    let (pod, c) = container(&["NVIDIA_VISIBLE_DEVICES=1"], &[]);
+    let file = claims::path_beside(&s.snapshot_path);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let other = format!("{now} 1 {}\n", c.id);
+    std::fs::write(&file, &other).unwrap();
+
+    let got = env(&p.create(&pod, &c).await.unwrap());
+    assert_eq!(got["TORCH_CUDA_ARCH_LIST"], "8.6");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), other);
+
+    s.set_claiming(true);
+    assert!(env(&p.create(&pod, &c).await.unwrap()).is_empty());
+    let (pod, mut mine) = container(&["NVIDIA_VISIBLE_DEVICES=0"], &[]);
+    mine.id = "fedcba9876543210".repeat(4);
+    let got = env(&p.create(&pod, &mine).await.unwrap());
+    assert_eq!(got["TORCH_CUDA_ARCH_LIST"], "7.5");
+    let kept = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        kept.lines()
+            .any(|l| l.ends_with(&format!(" {} {}", std::process::id(), mine.id))),
+        "{kept}"
+    );
+}
