@@ -31,11 +31,13 @@ use std::io::Read as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use gpuarch_container::audit::Source;
+use gpuarch_container::image::{Files, Layers};
 use gpuarch_container::rootfs::Root;
 use gpuarch_core::audit::{Binary, ImageAudit, SCHEMA, candidate};
 use gpuarch_core::oci::ContainerView;
 use gpuarch_kernels::inspect::{self, InspectError};
-use nix::dir::{Dir, Type};
+use nix::dir::Type;
 use nix::errno::Errno;
 
 /// The audit's bounds.
@@ -76,9 +78,10 @@ const MAX_LIBRARY_DIRS: usize = 32;
 const DISCOVERY_TIME: Duration = Duration::from_secs(10);
 const DISCOVERY_ENTRIES: usize = 1 << 20;
 
-/// Audit the image at `root` for the process of `view` (its env and user
-/// decide which environments and caches are its own).
-pub fn audit(root: &Root, view: &ContainerView, limits: &Limits) -> ImageAudit {
+/// Audit the image `root` (a rootfs or a snapshot's layers) for the
+/// process of `view` (its env and user decide which environments and
+/// caches are its own).
+pub fn audit(root: Files<'_>, view: &ContainerView, limits: &Limits) -> ImageAudit {
     let start = Instant::now();
     let mut a = Auditor {
         root,
@@ -90,12 +93,7 @@ pub fn audit(root: &Root, view: &ContainerView, limits: &Limits) -> ImageAudit {
             ..Default::default()
         },
     };
-    match gpuarch_container::image::sites(
-        root,
-        view,
-        DISCOVERY_ENTRIES,
-        limits.deadline.min(DISCOVERY_TIME),
-    ) {
+    match root.sites(view, DISCOVERY_ENTRIES, limits.deadline.min(DISCOVERY_TIME)) {
         Ok((sites, unread)) => {
             a.out.unread.extend(unread);
             for site in sites {
@@ -188,7 +186,7 @@ fn join(base: &str, rel: &str) -> String {
 }
 
 struct Auditor<'a> {
-    root: &'a Root,
+    root: Files<'a>,
     limits: &'a Limits,
     until: Instant,
     seen: HashSet<String>,
@@ -217,24 +215,7 @@ impl Auditor<'_> {
     /// The names in directory `rel`, sorted, with their types where the
     /// filesystem gives them.
     fn list(&self, rel: &str) -> Result<Vec<(String, Option<Type>)>, Errno> {
-        let path = if rel.is_empty() { "." } else { rel };
-        let fd = self.root.open_dir_read(Path::new(path))?;
-        let mut dir = Dir::from_fd(fd)?;
-        let mut names = Vec::new();
-        for e in dir.iter() {
-            let e = e?;
-            if let Ok(n) = e.file_name().to_str()
-                && n != "."
-                && n != ".."
-            {
-                names.push((n.to_owned(), e.file_type()));
-                if names.len() >= MAX_DIR_ENTRIES {
-                    break;
-                }
-            }
-        }
-        names.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(names)
+        self.root.list(rel, MAX_DIR_ENTRIES)
     }
 
     /// Each distribution of site `site` with a `RECORD`: its candidate files.
@@ -258,7 +239,7 @@ impl Auditor<'_> {
             let owner = self.owner(&info, &name);
             let record = match self
                 .root
-                .read_regular(Path::new(&format!("{info}/RECORD")), MAX_RECORD)
+                .read_regular(&format!("{info}/RECORD"), MAX_RECORD)
             {
                 Ok(r) => r,
                 Err(Errno::ENOENT) => continue,
@@ -285,7 +266,7 @@ impl Auditor<'_> {
     fn owner(&self, info: &str, entry: &str) -> String {
         let meta = self
             .root
-            .read_regular(Path::new(&format!("{info}/METADATA")), MAX_METADATA)
+            .read_regular(&format!("{info}/METADATA"), MAX_METADATA)
             .unwrap_or_default();
         let text = String::from_utf8_lossy(&meta);
         let header = |k: &str| {
@@ -336,18 +317,15 @@ impl Auditor<'_> {
         if !self.seen.insert(rel.to_owned()) {
             return;
         }
-        let (fd, st) = match self.root.lookup(Path::new(rel)) {
-            Ok(x) => x,
-            Err(Errno::ENOENT) => return,
+        // Opened only where it is a regular file (a FIFO would block).
+        let (file, size) = match self.root.open_regular(rel) {
+            Ok(Some(x)) => x,
+            Ok(None) | Err(Errno::ENOENT) => return,
             Err(e) => {
                 self.out.unread.push(format!("/{rel}: {e}"));
                 return;
             }
         };
-        if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG {
-            return;
-        }
-        let size = u64::try_from(st.st_size).unwrap_or(0);
         if size == 0 {
             return;
         }
@@ -360,13 +338,6 @@ impl Auditor<'_> {
         }
         self.out.files += 1;
         self.out.bytes += size;
-        let file = match Root::open_looked_up(&fd, &st) {
-            Ok(f) => f,
-            Err(e) => {
-                self.out.unread.push(format!("/{rel}: {e}"));
-                return;
-            }
-        };
         // Mapped, not read into the heap. A file truncated meanwhile raises
         // SIGBUS on access: see the module's note (gpuarchd's worker).
         let map = match gpuarch_kernels::file::Mapped::new(&file) {
@@ -455,17 +426,22 @@ pub enum WorkerError {
         rootfs: std::path::PathBuf,
         error: gpuarch_container::rootfs::RootfsError,
     },
-    #[error("{} is not the image the start read (its environments' identity differs: another mount namespace, or a rootfs replaced since)", .0.display())]
-    NotTheImage(std::path::PathBuf),
-    #[error("{}: the image's environments could not be read to identify it", .0.display())]
-    Unidentified(std::path::PathBuf),
+    #[error("the image's layers: {0}")]
+    Layers(#[source] std::io::Error),
+    #[error(
+        "{0} is not the image the start read (its environments' identity differs: another mount namespace, a rootfs replaced or a snapshot removed since)"
+    )]
+    NotTheImage(String),
+    #[error("{0}: the image's environments could not be read to identify it")]
+    Unidentified(String),
     #[error("writing the audit: {0}")]
     Write(#[source] std::io::Error),
 }
 
 /// `gpuarchd --audit-worker`: a [`WorkerInput`] on `input`, the
 /// [`ImageAudit`] as JSON on `output`. The rootfs is opened as the
-/// image's root: nothing in it leads out.
+/// image's root, or the layers as the merged view of them: nothing in
+/// either leads out.
 pub fn serve(
     input: impl std::io::Read,
     mut output: impl std::io::Write,
@@ -476,23 +452,43 @@ pub fn serve(
         .read_to_end(&mut bytes)
         .map_err(WorkerError::Read)?;
     let w: WorkerInput = serde_json::from_slice(&bytes).map_err(WorkerError::Request)?;
-    let rootfs = w.request.rootfs.clone();
-    let root = Root::open(&rootfs).map_err(|error| WorkerError::Root {
-        rootfs: rootfs.clone(),
-        error,
-    })?;
+    let (root, layers);
+    let (files, what) = match w.request.source() {
+        Source::Rootfs(rootfs) => {
+            root = Root::open(&rootfs).map_err(|error| WorkerError::Root {
+                rootfs: rootfs.clone(),
+                error,
+            })?;
+            (Files::Root(&root), rootfs.display().to_string())
+        }
+        Source::Layers(dirs) => {
+            if let Some(d) = dirs.iter().find(|d| !d.is_absolute()) {
+                let why = format!("{}: a relative path", d.display());
+                return Err(WorkerError::Layers(std::io::Error::other(why)));
+            }
+            layers = Layers::open(&dirs).map_err(WorkerError::Layers)?;
+            let what = format!(
+                "the {} layers of {}",
+                dirs.len(),
+                dirs.first()
+                    .map(|d| d.display().to_string())
+                    .unwrap_or_default()
+            );
+            (Files::Layers(&layers), what)
+        }
+    };
     let mut view = ContainerView::with_env(w.request.env);
     view.user = w.request.user;
-    match gpuarch_container::image::identify(&root, &view) {
+    match files.identify(&view) {
         Some(k) if k == w.key => {}
-        Some(_) => return Err(WorkerError::NotTheImage(rootfs)),
-        None => return Err(WorkerError::Unidentified(rootfs)),
+        Some(_) => return Err(WorkerError::NotTheImage(what)),
+        None => return Err(WorkerError::Unidentified(what)),
     }
     let limits = Limits {
         deadline: Duration::from_secs(w.max_seconds),
         ..Limits::default()
     };
-    let mut a = audit(&root, &view, &limits);
+    let mut a = audit(files, &view, &limits);
     a.images = w.request.images;
     serde_json::to_writer(&mut output, &a).map_err(|e| WorkerError::Write(e.into()))?;
     output.flush().map_err(WorkerError::Write)

@@ -57,7 +57,7 @@ fn dist(root: &Path, site: &str, name: &str, version: &str, files: &[(&str, Vec<
 const SITE: &str = "usr/local/lib/python3.12/dist-packages";
 
 fn run(root: &Path, view: &ContainerView, limits: &Limits) -> ImageAudit {
-    audit(&Root::open(root).unwrap(), view, limits)
+    audit(Files::Root(&Root::open(root).unwrap()), view, limits)
 }
 
 fn view() -> ContainerView {
@@ -275,3 +275,5 @@ fn quoted_record_paths() {
     assert_eq!(join("usr/lib/site", "../../../../../etc/x.so"), "etc/x.so");
     assert_eq!(join("a", "/b/./c"), "b/c");
 }
+
+mod layers;

@@ -12,7 +12,7 @@
 
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gpuarch_core::arch::CudaVersion;
@@ -43,11 +43,28 @@ pub fn audit_vars() -> impl Iterator<Item = &'static str> {
     crate::image::PROCESS_VARS.into_iter().chain(LIBRARY_VARS)
 }
 
-/// What the hook leaves for gpuarchd to audit an image.
+/// Where an image's files are read from for its audit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The container's rootfs on the host, as its config names it (the
+    /// hook's and the shim's starts).
+    Rootfs(PathBuf),
+    /// The image's layer directories, the top one first, as containerd's
+    /// snapshotter names them (gpuarchd's NRI starts, where no rootfs is
+    /// mounted yet).
+    Layers(Vec<PathBuf>),
+}
+
+/// What a start leaves for gpuarchd to audit an image.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Request {
-    /// The container's rootfs on the host, as its config names it.
-    pub rootfs: std::path::PathBuf,
+    /// The container's rootfs on the host, as its config names it; empty
+    /// where the request names `layers`.
+    #[serde(default)]
+    pub rootfs: PathBuf,
+    /// The image's layer directories, the top one first (an NRI start).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<PathBuf>,
     /// The [`audit_vars`] the process sets.
     pub env: Vec<(String, String)>,
     /// The process's uid and gid, where the config says.
@@ -55,6 +72,17 @@ pub struct Request {
     /// The engine's names for the image (CRI's), kept with its audit.
     #[serde(default)]
     pub images: Vec<String>,
+}
+
+impl Request {
+    /// Where the image is read from.
+    pub fn source(&self) -> Source {
+        if self.layers.is_empty() {
+            Source::Rootfs(self.rootfs.clone())
+        } else {
+            Source::Layers(self.layers.clone())
+        }
+    }
 }
 
 /// What a start gets from its image's audit.
@@ -66,12 +94,12 @@ pub struct Judged {
 }
 
 /// Judge the start of `plan` (its GPUs) by the kept audit of its image,
-/// or ask for one.
+/// or ask for one, to be read from `source`.
 pub fn at_start(
     cfg: &AuditConfig,
     plan: &Plan,
     view: &ContainerView,
-    rootfs: Option<&Path>,
+    source: Option<&Source>,
     driver: Option<CudaVersion>,
 ) -> Judged {
     let mut out = Judged::default();
@@ -84,9 +112,9 @@ pub fn at_start(
     let entry = dir.join(format!("{key}.json"));
     let mut kept = read_kept(&entry);
     if matches!(kept, Kept::None) {
-        let asked = match rootfs {
-            Some(r) => ask(cfg, key, r, view).map_err(|e| e.to_string()),
-            None => Err("no rootfs to read it from".to_owned()),
+        let asked = match source {
+            Some(s) => ask(cfg, key, s, view).map_err(|e| e.to_string()),
+            None => Err("no rootfs or layers to read it from".to_owned()),
         };
         match asked {
             Ok(()) if cfg.wait_ms > 0 => {
@@ -307,7 +335,7 @@ fn read_kept(entry: &Path) -> Kept {
 fn ask(
     cfg: &AuditConfig,
     key: &str,
-    rootfs: &Path,
+    source: &Source,
     view: &ContainerView,
 ) -> Result<(), AuditError> {
     let Some(dir) = cfg.requests_dir() else {
@@ -321,8 +349,13 @@ fn ask(
         path: path.clone(),
         error,
     };
+    let (rootfs, layers) = match source {
+        Source::Rootfs(r) => (r.clone(), Vec::new()),
+        Source::Layers(l) => (PathBuf::new(), l.clone()),
+    };
     let req = Request {
-        rootfs: rootfs.to_owned(),
+        rootfs,
+        layers,
         env: audit_vars()
             .filter_map(|k| view.env_get(k).map(|v| (k.to_owned(), v.to_owned())))
             .collect(),

@@ -142,8 +142,19 @@ pub enum Image<'a> {
     /// The config's `root.path`, a relative one under this bundle.
     Rootfs(Option<&'a Path>),
     /// Read by the caller for the container's process (gpuarchd's NRI
-    /// path, from the image's layers): what it holds, and the notes.
-    Read(&'a dyn Fn(&ContainerView) -> (Software, Vec<String>)),
+    /// path, from the image's layers).
+    Read(&'a dyn Fn(&ContainerView) -> Read),
+}
+
+/// What a caller's read of the image gives ([`Image::Read`]).
+#[derive(Debug, Default)]
+pub struct Read {
+    /// What the image holds for the container's process.
+    pub software: Software,
+    /// What could not be read, for the Plan's notes.
+    pub notes: Vec<String>,
+    /// Where the image's audit would read it from, where it can be read.
+    pub source: Option<audit::Source>,
 }
 
 impl std::fmt::Debug for Image<'_> {
@@ -217,18 +228,21 @@ pub fn make(config: &Value, ctx: &Context, image: Image<'_>) -> Result<Edit, Hoo
         e.plan = plan;
         return Ok(e);
     }
-    let rootfs = match image {
-        Image::Rootfs(bundle) => image::rootfs_of(config, bundle),
-        Image::Read(_) => None,
-    };
-    let read = match image {
+    let (read, source) = match image {
         // A config with a relative root and no bundle, or a rootfs not
         // there yet, has no image to read.
-        Image::Rootfs(_) => rootfs
-            .as_deref()
-            .and_then(|r| Root::open(r).ok())
-            .map(|root| image::read(&root, &view, Some(&ctx.config.hook.image_cache))),
-        Image::Read(read) => Some(read(&view)),
+        Image::Rootfs(bundle) => {
+            let rootfs = image::rootfs_of(config, bundle);
+            let read = rootfs
+                .as_deref()
+                .and_then(|r| Root::open(r).ok())
+                .map(|root| image::read(&root, &view, Some(&ctx.config.hook.image_cache)));
+            (read, rootfs.map(audit::Source::Rootfs))
+        }
+        Image::Read(read) => {
+            let r = read(&view);
+            (Some((r.software, r.notes)), r.source)
+        }
     };
     if let Some((software, notes)) = read {
         view.software = software;
@@ -236,7 +250,7 @@ pub fn make(config: &Value, ctx: &Context, image: Image<'_>) -> Result<Edit, Hoo
         plan.notes.extend(notes);
     }
     let driver = gpuarch_core::arch::CudaVersion::parse(&ctx.inventory.cuda_driver_version).ok();
-    let judged = audit::at_start(&ctx.config.audit, &plan, &view, rootfs.as_deref(), driver);
+    let judged = audit::at_start(&ctx.config.audit, &plan, &view, source.as_ref(), driver);
     plan.notes.extend(judged.notes);
     if let Some(why) = judged.refuse {
         return Err(HookError::AuditRefused(why));

@@ -524,6 +524,15 @@ fn hostile_requests_are_dropped_and_nothing_is_kept() {
     )
     .unwrap();
     std::fs::write(requests.join(key('e')), "{not json").unwrap();
+    // As an NRI start asks: the host's `/` as the image's one layer, more
+    // layers than an image has, a relative layer.
+    let layers = |dirs: Vec<String>| {
+        serde_json::json!({"layers": dirs, "env": [["PATH", "/usr/bin:/bin"]], "user": null})
+            .to_string()
+    };
+    std::fs::write(requests.join(key('1')), layers(vec!["/".into()])).unwrap();
+    std::fs::write(requests.join(key('2')), layers(vec!["/tmp".into(); 200])).unwrap();
+    std::fs::write(requests.join(key('3')), layers(vec!["etc".into()])).unwrap();
     let t0 = std::time::Instant::now();
     while std::fs::read_dir(&requests).unwrap().count() > 0 {
         assert!(
@@ -564,6 +573,17 @@ fn hostile_requests_are_dropped_and_nothing_is_kept() {
         log.contains(&format!("dropping request {}", key('e'))),
         "{log}"
     );
+    for (k, said) in [
+        ('1', "is not the image the start read"),
+        ('2', "the image's layers: 200 layers (1 to 128 are read)"),
+        ('3', "the image's layers: etc: a relative path"),
+    ] {
+        let line = log
+            .lines()
+            .find(|l| l.contains(&format!("image audit {}", key(k))))
+            .unwrap_or_else(|| panic!("no line on request {k}:\n{log}"));
+        assert!(line.contains(said), "{line}");
+    }
     assert_eq!(node.ctl(None, &["status"]).status.code(), Some(0), "{log}");
     // AuditImage takes names, never paths: a name over 1024 bytes is
     // refused, a path-like name or an unknown key is not found, and

@@ -70,7 +70,13 @@ fn a_new_image_asks_once_with_only_the_variables_the_audit_reads() {
     let d = tempfile::tempdir().unwrap();
     let c = cfg(d.path());
     let rootfs = PathBuf::from("/run/containerd/rootfs");
-    let j = at_start(&c, &plan(&[1]), &view(), Some(&rootfs), None);
+    let j = at_start(
+        &c,
+        &plan(&[1]),
+        &view(),
+        Some(&Source::Rootfs(rootfs.clone())),
+        None,
+    );
     assert!(j.refuse.is_none());
     assert_eq!(
         j.notes,
@@ -81,7 +87,7 @@ fn a_new_image_asks_once_with_only_the_variables_the_audit_reads() {
     let req: Request =
         serde_json::from_slice(&std::fs::read(d.path().join("requests").join(KEY)).unwrap())
             .unwrap();
-    assert_eq!(req.rootfs, rootfs);
+    assert_eq!(req.source(), Source::Rootfs(rootfs.clone()));
     assert_eq!(req.user, Some((1000, 1000)));
     assert_eq!(
         req.env,
@@ -91,12 +97,33 @@ fn a_new_image_asks_once_with_only_the_variables_the_audit_reads() {
         ]
     );
     // A second start before the audit: the request stands, unchanged.
-    let other = PathBuf::from("/elsewhere");
+    let other = Source::Layers(vec![PathBuf::from("/elsewhere")]);
     at_start(&c, &plan(&[1]), &view(), Some(&other), None);
     let again: Request =
         serde_json::from_slice(&std::fs::read(d.path().join("requests").join(KEY)).unwrap())
             .unwrap();
-    assert_eq!(again.rootfs, rootfs);
+    assert_eq!(again.source(), Source::Rootfs(rootfs));
+}
+
+#[test]
+fn an_nri_start_asks_for_the_audit_of_its_layers() {
+    let d = tempfile::tempdir().unwrap();
+    let c = cfg(d.path());
+    let layers = ["/s/8/fs", "/s/3/fs"].map(PathBuf::from).to_vec();
+    at_start(
+        &c,
+        &plan(&[1]),
+        &view(),
+        Some(&Source::Layers(layers.clone())),
+        None,
+    );
+    let bytes = std::fs::read(d.path().join("requests").join(KEY)).unwrap();
+    let req: Request = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(req.source(), Source::Layers(layers));
+    assert_eq!(req.rootfs, PathBuf::new());
+    // A request as an earlier hook wrote it (no layers) reads as a rootfs.
+    let old: Request = serde_json::from_str(r#"{"rootfs":"/r","env":[],"user":null}"#).unwrap();
+    assert_eq!(old.source(), Source::Rootfs(PathBuf::from("/r")));
 }
 
 #[test]
@@ -150,7 +177,7 @@ fn a_wait_budget_takes_an_audit_that_lands_within_it() {
         &c,
         &plan(&[1]),
         &view(),
-        Some(std::path::Path::new("/r")),
+        Some(&Source::Rootfs("/r".into())),
         None,
     );
     writer.join().unwrap();
@@ -163,7 +190,7 @@ fn a_wait_budget_takes_an_audit_that_lands_within_it() {
         &c,
         &plan(&[1]),
         &view(),
-        Some(std::path::Path::new("/r")),
+        Some(&Source::Rootfs("/r".into())),
         None,
     );
     assert!(j.notes[0].contains("waited 30 ms"), "{j:?}");
@@ -194,6 +221,12 @@ fn a_hostile_or_broken_entry_is_a_note_never_a_refusal() {
     // A key that is not the image read's form is never a path.
     let mut v = view();
     v.software.image_key = Some("../../etc/passwd".into());
-    let j = at_start(&c, &plan(&[1]), &v, Some(std::path::Path::new("/r")), None);
+    let j = at_start(
+        &c,
+        &plan(&[1]),
+        &v,
+        Some(&Source::Rootfs("/r".into())),
+        None,
+    );
     assert!(j.notes.is_empty() && j.refuse.is_none());
 }

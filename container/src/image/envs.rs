@@ -212,7 +212,7 @@ fn subdirs_once<T: Tree>(
         return Ok((names.clone(), true));
     }
     let mut out = Vec::new();
-    root.names(&dir, budget, &mut |n| {
+    root.names(&dir, budget, &mut |n, _| {
         if n.starts_with(prefix) && out.len() < MAX_SITES {
             out.push(n.to_owned());
         }

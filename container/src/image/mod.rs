@@ -31,6 +31,7 @@
 //! can name another's entry.
 
 mod envs;
+mod files;
 mod probe;
 pub mod tree;
 
@@ -44,6 +45,7 @@ use sha2::{Digest, Sha256};
 use crate::rootfs::Root;
 use envs::Site;
 pub use envs::rel_of;
+pub use files::Files;
 pub use tree::Layers;
 use tree::Tree;
 
@@ -174,7 +176,7 @@ fn scan<T: Tree>(
     let mut metadata_reads = 0;
     for site in sites {
         let mut found = Vec::new();
-        root.names(&site.dir, budget, &mut |n| {
+        root.names(&site.dir, budget, &mut |n, _| {
             if let Some(d) = software::dist_info(n) {
                 found.push((d, n.to_owned()));
             }
@@ -234,42 +236,6 @@ pub fn read_layers(
     cache: Option<&Path>,
 ) -> (Software, Vec<String>) {
     read_within(layers, view, cache, MAX_ENTRIES, DEADLINE, WAIT)
-}
-
-/// The site directories (paths inside the image, without the leading
-/// `/`) of the image's Python environments for the process of `view`,
-/// found as [`read`] finds them, and what was not read; for a reader off
-/// a start's path (the image audit), with its own bounds. Err: a bound
-/// was reached.
-pub fn sites(
-    root: &Root,
-    view: &ContainerView,
-    max: usize,
-    deadline: Duration,
-) -> Result<(Vec<String>, Vec<String>), Stop> {
-    let mut budget = Budget::new(max, deadline);
-    let found = envs::discover(root, view, &mut budget)?;
-    Ok((
-        found.sites.into_iter().map(|s| s.rel).collect(),
-        found.unread,
-    ))
-}
-
-/// The image read's key of the image at `root` for the process of
-/// `view` (what identifies its environments), read anew with a reader's
-/// bounds that are not a start's: the image audit checks with it that the
-/// rootfs it opened is the one a start read.
-pub fn identify(root: &Root, view: &ContainerView) -> Option<String> {
-    read_within(
-        root,
-        view,
-        None,
-        MAX_ENTRIES,
-        Duration::from_secs(10),
-        Duration::from_secs(12),
-    )
-    .0
-    .image_key
 }
 
 /// An image nothing is known of, and why, as the Plan's note says it.

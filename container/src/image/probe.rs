@@ -111,7 +111,7 @@ impl<T: Tree> Tree for Probing<'_, T> {
         &self,
         dir: &T::Dir,
         budget: &mut Budget,
-        each: &mut dyn FnMut(&str),
+        each: &mut dyn FnMut(&str, Option<nix::dir::Type>),
     ) -> Result<(), Stop> {
         self.inner.names(dir, budget, each)
     }
@@ -130,6 +130,11 @@ impl<T: Tree> Tree for Probing<'_, T> {
         let (read, seen) = self.inner.read_regular_seen(rel, max);
         self.record_seen(rel, seen.map_err(|e| e as i32));
         read
+    }
+
+    fn open_regular(&self, rel: &str) -> Result<Option<(std::fs::File, u64)>, Errno> {
+        self.record(rel);
+        self.inner.open_regular(rel)
     }
 
     fn is_dir(&self, rel: &str) -> Result<bool, Errno> {

@@ -19,6 +19,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use nix::dir::Type;
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, openat};
 use nix::sys::stat::{FileStat, Mode, fstat, fstatat};
@@ -56,12 +57,13 @@ pub(crate) trait Tree {
     fn dir(&self, rel: &str) -> Result<Self::Dir, Errno>;
     /// Whether `dir` has an entry `name` (a link is not followed).
     fn has_entry(&self, dir: &Self::Dir, name: &str) -> bool;
-    /// Each name in `dir`, under the budget.
+    /// Each name in `dir` with its type as the filesystem gives it (a
+    /// link is a link), under the budget.
     fn names(
         &self,
         dir: &Self::Dir,
         budget: &mut Budget,
-        each: &mut dyn FnMut(&str),
+        each: &mut dyn FnMut(&str, Option<Type>),
     ) -> Result<(), Stop>;
     /// What identifies `dir` and the version of its entries: device and
     /// inode, modification and change times, of each directory it is
@@ -71,6 +73,10 @@ pub(crate) trait Tree {
     fn read_link(&self, rel: &str) -> Result<PathBuf, Errno>;
     /// The first `max` bytes of regular file `rel`, links followed.
     fn read_regular(&self, rel: &str, max: usize) -> Result<Vec<u8>, Errno>;
+    /// Regular file `rel`, links followed, opened to read, and its size;
+    /// `None` when it is anything else (never opened then: a FIFO would
+    /// block, a device's open may act on it).
+    fn open_regular(&self, rel: &str) -> Result<Option<(std::fs::File, u64)>, Errno>;
     /// [`Tree::read_regular`], and [`Tree::ident`] of the same `rel`;
     /// where both come from one lookup, one lookup.
     #[allow(clippy::type_complexity)]
@@ -119,7 +125,7 @@ fn rel_path(rel: &str) -> &Path {
 fn list(
     dir: BorrowedFd<'_>,
     budget: &mut Budget,
-    mut each: impl FnMut(&str, Option<nix::dir::Type>),
+    mut each: impl FnMut(&str, Option<Type>),
 ) -> Result<(), Stop> {
     let Ok(fd) = nix::unistd::dup(dir) else {
         return Ok(());
@@ -159,9 +165,9 @@ impl Tree for Root {
         &self,
         dir: &OwnedFd,
         budget: &mut Budget,
-        each: &mut dyn FnMut(&str),
+        each: &mut dyn FnMut(&str, Option<Type>),
     ) -> Result<(), Stop> {
-        list(dir.as_fd(), budget, |n, _| each(n))
+        list(dir.as_fd(), budget, each)
     }
 
     fn identity(&self, dir: &OwnedFd) -> Vec<[i64; 6]> {
@@ -176,6 +182,15 @@ impl Tree for Root {
 
     fn read_regular(&self, rel: &str, max: usize) -> Result<Vec<u8>, Errno> {
         Root::read_regular(self, Path::new(rel), max)
+    }
+
+    fn open_regular(&self, rel: &str) -> Result<Option<(std::fs::File, u64)>, Errno> {
+        let (path, st) = self.lookup(rel_path(rel))?;
+        if !is_regular(&st) {
+            return Ok(None);
+        }
+        let file = Root::open_looked_up(&path, &st)?;
+        Ok(Some((file, size_of(&st))))
     }
 
     fn read_regular_seen(
@@ -232,9 +247,15 @@ enum Node {
 /// where `st` (its status, looked up) and the file opened say it is a
 /// regular file.
 fn read_other(parent: &OwnedFd, name: &str, st: &FileStat, max: usize) -> Result<Vec<u8>, Errno> {
-    if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG {
+    if !is_regular(st) {
         return Err(Errno::EINVAL);
     }
+    crate::rootfs::read_prefix(open_other(parent, name)?, max)
+}
+
+/// Entry `name` of a layer's directory `parent`, opened to read where it
+/// is still the regular file that was looked at.
+fn open_other(parent: &OwnedFd, name: &str) -> Result<OwnedFd, Errno> {
     let fd = openat(
         parent.as_fd(),
         name,
@@ -245,11 +266,18 @@ fn read_other(parent: &OwnedFd, name: &str, st: &FileStat, max: usize) -> Result
             | OFlag::O_CLOEXEC,
         Mode::empty(),
     )?;
-    // The entry read is still the regular file that was looked at.
-    if fstat(fd.as_fd())?.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG {
+    if !is_regular(&fstat(fd.as_fd())?) {
         return Err(Errno::EINVAL);
     }
-    crate::rootfs::read_prefix(fd, max)
+    Ok(fd)
+}
+
+fn is_regular(st: &FileStat) -> bool {
+    st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFREG
+}
+
+fn size_of(st: &FileStat) -> u64 {
+    u64::try_from(st.st_size).unwrap_or(0)
 }
 
 const DIR_FLAGS: OFlag = OFlag::O_RDONLY
@@ -499,10 +527,11 @@ impl Tree for Layers {
         &self,
         dir: &LayerDir,
         budget: &mut Budget,
-        each: &mut dyn FnMut(&str),
+        each: &mut dyn FnMut(&str, Option<Type>),
     ) -> Result<(), Stop> {
-        // A name shows from the top layer that has it, unless that one is
-        // a whiteout; one layer alone needs no record of names seen.
+        // A name shows from the top layer that has it, as what it is
+        // there, unless that one is a whiteout; one layer alone needs no
+        // record of names seen.
         let mut seen = std::collections::HashSet::new();
         let many = dir.parts.len() > 1;
         for part in &dir.parts {
@@ -510,14 +539,14 @@ impl Tree for Layers {
                 if many && !seen.insert(name.to_owned()) {
                     return;
                 }
-                let maybe_whiteout = matches!(kind, Some(nix::dir::Type::CharacterDevice) | None);
+                let maybe_whiteout = matches!(kind, Some(Type::CharacterDevice) | None);
                 if maybe_whiteout
                     && fstatat(part.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW)
                         .is_ok_and(|st| is_whiteout(&st))
                 {
                     return;
                 }
-                each(name);
+                each(name, kind);
             })?;
         }
         Ok(())
@@ -543,6 +572,16 @@ impl Tree for Layers {
             return Err(Errno::EINVAL);
         };
         read_other(&parent, &name, &st, max)
+    }
+
+    fn open_regular(&self, rel: &str) -> Result<Option<(std::fs::File, u64)>, Errno> {
+        match self.walk(rel, true)? {
+            Node::Other(parent, name, st) if is_regular(&st) => {
+                let fd = open_other(&parent, &name)?;
+                Ok(Some((std::fs::File::from(fd), size_of(&st))))
+            }
+            _ => Ok(None),
+        }
     }
 
     fn read_regular_seen(

@@ -44,7 +44,7 @@ pub fn run(cli: &Cli, args: &AuditArgs, out: &mut String) -> Result<u8> {
         deadline: Duration::from_secs(args.max_seconds.unwrap_or(300)),
         ..Limits::default()
     };
-    let audit = gpuarch_audit::audit(&root, &view, &limits);
+    let audit = gpuarch_audit::audit(gpuarch_container::image::Files::Root(&root), &view, &limits);
     // The list a rebuild for all of these GPUs takes.
     let archs = gpuarch_core::audit::rebuild_list(gpus.iter().map(|(_, c)| *c));
     let judged: Vec<Vec<Placement>> = audit

@@ -181,10 +181,10 @@ fn nri_hook(h: &Value) -> Hook {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use gpuarch_container::edit::Read;
     use gpuarch_core::config::Config;
     use gpuarch_core::oci::ContainerView;
     use gpuarch_core::snapshot::Snapshot;
-    use gpuarch_core::software::Software;
 
     /// A context on the 2080 Ti + 3090 fixture, gpuarch's paths in `dir`;
     /// the JIT cache on where `jit`.
@@ -217,7 +217,7 @@ mod tests {
         let seen = std::cell::RefCell::new(Vec::new());
         let read = |v: &ContainerView| {
             seen.borrow_mut().push(v.user);
-            (Software::default(), Vec::new())
+            Read::default()
         };
         adjust(&pod, &c, &ctx, Image::Read(&read)).unwrap();
         let mut user = crate::nri::proto::nri::User::new();
@@ -232,7 +232,7 @@ mod tests {
     fn no_jit_cache_where_the_runtime_names_no_user() {
         let dir = tempfile::tempdir().unwrap();
         let ctx = ctx_in(dir.path(), true);
-        let read = |_: &ContainerView| (Software::default(), Vec::new());
+        let read = |_: &ContainerView| Read::default();
         let (pod, mut c) =
             super::super::fake_runtime::container(&["NVIDIA_VISIBLE_DEVICES=1"], &[]);
         let jit = |o: Outcome| match o {

@@ -465,6 +465,10 @@ impl proto::nri_ttrpc::Plugin for Plugin {
         // watchdog answers where something unforeseen does not (the plan
         // then finishes on its thread, unused).
         let limit = *self.answer_within.lock().unwrap_or_else(|p| p.into_inner());
+        // A wait for the image's audit (audit.wait_ms) takes at most half
+        // of the answer's time: past it the pod would start unplanned.
+        let half = u64::try_from(limit.as_millis() / 2).unwrap_or(u64::MAX);
+        ctx.config.audit.wait_ms = ctx.config.audit.wait_ms.min(half);
         let planned = tokio::time::timeout(
             limit,
             tokio::task::spawn_blocking(move || {
@@ -478,7 +482,15 @@ impl proto::nri_ttrpc::Plugin for Plugin {
                             gpuarch_core::text::clean(&runtime).into_owned(),
                         ))
                     };
-                    images.read(&dirs, view, cache.is_dir().then_some(cache.as_path()))
+                    let (software, notes) =
+                        images.read(&dirs, view, cache.is_dir().then_some(cache.as_path()));
+                    // The image's audit reads the same layers.
+                    let source = dirs.ok().map(gpuarch_container::audit::Source::Layers);
+                    gpuarch_container::edit::Read {
+                        software,
+                        notes,
+                        source,
+                    }
                 };
                 let outcome = adjust(&pod, &container, &ctx, Image::Read(&read));
                 (outcome, container)

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use gpuarch_tests::stack::{LAYOUTS_IMAGE, PY_IMAGE, layouts_image, python_image};
 
+mod audit;
 mod churn;
 #[path = "../common/cri.rs"]
 mod cri;
@@ -218,6 +219,7 @@ fn cases(suite: &str) {
         s.node.log()
     );
 
+    audit::audit(&mut s, suite);
     churn(&mut s, suite);
 
     // gpuarchd down: pods start, unchanged. Its stop is at once (it waited

@@ -107,18 +107,25 @@ impl Stack {
     }
 
     pub(crate) fn start_gpuarchd(&mut self, nri: bool) {
+        self.write_config(nri, "");
+        self.node.start(&[]);
+    }
+
+    /// gpuarchd's config: NRI on where `nri`, images audited at start,
+    /// `audit` added to the audit's settings.
+    pub(crate) fn write_config(&self, nri: bool, audit: &str) {
         let yaml = format!(
-            "nri:\n  enable: {nri}\n  socket: {}\n  containerd: {}\njit_cache:\n  enable: true\n  dir: {}\n",
+            "nri:\n  enable: {nri}\n  socket: {}\n  containerd: {}\njit_cache:\n  enable: true\n  dir: {}\naudit:\n  dir: {}\n{audit}",
             self.containerd.nri_sock.display(),
             self.containerd.sock.display(),
-            self.node.path("jit").display()
+            self.node.path("jit").display(),
+            self.node.path("audits").display()
         );
         let yaml = gpuarch_tests::private_hook_paths(
             &self.node.private_config(&yaml),
             &self.node.path(""),
         );
         std::fs::write(self.node.path("config.yaml"), yaml).unwrap();
-        self.node.start(&[]);
     }
 
     /// Wait until gpuarchd's log has `what` `times` times.
