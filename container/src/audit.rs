@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gpuarch_core::arch::CudaVersion;
-use gpuarch_core::audit::{ImageAudit, SCHEMA, findings, rebuild_list};
+use gpuarch_core::audit::{Findings, ImageAudit, SCHEMA, findings, rebuild_list};
 use gpuarch_core::config::{AuditConfig, valid_key};
 use gpuarch_core::oci::ContainerView;
 use gpuarch_core::plan::Plan;
@@ -154,19 +154,19 @@ pub fn at_start(
     out
 }
 
-/// For each GPU of `plan`, in order: the GPU as the notes name it, the
-/// binaries of `audit` it cannot run, and those it runs only by PTX JIT
-/// (`core::audit::findings`, with the list to rebuild all of them with).
+/// For each GPU of `plan`, in order: the GPU as the notes name it, and
+/// what of `audit` it does not run from SASS (`core::audit::findings`,
+/// with the list to rebuild all of them with).
 fn per_gpu<'p>(
     audit: &ImageAudit,
     plan: &'p Plan,
     driver: Option<CudaVersion>,
-) -> impl Iterator<Item = (&'p AssignedGpu, String, Vec<String>, Vec<String>)> {
+) -> impl Iterator<Item = (&'p AssignedGpu, String, Findings)> {
     let archs = rebuild_list(plan.gpus.iter().map(|g| g.compute_capability));
     plan.gpus.iter().map(move |g| {
         let label = format!("GPU {} ({}, {})", g.index, g.name, g.compute_capability);
-        let (cannot, jit) = findings(audit, &label, g.compute_capability, driver, &archs);
-        (g, label, cannot, jit)
+        let f = findings(audit, &label, g.compute_capability, driver, &archs);
+        (g, label, f)
     })
 }
 
@@ -179,8 +179,8 @@ pub fn judge(
     out: &mut Judged,
 ) {
     let mut refusals = Vec::new();
-    for (_, label, cannot, jit) in per_gpu(audit, plan, driver) {
-        for list in [&cannot, &jit] {
+    for (_, label, f) in per_gpu(audit, plan, driver) {
+        for list in [&f.cannot, &f.jit, &f.other] {
             out.notes.extend(list.iter().take(MOST_NOTED).cloned());
             if list.len() > MOST_NOTED {
                 out.notes.push(format!(
@@ -189,7 +189,7 @@ pub fn judge(
                 ));
             }
         }
-        refusals.extend(cannot);
+        refusals.extend(f.cannot);
     }
     if let Some(s) = &audit.stopped {
         out.notes.push(format!(
@@ -220,9 +220,9 @@ pub fn report(
 ) -> serde_json::Value {
     let mut runs = true;
     let gpus: Vec<serde_json::Value> = per_gpu(audit, plan, driver)
-        .map(|(g, label, cannot, jit)| {
-            runs &= cannot.is_empty();
-            serde_json::json!({"gpu": label, "uuid": g.uuid, "cannot": cannot, "jit": jit})
+        .map(|(g, label, f)| {
+            runs &= f.cannot.is_empty();
+            serde_json::json!({"gpu": label, "uuid": g.uuid, "cannot": f.cannot, "jit": f.jit, "other": f.other})
         })
         .collect();
     serde_json::json!({

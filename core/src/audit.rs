@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::arch::{ComputeCapability, CudaVersion, Placement, Target, placement};
+use crate::arch::{ComputeCapability, CudaVersion, Placement, Specificity, Target, placement};
 
 /// The record's format; a reader skips another.
 pub const SCHEMA: u32 = 1;
@@ -58,6 +58,13 @@ impl Binary {
             .collect()
     }
 
+    /// Whether a Python distribution installed it (its owner is `Name
+    /// Version`), rather than a directory holding many makers' files (the
+    /// library path, a kernel cache).
+    pub fn of_distribution(&self) -> bool {
+        !self.owner.starts_with("library path ") && !self.owner.ends_with(" cache")
+    }
+
     /// Where it runs on a GPU of `cap`.
     pub fn placement(&self, cap: ComputeCapability, driver: Option<CudaVersion>) -> Placement {
         placement(self.targets(), cap, driver)
@@ -84,27 +91,86 @@ pub fn rebuild_list(caps: impl IntoIterator<Item = ComputeCapability>) -> String
         .join(";")
 }
 
+/// Whether `b`, of which a GPU of `cap` runs nothing, is built only for
+/// other GPUs than `cap`, as packages build a backend they choose by the
+/// GPU's capability (xformers' FlashAttention-3 from 8.0, vLLM's Hopper
+/// and SM100 kernels, bitsandbytes' library per CUDA runtime): its
+/// distribution has another binary that runs on `cap` (the package is
+/// built for this GPU), and `b` is
+/// - built for newer GPUs alone: each target newer than `cap`, or for one
+///   architecture or family (`sm_90a`, `sm_100f`); or
+/// - built for fewer GPUs than that binary: its targets are some of
+///   that one's. A build narrows one library's list only for a backend.
+///
+/// Code built for older GPUs alone beside nothing that covers `cap` (the
+/// seed case: an xformers whose `_C.so` carries only `sm_75`, on an 8.6)
+/// is neither, nor is a distribution none of whose code runs on `cap`.
+/// Targets alone cannot tell a gated backend from a library that is
+/// launched anyway (torch 2.12's `libtorch_cuda_linalg.so` carries sm_80
+/// and up where its `libtorch_cuda.so` has sm_75), so such code is said,
+/// never refused: a refusal is for what fails for certain.
+pub fn for_other_gpus(
+    audit: &ImageAudit,
+    b: &Binary,
+    cap: ComputeCapability,
+    driver: Option<CudaVersion>,
+) -> bool {
+    let targets = b.targets();
+    if targets.is_empty() || !b.of_distribution() {
+        return false;
+    }
+    let newer = targets
+        .iter()
+        .all(|t| t.cap > cap || t.spec != Specificity::Generic);
+    audit.binaries.iter().any(|o| {
+        o.owner == b.owner
+            && o.path != b.path
+            && (newer || (o.code.len() > b.code.len() && b.code.iter().all(|c| o.code.contains(c))))
+            && !matches!(o.placement(cap, driver), Placement::No(_))
+    })
+}
+
+/// What of an image a GPU does not run from SASS, one line per binary.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Findings {
+    /// Binaries it cannot run that were meant for it: the start fails
+    /// where the package launches one.
+    pub cannot: Vec<String>,
+    /// Binaries it runs only by PTX JIT.
+    pub jit: Vec<String>,
+    /// Binaries built only for other GPUs ([`for_other_gpus`]), which a
+    /// package that gates them never launches on it: said, never a
+    /// refusal.
+    pub other: Vec<String>,
+}
+
 /// What a GPU of `cap` cannot run of `audit`, one line each, naming the
 /// file, its owner and the GPU (`gpu`, as the caller shows it), and the
 /// list to rebuild with (`archs`: every assigned GPU's capability).
-/// Binaries that run only by PTX JIT get a line too, saying so.
+/// Binaries that run only by PTX JIT, and those built only for other
+/// GPUs, get a line too, saying so.
 pub fn findings(
     audit: &ImageAudit,
     gpu: &str,
     cap: ComputeCapability,
     driver: Option<CudaVersion>,
     archs: &str,
-) -> (Vec<String>, Vec<String>) {
-    let mut cannot = Vec::new();
-    let mut jit = Vec::new();
+) -> Findings {
+    let mut f = Findings::default();
     for b in &audit.binaries {
         match b.placement(cap, driver) {
             Placement::Sass(_) => {}
-            Placement::Jit(t) => jit.push(format!(
+            Placement::Jit(t) => f.jit.push(format!(
                 "{} {:?} carries no SASS for {gpu}: it runs by PTX JIT from {t}, compiled by the driver at its first load (seconds to minutes for a large library; CUDA_CACHE_PATH keeps it)",
                 b.owner, b.path
             )),
-            Placement::No(_) => cannot.push(format!(
+            Placement::No(_) if for_other_gpus(audit, b, cap, driver) => f.other.push(format!(
+                "{} {:?} carries only {}, built for other GPUs than {gpu} (each target newer or for one architecture, or fewer than the package's own): packages ship such code as a backend they launch only where it runs (xformers' FlashAttention-3, vLLM's Hopper and SM100 kernels); launched on {gpu} anyway, it fails. Not refused",
+                b.owner,
+                b.path,
+                b.code.join(", ")
+            )),
+            Placement::No(_) => f.cannot.push(format!(
                 "{} {:?} carries only {}: {gpu} cannot run it; rebuild with TORCH_CUDA_ARCH_LIST=\"{archs}\"",
                 b.owner,
                 b.path,
@@ -112,7 +178,7 @@ pub fn findings(
             )),
         }
     }
-    (cannot, jit)
+    f
 }
 
 #[cfg(test)]
@@ -135,17 +201,18 @@ mod tests {
     #[test]
     fn an_sm75_only_library_runs_on_the_2080ti_and_not_on_the_3090() {
         let a = xformers_sm75();
-        let (no, jit) = findings(&a, "GPU 0", ComputeCapability::new(7, 5), None, "7.5;8.6");
-        assert!(no.is_empty() && jit.is_empty(), "{no:?} {jit:?}");
-        let (no, _) = findings(
+        let f = findings(&a, "GPU 0", ComputeCapability::new(7, 5), None, "7.5;8.6");
+        assert_eq!(f, Findings::default());
+        let f = findings(
             &a,
             "GPU 1 (RTX 3090, 8.6)",
             ComputeCapability::new(8, 6),
             None,
             "7.5;8.6",
         );
+        assert!(f.other.is_empty(), "{f:?}");
         assert_eq!(
-            no,
+            f.cannot,
             [
                 "xformers 0.0.29 \"/usr/local/lib/python3.12/dist-packages/xformers/_C.so\" carries only sm_75: GPU 1 (RTX 3090, 8.6) cannot run it; rebuild with TORCH_CUDA_ARCH_LIST=\"7.5;8.6\""
             ]
@@ -156,10 +223,105 @@ mod tests {
     fn ptx_alone_is_a_jit_finding_and_an_unknown_target_is_left_out() {
         let mut a = xformers_sm75();
         a.binaries[0].code = vec!["compute_80".into(), "sm_999".into()];
-        let (no, jit) = findings(&a, "GPU 0", ComputeCapability::new(9, 0), None, "9.0");
-        assert!(no.is_empty(), "{no:?}");
-        assert_eq!(jit.len(), 1);
-        assert!(jit[0].contains("PTX JIT from compute_80"), "{}", jit[0]);
+        let f = findings(&a, "GPU 0", ComputeCapability::new(9, 0), None, "9.0");
+        assert!(f.cannot.is_empty() && f.other.is_empty(), "{f:?}");
+        assert_eq!(f.jit.len(), 1);
+        assert!(f.jit[0].contains("PTX JIT from compute_80"), "{}", f.jit[0]);
+    }
+
+    /// xformers 0.0.34's FlashAttention-3 library and vLLM 0.33's
+    /// narrower libraries (their targets as cuobjdump lists them), against
+    /// libraries built without the GPU.
+    #[test]
+    fn code_only_for_other_gpus_is_said_apart_from_code_that_fails() {
+        let bin = |path: &str, owner: &str, code: &[&str]| Binary {
+            path: path.into(),
+            owner: owner.into(),
+            size: 1,
+            code: code.iter().map(|c| (*c).to_owned()).collect(),
+        };
+        let cc = ComputeCapability::new;
+        let counts = |a: &ImageAudit, cap| {
+            let f = findings(a, "GPU 0", cap, None, "x");
+            (f.cannot.len(), f.other.len())
+        };
+        let x = "xformers 0.0.34";
+        let main = bin("/x/_C.so", x, &["compute_80", "sm_75", "sm_80", "sm_90a"]);
+        let fa3 = bin("/x/fa3/_C.so", x, &["compute_80", "sm_80", "sm_90a"]);
+        let xformers = ImageAudit {
+            binaries: vec![main, fa3.clone()],
+            ..Default::default()
+        };
+        // The 2080 Ti runs xformers' own library, and never launches its
+        // FlashAttention-3 (xformers asks for 8.0 first).
+        assert_eq!(counts(&xformers, cc(7, 5)), (0, 1));
+        let f = findings(&xformers, "GPU 0", cc(7, 5), None, "7.5");
+        assert!(
+            f.other[0].contains("built for other GPUs than GPU 0"),
+            "{f:?}"
+        );
+        // Alone, a package none of whose code runs here is not usable here.
+        let alone = ImageAudit {
+            binaries: vec![fa3],
+            ..Default::default()
+        };
+        assert_eq!(counts(&alone, cc(7, 5)), (1, 0));
+        // vLLM 0.33 on a 12.0 and an 8.0: its SM100 and Hopper libraries
+        // are narrower than its main one, or for newer GPUs; the same code
+        // in the library path, or in a distribution of its own, is not.
+        let v = "vllm 0.33.0";
+        let vllm = |extra: Vec<Binary>| {
+            let mut b = vec![
+                bin(
+                    "/v/_C.so",
+                    v,
+                    &[
+                        "compute_90",
+                        "sm_100",
+                        "sm_120",
+                        "sm_75",
+                        "sm_80",
+                        "sm_90",
+                        "sm_90a",
+                    ],
+                ),
+                bin("/v/_deepselect_C.so", v, &["sm_100"]),
+                bin("/v/_flashmla_C.so", v, &["sm_100", "sm_90a"]),
+                bin("/v/_vllm_fa3_C.so", v, &["sm_90a"]),
+            ];
+            b.extend(extra);
+            ImageAudit {
+                binaries: b,
+                ..Default::default()
+            }
+        };
+        assert_eq!(counts(&vllm(vec![]), cc(12, 0)), (0, 3));
+        assert_eq!(counts(&vllm(vec![]), cc(8, 0)), (0, 3));
+        let a = vllm(vec![
+            bin("/usr/lib/libk.so", "library path /usr/lib", &["sm_100"]),
+            bin("/d/k.so", "deepgemm 2.0", &["sm_100"]),
+        ]);
+        let f = findings(&a, "GPU 0", cc(12, 0), None, "12.0");
+        assert_eq!((f.cannot.len(), f.other.len()), (2, 3), "{f:?}");
+        assert!(f.cannot[0].starts_with("library path /usr/lib"), "{f:?}");
+        assert!(f.cannot[1].starts_with("deepgemm 2.0"), "{f:?}");
+        // A Volta (7.0): vLLM 0.33 has no build for it, nothing runs.
+        assert_eq!(counts(&vllm(vec![]), cc(7, 0)), (4, 0));
+        // The seed case beside a FlashAttention-3 the 3090 runs: its
+        // sm_75-only `_C.so` is built for an older GPU, no subset of it,
+        // and fails.
+        let seed = ImageAudit {
+            binaries: vec![
+                bin("/x/_C.so", "xformers 0.0.29", &["sm_75"]),
+                bin(
+                    "/x/fa3/_C.so",
+                    "xformers 0.0.29",
+                    &["compute_80", "sm_80", "sm_90a"],
+                ),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(counts(&seed, cc(8, 6)), (1, 0));
     }
 
     #[test]

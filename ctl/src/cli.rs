@@ -68,7 +68,8 @@ pub enum Cmd {
     /// its Python distributions' libraries, cubins and fatbins, the library
     /// path, Hugging Face's and FlashInfer's kernel caches; the SASS and
     /// PTX in each, and whether each GPU runs it. Exit status 1 when a GPU
-    /// can run none of some binary.
+    /// can run none of some binary, code built only for other GPUs (a
+    /// backend its package chooses by capability) aside.
     Audit(AuditArgs),
     /// Build kernel packages ahead of time and pin the builds (root or group
     /// gpuarch); shows progress, exit status 1 when a build is not served.

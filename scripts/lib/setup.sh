@@ -92,27 +92,52 @@ ensure_flashinfer_wheels() {
 
 # Real wheels for the image audit's checks against cuobjdump
 # (tests/tests/audit.rs), each unpacked where an image keeps pip's
-# packages: .local/audit-images/NAME/usr/local/lib/python3.12/site-packages.
-# bitsandbytes 0.45.5 (76 MB): a library per CUDA release, 11.7 to 12.8, each
-# with SASS for its own set of GPUs and no PTX. Downloaded once. Exports
-# GPUARCH_BNB_IMAGE.
+# packages: .local/audit-images/NAME-VERSION/usr/local/lib/python3.12/
+# site-packages, the distribution's metadata and its shared libraries (the
+# rest of a wheel is Python the audit does not read). Downloaded once.
+# - bitsandbytes 0.45.5 (76 MB): a library per CUDA release, 11.7 to 12.8,
+#   each with SASS for its own set of GPUs and no PTX;
+# - xformers 0.0.34 (106 MB): its own library and a FlashAttention-3 built
+#   for sm_80 and sm_90a, which it launches only from 8.0;
+# - vLLM 0.33.0 (321 MB): its main library for sm_75 to sm_120, and
+#   libraries built for Hopper or SM100 alone, chosen by capability.
+# Exports GPUARCH_BNB_IMAGE, GPUARCH_XFORMERS_IMAGE, GPUARCH_VLLM_IMAGE.
 BNB_VERSION=0.45.5
-ensure_audit_images() {
-    local dir="$PWD/.local/audit-images/bitsandbytes-$BNB_VERSION"
+XFORMERS_VERSION=0.0.34
+VLLM_VERSION=0.33.0
+# Unpack wheel NAME==VERSION (about SIZE) into its image directory; print
+# that directory.
+audit_image() {
+    local name=$1 version=$2 size=$3 platform=$4
+    local dir="$PWD/.local/audit-images/$name-$version"
     local site="$dir/usr/local/lib/python3.12/site-packages"
     if ! [ -f "$dir/installed" ]; then
         python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
         rm -rf "$dir"
         mkdir -p "$site"
-        echo "downloading bitsandbytes $BNB_VERSION (about 76 MB)" >&2
+        echo "downloading $name $version (about $size)" >&2
         python3 -m pip download -q --no-deps --only-binary=:all: \
-            --platform manylinux_2_24_x86_64 --python-version 3.12 \
-            --dest "$dir/wheel" "bitsandbytes==$BNB_VERSION"
-        python3 -m zipfile -e "$dir"/wheel/*.whl "$site"
+            --platform "$platform" --python-version 3.12 \
+            --dest "$dir/wheel" "$name==$version" >&2
+        python3 - "$dir"/wheel/*.whl "$site" <<'PY'
+import sys
+import zipfile
+
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for m in z.namelist():
+        if ".dist-info/" in m or m.endswith(".so") or ".so." in m:
+            z.extract(m, sys.argv[2])
+PY
         rm -rf "$dir/wheel"
         touch "$dir/installed"
     fi
-    export GPUARCH_BNB_IMAGE="$dir"
+    echo "$dir"
+}
+ensure_audit_images() {
+    GPUARCH_BNB_IMAGE=$(audit_image bitsandbytes "$BNB_VERSION" "76 MB" manylinux_2_24_x86_64)
+    GPUARCH_XFORMERS_IMAGE=$(audit_image xformers "$XFORMERS_VERSION" "106 MB" manylinux_2_28_x86_64)
+    GPUARCH_VLLM_IMAGE=$(audit_image vllm "$VLLM_VERSION" "321 MB" manylinux_2_28_x86_64)
+    export GPUARCH_BNB_IMAGE GPUARCH_XFORMERS_IMAGE GPUARCH_VLLM_IMAGE
 }
 
 # A venv of Debian's python3 holding torch and the CUDA 13 toolkit from

@@ -11,6 +11,7 @@ use gpuarch_audit::Limits;
 use gpuarch_container::rootfs::Root;
 use gpuarch_core::arch::{CudaVersion, Placement};
 use gpuarch_core::audit::ImageAudit;
+use gpuarch_core::audit::for_other_gpus;
 use gpuarch_core::oci::ContainerView;
 use gpuarch_wire::dbus::InventoryProxy;
 use serde_json::json;
@@ -47,14 +48,21 @@ pub fn run(cli: &Cli, args: &AuditArgs, out: &mut String) -> Result<u8> {
     let audit = gpuarch_audit::audit(gpuarch_container::image::Files::Root(&root), &view, &limits);
     // The list a rebuild for all of these GPUs takes.
     let archs = gpuarch_core::audit::rebuild_list(gpus.iter().map(|(_, c)| *c));
-    let judged: Vec<Vec<Placement>> = audit
+    let judged: Vec<Vec<Judged>> = audit
         .binaries
         .iter()
-        .map(|b| gpus.iter().map(|(_, c)| b.placement(*c, driver)).collect())
+        .map(|b| {
+            gpus.iter()
+                .map(|(_, c)| match b.placement(*c, driver) {
+                    Placement::No(_) if for_other_gpus(&audit, b, *c, driver) => Judged::Other,
+                    p => Judged::Is(p),
+                })
+                .collect()
+        })
         .collect();
     let cannot = judged
         .iter()
-        .any(|v| v.iter().any(|p| matches!(p, Placement::No(_))));
+        .any(|v| v.iter().any(|p| matches!(p, Judged::Is(Placement::No(_)))));
     if cli.json {
         render::json(
             out,
@@ -68,11 +76,40 @@ pub fn run(cli: &Cli, args: &AuditArgs, out: &mut String) -> Result<u8> {
 
 type Gpus = [(String, gpuarch_core::arch::ComputeCapability)];
 
+/// Where a binary runs on one GPU; code built only for other GPUs
+/// (`core::audit::for_other_gpus`) apart, as it fails nothing.
+enum Judged {
+    Is(Placement),
+    Other,
+}
+
+impl Judged {
+    fn runs(&self) -> &'static str {
+        match self {
+            Judged::Is(Placement::Sass(_)) => "sass",
+            Judged::Is(Placement::Jit(_)) => "jit",
+            Judged::Is(Placement::No(_)) => "no",
+            Judged::Other => "other_gpus",
+        }
+    }
+}
+
+impl std::fmt::Display for Judged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Judged::Is(p) => p.fmt(f),
+            Judged::Other => f.write_str(
+                "built only for other GPUs (each target newer or for one architecture, or fewer than the package's own): a backend packages launch only where it runs; launched here anyway, it fails",
+            ),
+        }
+    }
+}
+
 fn to_json(
     path: &std::path::Path,
     audit: &ImageAudit,
     gpus: &Gpus,
-    judged: &[Vec<Placement>],
+    judged: &[Vec<Judged>],
     archs: &str,
     driver: Option<CudaVersion>,
     no_gpus: &Option<String>,
@@ -96,7 +133,7 @@ fn to_json(
             "code": b.code,
             "gpus": gpus.iter().zip(v).map(|((l, _), p)| json!({
                 "gpu": l,
-                "runs": match p { Placement::Sass(_) => "sass", Placement::Jit(_) => "jit", Placement::No(_) => "no" },
+                "runs": p.runs(),
                 "how": p.to_string(),
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
@@ -116,7 +153,7 @@ fn text(
     path: &std::path::Path,
     audit: &ImageAudit,
     gpus: &Gpus,
-    judged: &[Vec<Placement>],
+    judged: &[Vec<Judged>],
     archs: &str,
     no_gpus: &Option<String>,
 ) {
@@ -141,19 +178,19 @@ fn text(
         );
         for ((label, _), p) in gpus.iter().zip(v) {
             match p {
-                Placement::No(_) => {
+                Judged::Is(Placement::No(_)) => {
                     let _ = writeln!(
                         out,
                         "  {label}: {p}; rebuild with TORCH_CUDA_ARCH_LIST=\"{archs}\""
                     );
                 }
-                Placement::Jit(_) => {
+                Judged::Is(Placement::Jit(_)) => {
                     let _ = writeln!(
                         out,
                         "  {label}: {p} (the driver compiles it at its first load)"
                     );
                 }
-                Placement::Sass(_) => {
+                Judged::Is(Placement::Sass(_)) | Judged::Other => {
                     let _ = writeln!(out, "  {label}: {p}");
                 }
             }
@@ -177,12 +214,13 @@ fn text(
         audit.millis as f64 / 1000.0
     );
     for (i, (label, _)) in gpus.iter().enumerate() {
-        let (mut sass, mut jit, mut no) = (0, 0, 0);
+        let (mut sass, mut jit, mut no, mut other) = (0, 0, 0, 0);
         for v in judged {
             match v[i] {
-                Placement::Sass(_) => sass += 1,
-                Placement::Jit(_) => jit += 1,
-                Placement::No(_) => no += 1,
+                Judged::Is(Placement::Sass(_)) => sass += 1,
+                Judged::Is(Placement::Jit(_)) => jit += 1,
+                Judged::Is(Placement::No(_)) => no += 1,
+                Judged::Other => other += 1,
             }
         }
         let verdict = if no > 0 {
@@ -190,9 +228,14 @@ fn text(
         } else {
             "runs all of them".to_owned()
         };
+        let others = if other > 0 {
+            format!(", {other} built only for other GPUs")
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "{label}: {verdict} ({sass} from SASS, {jit} by PTX JIT)"
+            "{label}: {verdict} ({sass} from SASS, {jit} by PTX JIT{others})"
         );
     }
     if let Some(why) = no_gpus {
@@ -249,6 +292,7 @@ fn ask(cli: &Cli, image: &str, devices: Option<&str>, out: &mut String) -> Resul
                 .into_iter()
                 .flatten()
                 .chain(g["jit"].as_array().into_iter().flatten())
+                .chain(g["other"].as_array().into_iter().flatten())
             {
                 let _ = writeln!(out, "  {}", n.as_str().unwrap_or(""));
             }

@@ -16,16 +16,21 @@ use serde_json::Value;
 
 use gpuarch_tests::audit::{SITE, nvcc_library, xformers_in};
 
+mod wheels;
+
 /// The SASS and PTX targets cuobjdump lists in `file` (`sm_75`,
 /// `compute_80`).
-fn cuobjdump_targets(file: &Path) -> BTreeSet<String> {
+pub(crate) fn cuobjdump_targets(file: &Path) -> BTreeSet<String> {
     cuobjdump_listed(file, &[]).0
 }
 
 /// [`cuobjdump_targets`] with more of cuobjdump's options (`-all`: every
 /// section of an ELF host binary, where some keep their PTX), and the
 /// fatal error cuobjdump stopped at, if it did.
-fn cuobjdump_listed(file: &Path, options: &[&str]) -> (BTreeSet<String>, Option<String>) {
+pub(crate) fn cuobjdump_listed(
+    file: &Path,
+    options: &[&str],
+) -> (BTreeSet<String>, Option<String>) {
     let cuda = gpuarch_tests::cuda_dir().expect("the NVIDIA wheels");
     let o = Command::new(cuda.join("cu13/bin/cuobjdump"))
         .args(options)
@@ -56,7 +61,7 @@ fn cuobjdump_listed(file: &Path, options: &[&str]) -> (BTreeSet<String>, Option<
     (out, fatal)
 }
 
-fn audit(args: &[&str]) -> (Output, Value) {
+pub(crate) fn audit(args: &[&str]) -> (Output, Value) {
     let mut c = Command::new(&artifacts().gpuarchctl);
     c.env_clear()
         .env("GPUARCH_CONFIG", "/dev/null")
@@ -80,7 +85,7 @@ fn audit(args: &[&str]) -> (Output, Value) {
 }
 
 /// The SASS and PTX targets the audit lists for binary `b`.
-fn code_of(b: &Value) -> BTreeSet<String> {
+pub(crate) fn code_of(b: &Value) -> BTreeSet<String> {
     b["code"]
         .as_array()
         .unwrap()
@@ -89,7 +94,7 @@ fn code_of(b: &Value) -> BTreeSet<String> {
         .collect()
 }
 
-fn stdout(o: &Output) -> String {
+pub(crate) fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
@@ -162,172 +167,6 @@ fn an_sm75_only_xformers_runs_on_the_2080ti_and_the_audit_says_the_3090_cannot()
         .map(|c| c.as_str().unwrap().to_owned())
         .collect();
     assert_eq!(code, cuobjdump_targets(&lib));
-}
-
-/// The torch image's real wheels (torch 2.12.0 for CUDA 13.0, cuBLAS,
-/// cuFFT, NCCL): each audited binary's targets are cuobjdump's, except
-/// the fatbins cuFFT keeps in its own `.ldata`, which cuobjdump does not
-/// list and the audit does (without them cuFFT would read as sm_75-only,
-/// a false alarm on every newer GPU). torch 2.12's linear algebra library
-/// carries no sm_75: the audit says a 7.5 GPU cannot run it.
-#[test]
-fn the_torch_images_wheels_are_audited_as_cuobjdump_reads_them() {
-    let (python, _) = match gpuarch_tests::torch_image() {
-        Ok(t) => t,
-        Err(why) => {
-            gpuarch_tests::skip(&why);
-            return;
-        }
-    };
-    if gpuarch_tests::cuda_dir().is_none() {
-        return;
-    }
-    let venv = python.parent().unwrap().parent().unwrap().to_owned();
-    let (o, doc) = audit(&["audit", venv.to_str().unwrap(), "--cap", "7.5,9.0"]);
-    let text = stdout(&o);
-    assert_eq!(o.status.code(), Some(1), "{text}");
-    assert!(doc["stopped"].is_null(), "{doc}");
-    let binaries = doc["binaries"].as_array().unwrap();
-    let find = |suffix: &str| {
-        binaries
-            .iter()
-            .find(|b| b["path"].as_str().unwrap().ends_with(suffix))
-            .unwrap_or_else(|| panic!("no {suffix} in {text}"))
-    };
-    let code = code_of;
-    let on_host = |b: &Value| venv.join(b["path"].as_str().unwrap().trim_start_matches('/'));
-    // libtorch_cuda.so (441 MiB, 14 s of cuobjdump here) is held to
-    // cuobjdump on the GPU host, by scripts/gpu-check part 3.
-    assert!(find("torch/lib/libtorch_cuda.so")["owner"] == "torch 2.12.0");
-    for (suffix, owner) in [
-        ("torch/lib/libtorch_cuda_linalg.so", "torch 2.12.0"),
-        ("cu13/lib/libcublas.so.13", "nvidia-cublas 13.1.1.3"),
-        ("nccl/lib/libnccl.so.2", "nvidia-nccl-cu13"),
-    ] {
-        let b = find(suffix);
-        assert!(b["owner"].as_str().unwrap().starts_with(owner), "{b}");
-        assert_eq!(code(b), cuobjdump_targets(&on_host(b)), "{suffix}");
-    }
-    let cufft = find("cu13/lib/libcufft.so.12");
-    let listed = cuobjdump_targets(&on_host(cufft));
-    assert_eq!(listed, BTreeSet::from(["sm_75".to_owned()]));
-    assert!(
-        code(cufft).is_superset(&listed) && code(cufft).contains("sm_90"),
-        "{cufft}"
-    );
-    assert_eq!(cufft["gpus"][1]["runs"], "sass", "{cufft}");
-    // The one binary a 7.5 GPU cannot run; 9.0 runs every one.
-    let linalg = find("torch/lib/libtorch_cuda_linalg.so");
-    assert_eq!(linalg["gpus"][0]["runs"], "no", "{linalg}");
-    let cannot: Vec<&str> = binaries
-        .iter()
-        .filter(|b| {
-            b["gpus"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|g| g["runs"] == "no")
-        })
-        .map(|b| b["path"].as_str().unwrap())
-        .collect();
-    assert_eq!(cannot, [linalg["path"].as_str().unwrap()], "{text}");
-    assert!(text.contains("capability 9.0: runs all of them"), "{text}");
-}
-
-/// bitsandbytes 0.45.5 from PyPI, as an image keeps it: a library per CUDA
-/// release. Those for CUDA 11.7 to 12.6 carry SASS from sm_50 to sm_86 or
-/// sm_90 and the PTX of the last (which cuobjdump lists only with `-all`),
-/// the one for CUDA 12.8 SASS from sm_70 to sm_120: a Pascal GPU (6.1)
-/// cannot run that one, and a Blackwell one (12.0) runs it from SASS and
-/// the others by PTX JIT. cuobjdump 13.5 reads seven of the ten whole; in
-/// the CUDA 12.0 to 12.2 ones it stops at "Invalid ELF" after four cubins.
-#[test]
-fn the_bitsandbytes_wheel_is_audited_as_cuobjdump_reads_it() {
-    let Some(image) = std::env::var_os("GPUARCH_BNB_IMAGE") else {
-        gpuarch_tests::skip(
-            "GPUARCH_BNB_IMAGE names no image (scripts/test unpacks bitsandbytes' wheel)",
-        );
-        return;
-    };
-    let image = std::path::PathBuf::from(image);
-    if gpuarch_tests::cuda_dir().is_none() {
-        return;
-    }
-    let (o, doc) = audit(&["audit", image.to_str().unwrap(), "--cap", "6.1,8.6,12.0"]);
-    let text = stdout(&o);
-    assert_eq!(o.status.code(), Some(1), "{text}");
-    let binaries = doc["binaries"].as_array().unwrap();
-    let libs: Vec<&Value> = binaries
-        .iter()
-        .filter(|b| {
-            b["path"]
-                .as_str()
-                .unwrap()
-                .contains("/libbitsandbytes_cuda")
-        })
-        .collect();
-    assert_eq!(libs.len(), 10, "{text}");
-    assert_eq!(
-        binaries.len(),
-        10,
-        "the CPU library carries no GPU code: {text}"
-    );
-    let cuda124 = libs
-        .iter()
-        .find(|b| b["path"].as_str().unwrap().ends_with("cuda124.so"))
-        .map(|b| code_of(b))
-        .unwrap();
-    let mut compared = 0;
-    for b in libs {
-        let path = b["path"].as_str().unwrap();
-        assert_eq!(b["owner"], "bitsandbytes 0.45.5", "{b}");
-        let code = code_of(b);
-        let on_host = image.join(path.trim_start_matches('/'));
-        match cuobjdump_listed(&on_host, &["-all"]) {
-            (listed, None) => {
-                assert_eq!(code, listed, "{path}");
-                compared += 1;
-            }
-            // cuobjdump 13.5 stops at "Invalid ELF" in the CUDA 12.0 to
-            // 12.2 libraries after their first four cubins: what it listed
-            // is the audit's, and the rest is the same build matrix as
-            // CUDA 12.4's, which it reads whole.
-            (listed, Some(fatal)) => {
-                assert!(listed.is_subset(&code), "{path}: {listed:?} {fatal}");
-                assert_eq!(code, cuda124, "{path}: {fatal}");
-            }
-        }
-        let runs: Vec<&str> = b["gpus"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|g| g["runs"].as_str().unwrap())
-            .collect();
-        if path.ends_with("cuda128.so") {
-            assert!(!code.contains("sm_61") && code.contains("sm_120"), "{b}");
-            assert_eq!(runs, ["no", "sass", "sass"], "{b}");
-        } else {
-            // 11.7's PTX is compute_86, the others' compute_90.
-            assert!(code.contains("sm_61"), "{b}");
-            assert!(code.iter().any(|c| c.starts_with("compute_")), "{b}");
-            assert!(
-                !code
-                    .iter()
-                    .any(|c| c.ends_with("_100") || c.ends_with("_120")),
-                "{b}"
-            );
-            assert_eq!(runs, ["sass", "sass", "jit"], "{b}");
-        }
-    }
-    assert!(compared >= 7, "cuobjdump read {compared} of the 10 whole");
-    assert!(
-        text.contains("capability 6.1: cannot run 1 of them"),
-        "{text}"
-    );
-    assert!(
-        text.contains("capability 12.0: runs all of them (1 from SASS, 9 by PTX JIT)"),
-        "{text}"
-    );
 }
 
 /// The hook on `root` for GPU `gpu` of the node's 2080 Ti + 3090, with the
