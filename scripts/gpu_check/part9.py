@@ -74,9 +74,10 @@ def audit_run(host, args, rehearse):
 
 
 def part9(host, rehearse=False):
-    """Part 9: gpuarchctl audit held to the driver. Three libraries nvcc
-    builds, each inside a package of a scratch image (sm_75 only, as seed
-    000's xformers; this GPU's SASS; compute_80 PTX only): the audit's
+    """Part 9: gpuarchctl audit held to the driver. Libraries nvcc builds,
+    each inside a package of a scratch image (sm_75 only, as seed 000's
+    xformers; this GPU's SASS; compute_80 PTX only; a package with this
+    GPU's SASS and a backend built for a newer GPU alone): the audit's
     verdict for GPU 0 against a launch of the library's kernel, with PTX
     JIT allowed and forbidden. Then this host's own image (its root, its
     Python on PATH): the audit finds torch's libraries and cuBLAS, and
@@ -99,40 +100,56 @@ def part9(host, rehearse=False):
     src = os.path.join(d, "probe.cu")
     os.makedirs(site)
     open(src, "w").write(AUDIT_PROBE_CU)
-    variants = [  # (distribution, package, gencode, what the audit must say for this GPU)
-        ("xformers", "xformers", ["arch=compute_75,code=sm_75"],
+    # A capability newer than this GPU's that nvcc builds, for a backend
+    # built only for newer GPUs beside its package's own library.
+    newer = next((c for c in ("80", "86", "90", "100", "120") if int(c) > int(sm)), None)
+    # (check, distribution, package, library in it, gencode, what the
+    # audit must say for this GPU)
+    variants = [
+        ("xformers", "xformers", "xformers", "_C.so", ["arch=compute_75,code=sm_75"],
          "sass" if cap == "7.5" else "no"),
-        ("probe-native", "probe_native", [f"arch=compute_{sm},code=sm_{sm}"], "sass"),
-        ("probe-ptx", "probe_ptx", ["arch=compute_80,code=compute_80"],
+        ("probe-native", "probe-native", "probe_native", "_C.so",
+         [f"arch=compute_{sm},code=sm_{sm}"], "sass"),
+        ("probe-ptx", "probe-ptx", "probe_ptx", "_C.so", ["arch=compute_80,code=compute_80"],
          "sass" if cap == "8.0" else "jit"),
     ]
-    for dist, pkg, gencode, _ in variants:
-        os.makedirs(os.path.join(site, pkg))
-        lib = os.path.join(site, pkg, "_C.so")
+    if newer:
+        variants += [
+            ("probe-backend", "probe-backend", "probe_backend", "_C.so",
+             [f"arch=compute_{sm},code=sm_{sm}"], "sass"),
+            ("probe-backend, built for newer GPUs", "probe-backend", "probe_backend",
+             "newer/_C.so", [f"arch=compute_{newer},code=sm_{newer}"], "other_gpus"),
+        ]
+    records = {}
+    for _, dist, pkg, rel, gencode, _ in variants:
+        lib = os.path.join(site, pkg, rel)
+        os.makedirs(os.path.dirname(lib), exist_ok=True)
         flags = [x for g in gencode for x in ("-gencode", g)]
         rc, _, err = sh([nvcc, "-shared", "-Xcompiler", "-fPIC", "-cudart", "shared",
                          f"-L{cuda_lib}", *flags, "-o", lib, src])
         if rc != 0:
             return check(what, dist, False, f"nvcc {' '.join(flags)}: {err.strip()[-300:]}")
+        records.setdefault((dist, pkg), []).append(f"{pkg}/{rel}")
+    for (dist, pkg), files in records.items():
         info = os.path.join(site, f"{pkg}-1.0.dist-info")
         os.makedirs(info)
         open(os.path.join(info, "METADATA"), "w").write(
             f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n\n")
         open(os.path.join(info, "RECORD"), "w").write(
-            f"{pkg}/_C.so,,\n{pkg}-1.0.dist-info/RECORD,,\n")
+            "".join(f"{f},,\n" for f in files) + f"{pkg}-1.0.dist-info/RECORD,,\n")
     rc, doc, err, secs, _ = audit_run(host, [root], rehearse)
     if doc is None:
         return check(what, "gpuarchctl audit", False, f"exit {rc}: {err[-400:]}")
-    runs = {b["owner"].split()[0]: b["gpus"][0] for b in doc["binaries"]}
-    for dist, pkg, gencode, want in variants:
-        v = runs.get(dist)
+    runs = {b["path"]: b["gpus"][0] for b in doc["binaries"]}
+    for name, dist, pkg, rel, gencode, want in variants:
+        lib = os.path.join(site, pkg, rel)
+        v = runs.get("/" + os.path.relpath(lib, root))
         if v is None:
-            check(what, dist, False, f"the audit did not list {pkg}/_C.so: {doc}")
+            check(what, name, False, f"the audit did not list {pkg}/{rel}: {doc}")
             continue
-        lib = os.path.join(site, pkg, "_C.so")
         detail = f"{' '.join(gencode)}: gpuarchctl audit: {v['how']}"
         if rehearse:
-            check(what, dist, v["runs"] == want, detail + f" (wanted {want} for {cap})" + label,
+            check(what, name, v["runs"] == want, detail + f" (wanted {want} for {cap})" + label,
                   audit=v)
             continue
         launches = {}
@@ -151,8 +168,10 @@ def part9(host, rehearse=False):
         elif v["runs"] == "jit":
             ok = on == 0 and off not in (0,)
         else:
+            # "no", or "other_gpus": a backend for other GPUs, which fails
+            # where it is launched anyway.
             ok = on == 209
-        check(what, dist, ok and v["runs"] == want,
+        check(what, name, ok and v["runs"] == want,
               detail + f"; the kernel's launch: {'ran' if on == 0 else f'CUDA error {on}'}, "
               f"with JIT off {'ran' if off == 0 else f'CUDA error {off}'}",
               audit=v, launch_jit_on=on, launch_jit_off=off)

@@ -69,8 +69,9 @@ fn without_a_driver_every_part_says_so_and_the_report_is_written() {
 /// get a cache of their own. Part 8 in the same run: the hook reads this
 /// host's root as the image, finds its torch through the venv on PATH, and
 /// an extension built under that Plan carries sm_90. Part 9 too: the
-/// audit's verdicts on libraries nvcc builds (sm_75 only, sm_90, PTX only)
-/// for the H100 fixture, and this host's own image audited.
+/// audit's verdicts on libraries nvcc builds (sm_75 only, sm_90, PTX only,
+/// and a package with sm_90 and a backend for sm_100 alone) for the H100
+/// fixture, and this host's own image audited.
 #[test]
 fn parts_7_8_and_9_rehearsed_without_a_gpu() {
     gpuarch_tests::skip_unless!(gpuarch_tests::cannot_run(
@@ -149,6 +150,8 @@ fn parts_7_8_and_9_rehearsed_without_a_gpu() {
         "xformers",
         "probe-native",
         "probe-ptx",
+        "probe-backend",
+        "probe-backend, built for newer GPUs",
         "the host's own image",
     ]);
     assert_eq!(names, want, "{stdout}");
@@ -156,6 +159,12 @@ fn parts_7_8_and_9_rehearsed_without_a_gpu() {
     assert_eq!(audit("xformers")["audit"]["runs"], "no");
     assert_eq!(audit("probe-native")["audit"]["runs"], "sass");
     assert_eq!(audit("probe-ptx")["audit"]["runs"], "jit");
+    // A package built for this GPU, with a backend built for sm_100 alone.
+    assert_eq!(audit("probe-backend")["audit"]["runs"], "sass");
+    assert_eq!(
+        audit("probe-backend, built for newer GPUs")["audit"]["runs"],
+        "other_gpus"
+    );
     assert_eq!(
         audit("the host's own image")["cannot"],
         serde_json::json!([])
