@@ -105,10 +105,11 @@ pub fn rebuild_list(caps: impl IntoIterator<Item = ComputeCapability>) -> String
 /// Code built for older GPUs alone beside nothing that covers `cap` (the
 /// seed case: an xformers whose `_C.so` carries only `sm_75`, on an 8.6)
 /// is neither, nor is a distribution none of whose code runs on `cap`.
-/// Targets alone cannot tell a gated backend from a library that is
-/// launched anyway (torch 2.12's `libtorch_cuda_linalg.so` carries sm_80
-/// and up where its `libtorch_cuda.so` has sm_75), so such code is said,
-/// never refused: a refusal is for what fails for certain.
+/// Targets alone cannot tell a gated backend from a library launched on
+/// any GPU: torch 2.12's `libtorch_cuda_linalg.so` (sm_80 and up, beside
+/// a `libtorch_cuda.so` with sm_75) looks like a backend, and nothing we
+/// know of gates it. So such code is said, never refused: a refusal is
+/// for what fails for certain.
 pub fn for_other_gpus(
     audit: &ImageAudit,
     b: &Binary,
