@@ -60,6 +60,14 @@ fn run(root: &Path, view: &ContainerView, limits: &Limits) -> ImageAudit {
     audit(Files::Root(&Root::open(root).unwrap()), view, limits)
 }
 
+/// Each binary the audit lists: owner, path, code.
+fn listed(a: &ImageAudit) -> Vec<(&str, &str, Vec<String>)> {
+    a.binaries
+        .iter()
+        .map(|b| (b.owner.as_str(), b.path.as_str(), b.code.clone()))
+        .collect()
+}
+
 fn view() -> ContainerView {
     ContainerView::default()
 }
@@ -92,13 +100,8 @@ fn each_distributions_gpu_binaries_are_listed_with_its_release() {
     let a = run(r, &view(), &Limits::default());
     assert_eq!(a.stopped, None);
     assert!(a.read.contains(&format!("/{SITE}")), "{:?}", a.read);
-    let found: Vec<(&str, &str, Vec<String>)> = a
-        .binaries
-        .iter()
-        .map(|b| (b.owner.as_str(), b.path.as_str(), b.code.clone()))
-        .collect();
     assert_eq!(
-        found,
+        listed(&a),
         [
             (
                 "torch 2.12.0",

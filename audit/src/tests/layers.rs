@@ -69,15 +69,10 @@ fn an_image_given_as_its_layers_is_audited_as_overlayfs_shows_it() {
     let dirs = image(d.path(), outside.path());
     let layers = Layers::open(&dirs).unwrap();
     let a = audit(Files::Layers(&layers), &view(), &Limits::default());
-    let found: Vec<(&str, &str, Vec<String>)> = a
-        .binaries
-        .iter()
-        .map(|b| (b.owner.as_str(), b.path.as_str(), b.code.clone()))
-        .collect();
     // The upper layer's xformers, not the hidden one; the removed library
     // not at all; the links out of the image, and the FIFO, never read.
     assert_eq!(
-        found,
+        listed(&a),
         [(
             "xformers 0.0.30",
             "/usr/local/lib/python3.12/dist-packages/xformers/_C.so",
