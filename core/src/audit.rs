@@ -96,7 +96,8 @@ pub fn rebuild_list(caps: impl IntoIterator<Item = ComputeCapability>) -> String
 /// GPU's capability (xformers' FlashAttention-3 from 8.0, vLLM's Hopper
 /// and SM100 kernels, bitsandbytes' library per CUDA runtime): its
 /// distribution has another binary that runs on `cap` (the package is
-/// built for this GPU), and `b` is
+/// built for this GPU; [`Runners`] holds the one with the most targets),
+/// and `b` is
 /// - built for newer GPUs alone: each target newer than `cap`, or for one
 ///   architecture or family (`sm_90a`, `sm_100f`); or
 /// - built for fewer GPUs than that binary: its targets are some of
@@ -110,25 +111,42 @@ pub fn rebuild_list(caps: impl IntoIterator<Item = ComputeCapability>) -> String
 /// a `libtorch_cuda.so` with sm_75) looks like a backend, and nothing we
 /// know of gates it. So such code is said, never refused: a refusal is
 /// for what fails for certain.
-pub fn for_other_gpus(
-    audit: &ImageAudit,
-    b: &Binary,
-    cap: ComputeCapability,
-    driver: Option<CudaVersion>,
-) -> bool {
+pub fn for_other_gpus(runners: &Runners<'_>, b: &Binary, cap: ComputeCapability) -> bool {
     let targets = b.targets();
-    if targets.is_empty() || !b.of_distribution() {
+    let Some(o) = runners.0.get(b.owner.as_str()) else {
+        return false;
+    };
+    if targets.is_empty() || o.path == b.path {
         return false;
     }
     let newer = targets
         .iter()
         .all(|t| t.cap > cap || t.spec != Specificity::Generic);
-    audit.binaries.iter().any(|o| {
-        o.owner == b.owner
-            && o.path != b.path
-            && (newer || (o.code.len() > b.code.len() && b.code.iter().all(|c| o.code.contains(c))))
-            && !matches!(o.placement(cap, driver), Placement::No(_))
-    })
+    newer || (o.code.len() > b.code.len() && b.code.iter().all(|c| o.code.contains(c)))
+}
+
+/// For each distribution of an audit, its binary with the most targets of
+/// those a GPU runs: what [`for_other_gpus`] holds another binary to. Made
+/// in one pass, so that judging an image costs in proportion to its
+/// binaries, however many a hostile one lists.
+#[derive(Debug, Default)]
+pub struct Runners<'a>(std::collections::HashMap<&'a str, &'a Binary>);
+
+impl<'a> Runners<'a> {
+    /// The runners of `audit` on a GPU of `cap`.
+    pub fn of(audit: &'a ImageAudit, cap: ComputeCapability, driver: Option<CudaVersion>) -> Self {
+        let mut m: std::collections::HashMap<&str, &Binary> = std::collections::HashMap::new();
+        for b in audit.binaries.iter().filter(|b| b.of_distribution()) {
+            if matches!(b.placement(cap, driver), Placement::No(_)) {
+                continue;
+            }
+            let e = m.entry(b.owner.as_str()).or_insert(b);
+            if b.code.len() > e.code.len() {
+                *e = b;
+            }
+        }
+        Self(m)
+    }
 }
 
 /// What of an image a GPU does not run from SASS, one line per binary.
@@ -158,6 +176,7 @@ pub fn findings(
     archs: &str,
 ) -> Findings {
     let mut f = Findings::default();
+    let runners = Runners::of(audit, cap, driver);
     for b in &audit.binaries {
         match b.placement(cap, driver) {
             Placement::Sass(_) => {}
@@ -165,7 +184,7 @@ pub fn findings(
                 "{} {:?} carries no SASS for {gpu}: it runs by PTX JIT from {t}, compiled by the driver at its first load (seconds to minutes for a large library; CUDA_CACHE_PATH keeps it)",
                 b.owner, b.path
             )),
-            Placement::No(_) if for_other_gpus(audit, b, cap, driver) => f.other.push(format!(
+            Placement::No(_) if for_other_gpus(&runners, b, cap) => f.other.push(format!(
                 "{} {:?} carries only {}, built for other GPUs than {gpu} (each target newer or for one architecture, or fewer than the package's own): packages ship such code as a backend they launch only where it runs (xformers' FlashAttention-3, vLLM's Hopper and SM100 kernels); launched on {gpu} anyway, it fails. Not refused",
                 b.owner,
                 b.path,
@@ -323,6 +342,33 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(counts(&seed, cc(8, 6)), (1, 0));
+    }
+
+    /// A hostile image listing 80,000 binaries of one distribution (what
+    /// 8 MiB of kept audit holds), half of them runnable: judged in one
+    /// pass per GPU, not one per pair.
+    #[test]
+    fn judging_many_binaries_costs_in_proportion_to_them() {
+        let binaries = (0..80_000)
+            .map(|i| Binary {
+                path: format!("/p/{i}.so"),
+                owner: "p 1".into(),
+                size: 1,
+                code: vec![if i % 2 == 0 { "sm_75" } else { "sm_86" }.into()],
+            })
+            .collect();
+        let a = ImageAudit {
+            binaries,
+            ..Default::default()
+        };
+        let t = std::time::Instant::now();
+        let f = findings(&a, "GPU 0", ComputeCapability::new(7, 5), None, "7.5");
+        assert_eq!((f.cannot.len(), f.other.len()), (0, 40_000));
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            t.elapsed()
+        );
     }
 
     #[test]

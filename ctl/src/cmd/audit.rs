@@ -11,7 +11,7 @@ use gpuarch_audit::Limits;
 use gpuarch_container::rootfs::Root;
 use gpuarch_core::arch::{CudaVersion, Placement};
 use gpuarch_core::audit::ImageAudit;
-use gpuarch_core::audit::for_other_gpus;
+use gpuarch_core::audit::{Runners, for_other_gpus};
 use gpuarch_core::oci::ContainerView;
 use gpuarch_wire::dbus::InventoryProxy;
 use serde_json::json;
@@ -48,13 +48,18 @@ pub fn run(cli: &Cli, args: &AuditArgs, out: &mut String) -> Result<u8> {
     let audit = gpuarch_audit::audit(gpuarch_container::image::Files::Root(&root), &view, &limits);
     // The list a rebuild for all of these GPUs takes.
     let archs = gpuarch_core::audit::rebuild_list(gpus.iter().map(|(_, c)| *c));
+    let runners: Vec<Runners> = gpus
+        .iter()
+        .map(|(_, c)| Runners::of(&audit, *c, driver))
+        .collect();
     let judged: Vec<Vec<Judged>> = audit
         .binaries
         .iter()
         .map(|b| {
             gpus.iter()
-                .map(|(_, c)| match b.placement(*c, driver) {
-                    Placement::No(_) if for_other_gpus(&audit, b, *c, driver) => Judged::Other,
+                .zip(&runners)
+                .map(|((_, c), r)| match b.placement(*c, driver) {
+                    Placement::No(_) if for_other_gpus(r, b, *c) => Judged::Other,
                     p => Judged::Is(p),
                 })
                 .collect()
