@@ -231,6 +231,36 @@ fn verify(what: &str, i: usize, kind: Kind, seen: &Seen, uuids: &[String]) {
     }
 }
 
+/// Each kind's start figure over the rounds of two measures: the median
+/// round's ratio (with an even count, the mean of the middle two).
+fn pooled(first: &[Added], again: &[Added]) -> Vec<Added> {
+    first
+        .iter()
+        .zip(again)
+        .map(|(a, b)| {
+            let mut r: Vec<f64> = a.rounds.iter().chain(&b.rounds).copied().collect();
+            r.sort_by(f64::total_cmp);
+            let mid = r.len() / 2;
+            let m = if r.len() % 2 == 0 {
+                (r[mid - 1] + r[mid]) / 2.0
+            } else {
+                r[mid]
+            };
+            eprintln!(
+                "  {:?}: {:+.1}% added, the median of both measures' {} rounds",
+                a.kind,
+                100.0 * (m - 1.0),
+                r.len()
+            );
+            Added {
+                start: m - 1.0,
+                rounds: r,
+                ..b.clone()
+            }
+        })
+        .collect()
+}
+
 fn median(v: &mut [Duration]) -> Duration {
     v.sort();
     v[v.len() / 2]
@@ -252,7 +282,7 @@ struct Tally {
 }
 
 /// What one kind added to the baseline kind's start, as fractions.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Added {
     kind: Kind,
     /// Start time: the geometric mean over rounds of the ratio of the two
@@ -261,6 +291,8 @@ struct Added {
     /// CPU time per container: the ratio of the two kinds' medians over
     /// all rounds.
     cpu: f64,
+    /// Each round's ratio of the two kinds' median starts.
+    rounds: Vec<f64>,
 }
 
 impl Tally {
@@ -307,6 +339,7 @@ impl Tally {
                     start: (ratios.iter().map(|r| r.ln()).sum::<f64>() / rounds as f64).exp()
                         - 1.0,
                     cpu: cpu.div_duration_f64(base_cpu) - 1.0,
+                    rounds: ratios.clone(),
                 };
                 eprintln!(
                     "  {kind:?}: start {:.1?}, {:+.1}% added (per round {}); CPU {cpu:.1?}, {:+.1}% added",
@@ -431,6 +464,30 @@ impl Tmpfs {
     }
 }
 
+/// A tmpfs mounted over an existing directory for as long as it lives.
+struct Over(PathBuf);
+
+impl Tmpfs {
+    fn over(dir: &Path) -> Over {
+        use nix::mount::{MsFlags, mount};
+        mount(
+            Some("tmpfs"),
+            dir,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=0700"),
+        )
+        .unwrap_or_else(|e| panic!("mount a tmpfs on {}: {e}", dir.display()));
+        Over(dir.to_owned())
+    }
+}
+
+impl Drop for Over {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
 impl Drop for Tmpfs {
     fn drop(&mut self) {
         let _ = nix::mount::umount2(self.0.path(), nix::mount::MntFlags::MNT_DETACH);
@@ -473,6 +530,13 @@ fn fifty_containers_at_once_each_get_their_own_plan() {
         .collect();
 
     let mut s = Scene::new();
+    // The hook's and the shim's own writes (their log, the Plan records,
+    // the image read's cache) on a tmpfs, as a host keeps them
+    // (/run/gpuarch; the log in the journal): on this machine's ext4 they
+    // wait behind the journal commits of what was written just before (a
+    // CI run's release build and fuzzing), which no host's start pays.
+    let _scene = Tmpfs::over(s.path());
+    make_rootfs(&s.path().join("rootfs"));
     // Bundles on a tmpfs, where engines keep them (containerd and Docker
     // under /run/containerd, CRI-O under /run/containers). On this
     // machine's ext4 the shim's atomic rewrite of config.json (a new file
@@ -555,16 +619,22 @@ fn fifty_containers_at_once_each_get_their_own_plan() {
     // of that size is there both times; one bad stretch of this machine
     // (a CI run once saw its rounds climb +23%, -9%, +21%, +30%, +43%,
     // +71% while the CPU each container took stayed within 6%) is not.
+    // Measured again, a way of starting is judged on the median round of
+    // both measures: a round or a few that a stretch of the machine slowed
+    // (one CI run's second measure had a round at +126% among five from
+    // +1.6% to +50%) move it no more than any other round does.
     let over = |added: &[Added]| added.iter().any(|a| a.start >= START_GUARD);
     let runc_start = if over(&runc_added) {
         eprintln!("runc: a start figure over the guard; measuring again");
-        measure_runc().report("runc behind gpuarch-runtime, again")
+        let again = measure_runc().report("runc behind gpuarch-runtime, again");
+        pooled(&runc_added, &again)
     } else {
         runc_added.clone()
     };
     let podman_start = if over(&podman_added) {
         eprintln!("podman: a start figure over the guard; measuring again");
-        measure_podman().report("podman with the precreate hook, again")
+        let again = measure_podman().report("podman with the precreate hook, again");
+        pooled(&podman_added, &again)
     } else {
         podman_added
     };
@@ -573,7 +643,7 @@ fn fifty_containers_at_once_each_get_their_own_plan() {
     for (what, a) in all.chain(podman_start.iter().map(|a| ("podman", a))) {
         assert!(
             a.start < START_GUARD,
-            "{what}, {:?}: gpuarch added {:.1}% to a container's start, over {:.0}%, twice",
+            "{what}, {:?}: gpuarch added {:.1}% to a container's start, over {:.0}%, measured twice",
             a.kind,
             100.0 * a.start,
             100.0 * START_GUARD
@@ -596,4 +666,20 @@ fn fifty_containers_at_once_each_get_their_own_plan() {
     );
     let (status, _) = node.stop();
     assert!(status.success(), "{status:?}\n{}", node.log());
+}
+
+/// Two measures judged together: the median of all their rounds, one slow
+/// stretch (a round at +126%) moving it no more than any round.
+#[test]
+fn a_figure_measured_twice_is_the_median_of_both_measures_rounds() {
+    let added = |rounds: &[f64]| Added {
+        kind: Kind::PlanOnly,
+        start: 0.0,
+        cpu: 0.05,
+        rounds: rounds.to_vec(),
+    };
+    let p = pooled(&[added(&[1.1, 1.3, 2.26])], &[added(&[1.2, 1.0, 1.05])]);
+    assert!((p[0].start - 0.15).abs() < 1e-9, "{p:?}");
+    assert_eq!(p[0].rounds.len(), 6);
+    assert_eq!(p[0].kind, Kind::PlanOnly);
 }
