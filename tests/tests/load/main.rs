@@ -241,7 +241,7 @@ fn pooled(first: &[Added], again: &[Added]) -> Vec<Added> {
             let mut r: Vec<f64> = a.rounds.iter().chain(&b.rounds).copied().collect();
             r.sort_by(f64::total_cmp);
             let mid = r.len() / 2;
-            let m = if r.len() % 2 == 0 {
+            let m = if r.len().is_multiple_of(2) {
                 (r[mid - 1] + r[mid]) / 2.0
             } else {
                 r[mid]
