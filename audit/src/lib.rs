@@ -34,7 +34,9 @@ use std::time::{Duration, Instant};
 use gpuarch_container::audit::Source;
 use gpuarch_container::image::{Files, Layers};
 use gpuarch_container::rootfs::Root;
-use gpuarch_core::audit::{Binary, ImageAudit, SCHEMA, candidate};
+use gpuarch_core::audit::{
+    Binary, CACHE_OWNERS, ImageAudit, LIBRARY_PATH_OWNER, SCHEMA, candidate,
+};
 use gpuarch_core::oci::ContainerView;
 use gpuarch_kernels::inspect::{self, InspectError};
 use nix::dir::Type;
@@ -127,6 +129,7 @@ pub fn audit(root: Files<'_>, view: &ContainerView, limits: &Limits) -> ImageAud
 /// The directories beside the Python environments: (path inside the
 /// image, owner as the audit names it, depth walked).
 fn other_dirs(view: &ContainerView) -> Vec<(String, String, usize)> {
+    let [hub_owner, kernels_owner, flashinfer_owner] = CACHE_OWNERS;
     let mut dirs = Vec::new();
     let mut libs: Vec<String> = view
         .env_get("LD_LIBRARY_PATH")
@@ -137,7 +140,7 @@ fn other_dirs(view: &ContainerView) -> Vec<(String, String, usize)> {
         .collect();
     libs.push("usr/local/cuda/lib64".into());
     for l in libs {
-        let owner = format!("library path /{l}");
+        let owner = format!("{LIBRARY_PATH_OWNER}/{l}");
         dirs.push((l, owner, 0));
     }
     let home = view
@@ -158,17 +161,17 @@ fn other_dirs(view: &ContainerView) -> Vec<(String, String, usize)> {
         })
         .or_else(|| under_home(".cache/huggingface/hub"));
     if let Some(h) = hub {
-        dirs.push((h, "Hugging Face hub cache".into(), MAX_DEPTH));
+        dirs.push((h, hub_owner.into(), MAX_DEPTH));
     }
     if let Some(k) = view.env_get("KERNELS_CACHE").and_then(rel_of) {
-        dirs.push((k, "Hugging Face kernels cache".into(), MAX_DEPTH));
+        dirs.push((k, kernels_owner.into(), MAX_DEPTH));
     }
     let fi = view
         .env_get("FLASHINFER_CUBIN_DIR")
         .and_then(rel_of)
         .or_else(|| under_home(".cache/flashinfer"));
     if let Some(f) = fi {
-        dirs.push((f, "FlashInfer cubin cache".into(), MAX_DEPTH));
+        dirs.push((f, flashinfer_owner.into(), MAX_DEPTH));
     }
     dirs
 }

@@ -35,6 +35,17 @@ pub struct ImageAudit {
     pub millis: u64,
 }
 
+/// How the audit names the owner of a binary found in a directory of the
+/// library path: this, then the directory (`library path /usr/lib`).
+pub const LIBRARY_PATH_OWNER: &str = "library path ";
+/// The owners of binaries found in kernel caches: Hugging Face's hub
+/// cache, its `kernels` cache, FlashInfer's cubin cache.
+pub const CACHE_OWNERS: [&str; 3] = [
+    "Hugging Face hub cache",
+    "Hugging Face kernels cache",
+    "FlashInfer cubin cache",
+];
+
 /// A file with GPU code.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Binary {
@@ -62,7 +73,7 @@ impl Binary {
     /// Version`), rather than a directory holding many makers' files (the
     /// library path, a kernel cache).
     pub fn of_distribution(&self) -> bool {
-        !self.owner.starts_with("library path ") && !self.owner.ends_with(" cache")
+        !self.owner.starts_with(LIBRARY_PATH_OWNER) && !CACHE_OWNERS.contains(&self.owner.as_str())
     }
 
     /// Where it runs on a GPU of `cap`.
@@ -96,7 +107,7 @@ pub fn rebuild_list(caps: impl IntoIterator<Item = ComputeCapability>) -> String
 /// GPU's capability (xformers' FlashAttention-3 from 8.0, vLLM's Hopper
 /// and SM100 kernels, bitsandbytes' library per CUDA runtime): its
 /// distribution has another binary that runs on `cap` (the package is
-/// built for this GPU; [`Runners`] holds the one with the most targets),
+/// built for this GPU; `widest` is its one with the most targets),
 /// and `b` is
 /// - built for newer GPUs alone: each target newer than `cap`, or for one
 ///   architecture or family (`sm_90a`, `sm_100f`); or
@@ -111,9 +122,9 @@ pub fn rebuild_list(caps: impl IntoIterator<Item = ComputeCapability>) -> String
 /// a `libtorch_cuda.so` with sm_75) looks like a backend, and nothing we
 /// know of gates it. So such code is said, never refused: a refusal is
 /// for what fails for certain.
-pub fn for_other_gpus(runners: &Runners<'_>, b: &Binary, cap: ComputeCapability) -> bool {
+fn for_other_gpus(widest: Option<&Binary>, b: &Binary, cap: ComputeCapability) -> bool {
     let targets = b.targets();
-    let Some(o) = runners.0.get(b.owner.as_str()) else {
+    let Some(o) = widest else {
         return false;
     };
     if targets.is_empty() || o.path == b.path {
@@ -125,28 +136,72 @@ pub fn for_other_gpus(runners: &Runners<'_>, b: &Binary, cap: ComputeCapability)
     newer || (o.code.len() > b.code.len() && b.code.iter().all(|c| o.code.contains(c)))
 }
 
-/// For each distribution of an audit, its binary with the most targets of
-/// those a GPU runs: what [`for_other_gpus`] holds another binary to. Made
-/// in one pass, so that judging an image costs in proportion to its
-/// binaries, however many a hostile one lists.
-#[derive(Debug, Default)]
-pub struct Runners<'a>(std::collections::HashMap<&'a str, &'a Binary>);
+/// Where a binary runs on one GPU, code built only for other GPUs
+/// (`for_other_gpus`) apart, as it fails nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Judged {
+    Is(Placement),
+    Other,
+}
 
-impl<'a> Runners<'a> {
-    /// The runners of `audit` on a GPU of `cap`.
-    pub fn of(audit: &'a ImageAudit, cap: ComputeCapability, driver: Option<CudaVersion>) -> Self {
-        let mut m: std::collections::HashMap<&str, &Binary> = std::collections::HashMap::new();
-        for b in audit.binaries.iter().filter(|b| b.of_distribution()) {
-            if matches!(b.placement(cap, driver), Placement::No(_)) {
-                continue;
-            }
-            let e = m.entry(b.owner.as_str()).or_insert(b);
-            if b.code.len() > e.code.len() {
-                *e = b;
-            }
+impl Judged {
+    /// The verdict as `gpuarchctl audit --json` names it.
+    pub fn runs(&self) -> &'static str {
+        match self {
+            Judged::Is(Placement::Sass(_)) => "sass",
+            Judged::Is(Placement::Jit(_)) => "jit",
+            Judged::Is(Placement::No(_)) => "no",
+            Judged::Other => "other_gpus",
         }
-        Self(m)
     }
+}
+
+impl std::fmt::Display for Judged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Judged::Is(p) => p.fmt(f),
+            Judged::Other => f.write_str(
+                "built only for other GPUs (each target newer or for one architecture, or fewer than the package's own): a backend packages launch only where it runs; launched here anyway, it fails",
+            ),
+        }
+    }
+}
+
+/// Where each binary of `audit` runs on a GPU of `cap`, in order. Each
+/// placement is worked out once, and each distribution's widest binary
+/// that runs found in the same pass, so that judging an image costs in
+/// proportion to its binaries, however many a hostile one lists.
+pub fn verdicts(
+    audit: &ImageAudit,
+    cap: ComputeCapability,
+    driver: Option<CudaVersion>,
+) -> Vec<Judged> {
+    let placed: Vec<Placement> = audit
+        .binaries
+        .iter()
+        .map(|b| b.placement(cap, driver))
+        .collect();
+    let mut widest: std::collections::HashMap<&str, &Binary> = std::collections::HashMap::new();
+    for (b, p) in audit.binaries.iter().zip(&placed) {
+        if !b.of_distribution() || matches!(p, Placement::No(_)) {
+            continue;
+        }
+        let e = widest.entry(b.owner.as_str()).or_insert(b);
+        if b.code.len() > e.code.len() {
+            *e = b;
+        }
+    }
+    audit
+        .binaries
+        .iter()
+        .zip(placed)
+        .map(|(b, p)| match p {
+            Placement::No(_) if for_other_gpus(widest.get(b.owner.as_str()).copied(), b, cap) => {
+                Judged::Other
+            }
+            p => Judged::Is(p),
+        })
+        .collect()
 }
 
 /// What of an image a GPU does not run from SASS, one line per binary.
@@ -157,7 +212,7 @@ pub struct Findings {
     pub cannot: Vec<String>,
     /// Binaries it runs only by PTX JIT.
     pub jit: Vec<String>,
-    /// Binaries built only for other GPUs ([`for_other_gpus`]), which a
+    /// Binaries built only for other GPUs (`for_other_gpus`), which a
     /// package that gates them never launches on it: said, never a
     /// refusal.
     pub other: Vec<String>,
@@ -176,21 +231,20 @@ pub fn findings(
     archs: &str,
 ) -> Findings {
     let mut f = Findings::default();
-    let runners = Runners::of(audit, cap, driver);
-    for b in &audit.binaries {
-        match b.placement(cap, driver) {
-            Placement::Sass(_) => {}
-            Placement::Jit(t) => f.jit.push(format!(
+    for (b, judged) in audit.binaries.iter().zip(verdicts(audit, cap, driver)) {
+        match judged {
+            Judged::Is(Placement::Sass(_)) => {}
+            Judged::Is(Placement::Jit(t)) => f.jit.push(format!(
                 "{} {:?} carries no SASS for {gpu}: it runs by PTX JIT from {t}, compiled by the driver at its first load (seconds to minutes for a large library; CUDA_CACHE_PATH keeps it)",
                 b.owner, b.path
             )),
-            Placement::No(_) if for_other_gpus(&runners, b, cap) => f.other.push(format!(
+            Judged::Other => f.other.push(format!(
                 "{} {:?} carries only {}, built for other GPUs than {gpu} (each target newer or for one architecture, or fewer than the package's own): packages ship such code as a backend they launch only where it runs (xformers' FlashAttention-3, vLLM's Hopper and SM100 kernels); launched on {gpu} anyway, it fails. Not refused",
                 b.owner,
                 b.path,
                 b.code.join(", ")
             )),
-            Placement::No(_) => f.cannot.push(format!(
+            Judged::Is(Placement::No(_)) => f.cannot.push(format!(
                 "{} {:?} carries only {}: {gpu} cannot run it; rebuild with TORCH_CUDA_ARCH_LIST=\"{archs}\"",
                 b.owner,
                 b.path,

@@ -11,7 +11,7 @@ use gpuarch_audit::Limits;
 use gpuarch_container::rootfs::Root;
 use gpuarch_core::arch::{CudaVersion, Placement};
 use gpuarch_core::audit::ImageAudit;
-use gpuarch_core::audit::{Runners, for_other_gpus};
+use gpuarch_core::audit::{Judged, verdicts};
 use gpuarch_core::oci::ContainerView;
 use gpuarch_wire::dbus::InventoryProxy;
 use serde_json::json;
@@ -48,22 +48,15 @@ pub fn run(cli: &Cli, args: &AuditArgs, out: &mut String) -> Result<u8> {
     let audit = gpuarch_audit::audit(gpuarch_container::image::Files::Root(&root), &view, &limits);
     // The list a rebuild for all of these GPUs takes.
     let archs = gpuarch_core::audit::rebuild_list(gpus.iter().map(|(_, c)| *c));
-    let runners: Vec<Runners> = gpus
+    // Per binary, its verdict on each GPU.
+    let mut per_gpu: Vec<_> = gpus
         .iter()
-        .map(|(_, c)| Runners::of(&audit, *c, driver))
+        .map(|(_, c)| verdicts(&audit, *c, driver).into_iter())
         .collect();
     let judged: Vec<Vec<Judged>> = audit
         .binaries
         .iter()
-        .map(|b| {
-            gpus.iter()
-                .zip(&runners)
-                .map(|((_, c), r)| match b.placement(*c, driver) {
-                    Placement::No(_) if for_other_gpus(r, b, *c) => Judged::Other,
-                    p => Judged::Is(p),
-                })
-                .collect()
-        })
+        .map(|_| per_gpu.iter_mut().filter_map(Iterator::next).collect())
         .collect();
     let cannot = judged
         .iter()
@@ -80,35 +73,6 @@ pub fn run(cli: &Cli, args: &AuditArgs, out: &mut String) -> Result<u8> {
 }
 
 type Gpus = [(String, gpuarch_core::arch::ComputeCapability)];
-
-/// Where a binary runs on one GPU; code built only for other GPUs
-/// (`core::audit::for_other_gpus`) apart, as it fails nothing.
-enum Judged {
-    Is(Placement),
-    Other,
-}
-
-impl Judged {
-    fn runs(&self) -> &'static str {
-        match self {
-            Judged::Is(Placement::Sass(_)) => "sass",
-            Judged::Is(Placement::Jit(_)) => "jit",
-            Judged::Is(Placement::No(_)) => "no",
-            Judged::Other => "other_gpus",
-        }
-    }
-}
-
-impl std::fmt::Display for Judged {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Judged::Is(p) => p.fmt(f),
-            Judged::Other => f.write_str(
-                "built only for other GPUs (each target newer or for one architecture, or fewer than the package's own): a backend packages launch only where it runs; launched here anyway, it fails",
-            ),
-        }
-    }
-}
 
 fn to_json(
     path: &std::path::Path,
