@@ -31,6 +31,11 @@ pub enum RootfsError {
     BadPath { path: PathBuf },
 }
 
+/// Whether `st` is a regular file's.
+pub(crate) fn is_regular(st: &nix::sys::stat::FileStat) -> bool {
+    st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFREG
+}
+
 /// The first `max` bytes of open file `fd` (a header block is what is
 /// wanted: the rest is left unread, not refused).
 pub(crate) fn read_prefix(fd: OwnedFd, max: usize) -> Result<Vec<u8>, Errno> {
@@ -167,7 +172,7 @@ impl Root {
         path: &OwnedFd,
         st: &nix::sys::stat::FileStat,
     ) -> Result<std::fs::File, Errno> {
-        if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG {
+        if !is_regular(st) {
             return Err(Errno::EINVAL);
         }
         let reopen = OpenHow::new().flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOCTTY);
@@ -314,7 +319,7 @@ impl Root {
         // O_EXCL made it; a regular file is all it can be. Checked anyway,
         // before a byte is written.
         let st = nix::sys::stat::fstat(fd.as_fd()).map_err(inside(rel, "stat"))?;
-        if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFREG {
+        if !is_regular(&st) {
             return Err(inside(rel, "create (not a regular file)")(Errno::EEXIST));
         }
         let written = fchmod(fd.as_fd(), Mode::from_bits_truncate(mode))

@@ -25,7 +25,7 @@ use nix::fcntl::{AtFlags, OFlag, openat};
 use nix::sys::stat::{FileStat, Mode, fstat, fstatat};
 
 use super::{Budget, Stop};
-use crate::rootfs::Root;
+use crate::rootfs::{Root, is_regular};
 
 /// Most links followed in one path, as the kernel's own limit.
 pub const MAX_LINKS: usize = 40;
@@ -270,10 +270,6 @@ fn open_other(parent: &OwnedFd, name: &str) -> Result<OwnedFd, Errno> {
         return Err(Errno::EINVAL);
     }
     Ok(fd)
-}
-
-fn is_regular(st: &FileStat) -> bool {
-    st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFREG
 }
 
 fn size_of(st: &FileStat) -> u64 {

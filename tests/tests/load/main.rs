@@ -441,34 +441,11 @@ fn cpu_allowed() -> f64 {
     }
 }
 
-/// A tmpfs, mounted on a fresh directory for as long as it lives.
-struct Tmpfs(tempfile::TempDir);
-
-impl Tmpfs {
-    fn new() -> Self {
-        use nix::mount::{MsFlags, mount};
-        let dir = tempfile::tempdir().unwrap();
-        mount(
-            Some("tmpfs"),
-            dir.path(),
-            Some("tmpfs"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            Some("mode=0700"),
-        )
-        .unwrap_or_else(|e| panic!("mount a tmpfs on {}: {e}", dir.path().display()));
-        Tmpfs(dir)
-    }
-
-    fn path(&self) -> &Path {
-        self.0.path()
-    }
-}
-
-/// A tmpfs mounted over an existing directory for as long as it lives.
+/// A tmpfs mounted over a directory for as long as it lives.
 struct Over(PathBuf);
 
-impl Tmpfs {
-    fn over(dir: &Path) -> Over {
+impl Over {
+    fn new(dir: &Path) -> Self {
         use nix::mount::{MsFlags, mount};
         mount(
             Some("tmpfs"),
@@ -488,9 +465,24 @@ impl Drop for Over {
     }
 }
 
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = nix::mount::umount2(self.0.path(), nix::mount::MntFlags::MNT_DETACH);
+/// A tmpfs, mounted on a fresh directory for as long as it lives (the
+/// mount goes before the directory: fields drop in order).
+struct Tmpfs {
+    _mount: Over,
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        Tmpfs {
+            _mount: Over::new(dir.path()),
+            dir,
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
     }
 }
 
@@ -535,7 +527,7 @@ fn fifty_containers_at_once_each_get_their_own_plan() {
     // (/run/gpuarch; the log in the journal): on this machine's ext4 they
     // wait behind the journal commits of what was written just before (a
     // CI run's release build and fuzzing), which no host's start pays.
-    let _scene = Tmpfs::over(s.path());
+    let _scene = Over::new(s.path());
     make_rootfs(&s.path().join("rootfs"));
     // Bundles on a tmpfs, where engines keep them (containerd and Docker
     // under /run/containerd, CRI-O under /run/containers). On this
