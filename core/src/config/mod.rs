@@ -166,11 +166,22 @@ impl Config {
             }
             ConfigError::Syntax { location, message }
         };
-        let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(err)?;
-        if value.is_null() {
+        // Parsed once: an empty document (or one of only comments) is
+        // null, which is `None` here. The hook and the shim read this file
+        // at every start; a parse to a `Value` first, to tell null apart,
+        // cost as much again (`cargo bench -p gpuarch-core --bench config`).
+        // A file that is not YAML is said to be so: on this path alone it
+        // is parsed again, so that its syntax error is said rather than a
+        // type error met before it.
+        let cfg: Option<Self> = serde_yaml::from_str(text).map_err(|typed| {
+            match serde_yaml::from_str::<serde_yaml::Value>(text) {
+                Err(syntax) => err(syntax),
+                Ok(_) => err(typed),
+            }
+        })?;
+        let Some(cfg) = cfg else {
             return Ok(Self::default());
-        }
-        let cfg: Self = serde_yaml::from_str(text).map_err(err)?;
+        };
         cfg.validate()?;
         Ok(cfg)
     }
