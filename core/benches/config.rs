@@ -7,21 +7,13 @@
 //! cargo bench -p gpuarch-core --bench config
 //! BENCH_CONFIG=/etc/gpuarch/config.yaml cargo bench -p gpuarch-core --bench config
 
+mod common;
+
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+
+use common::time;
 
 use gpuarch_core::config::Config;
-
-fn time(iters: u32, mut f: impl FnMut()) -> Duration {
-    for _ in 0..iters / 10 {
-        f();
-    }
-    let t = Instant::now();
-    for _ in 0..iters {
-        f();
-    }
-    t.elapsed() / iters
-}
 
 fn main() {
     let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/../packaging/config.yaml");

@@ -4,24 +4,16 @@
 //!
 //! cargo bench -p gpuarch-core --bench plan
 
+mod common;
+
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+
+use common::time;
 
 use gpuarch_core::config::EnvConfig;
 use gpuarch_core::oci::ContainerView;
 use gpuarch_core::plan;
 use gpuarch_core::snapshot::Snapshot;
-
-fn time(iters: u32, mut f: impl FnMut()) -> Duration {
-    for _ in 0..iters / 10 {
-        f();
-    }
-    let t = Instant::now();
-    for _ in 0..iters {
-        f();
-    }
-    t.elapsed() / iters
-}
 
 /// A podman-sized config.json: 40 env entries, mounts, devices, annotations.
 fn config() -> String {
