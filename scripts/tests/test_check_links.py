@@ -48,3 +48,50 @@ def test_a_page_the_index_does_not_list(tmp_path):
     rc, out = tree(tmp_path, dict(GOOD, **{"docs/ops/slurm.md": "# Slurm\n"}))
     assert rc == 1, out
     assert "docs/README.md does not list docs/ops/slurm.md" in out, out
+
+
+# A tree with sources: a test file split into a directory of modules, and
+# a lone file.
+SOURCES = dict(GOOD, **{
+    "tests/tests/audit/main.rs": "mod wheels;\n#[test]\nfn an_image_is_audited_once() {}\n",
+    "tests/tests/audit/wheels.rs": "#[test]\nfn every_wheel_matches_cuobjdump() {}\n",
+    "fs/src/trust.rs": "pub fn open() {}\n",
+    "scripts/tests/test_x.py": "def test_a_planted_fault_is_found():\n    pass\n",
+})
+
+
+def refs(tmp_path, text):
+    page = SOURCES["docs/ops/install.md"]  # 7 lines: text starts at line 8
+    return tree(tmp_path, dict(SOURCES, **{"docs/ops/install.md": page + text}))
+
+
+def test_code_references_that_resolve_pass(tmp_path):
+    rc, out = refs(tmp_path,
+                   "Held by `tests/tests/audit/main.rs::an_image_is_audited_once`,"
+                   " `every_wheel_matches_cuobjdump` (a module beside it), `trust.rs`"
+                   " (a path's tail), `fs/src/trust.rs::open`,"
+                   " `scripts/tests/test_x.py::test_a_planted_fault_is_found`;"
+                   " torch's `torch/utils/cpp_extension.py` is not ours.\n"
+                   "```\n`tests/tests/gone.rs`\n```\n")
+    assert rc == 0, out
+
+
+def test_a_file_split_into_a_directory(tmp_path):
+    rc, out = refs(tmp_path, "See `tests/tests/audit.rs::an_image_is_audited_once`.\n")
+    assert rc == 1, out
+    assert "install.md:8: `tests/tests/audit.rs::an_image_is_audited_once`" \
+        " (no tests/tests/audit.rs (it is a directory now))" in out, out
+
+
+def test_a_renamed_test_and_a_bare_one_after_it(tmp_path):
+    rc, out = refs(tmp_path, "`tests/tests/audit/main.rs::an_image_is_audited_twice`,"
+                             " `every_wheel_is_read_by_hand`\n")
+    assert rc == 1, out
+    assert "defines no an_image_is_audited_twice" in out, out
+    assert "`tests/tests/audit/main.rs::every_wheel_is_read_by_hand`" in out, out
+
+
+def test_a_file_that_is_not_there(tmp_path):
+    rc, out = refs(tmp_path, "`inventory/src/trust.rs` unit tests\n")
+    assert rc == 1, out
+    assert "(no inventory/src/trust.rs)" in out, out
