@@ -23,7 +23,7 @@ from consumer_check.image_aware import check_image_aware, slow_reads
 from consumer_check.jit import check_jit
 from consumer_check.nvrtc import nvrtc_check
 from consumer_check.torch import TORCH_CANNOT_RUN, check_torch, torch_function, torch_runs
-from consumer_check.wheels import fetch
+from consumer_check.wheels import fetch, newer_than_the_window
 from consumer_check.xformers import check_xformers, xformers_fa3
 
 
@@ -276,6 +276,8 @@ def main():
     if not wrong or not all("gpuarch serves flashinfer_cubin/kernels" in w for w in wrong):
         failures.append(f"control: a tree in another layout than the package's was not caught: {wrong}")
     failures += nvrtc_check(table)
+    for line in newer_than_the_window():
+        print(f"window: {line}")
     if failures:
         print(f"{len(failures)} failures:")
         for f in failures:

@@ -193,3 +193,31 @@ def fetch():
     # vLLM's wheel is 330 MB; its sdist (47 MB) carries the same envs.py.
     fetch_sdist_member("vllm", VLLM, f"vllm-{VLLM}/vllm/envs.py",
                        os.path.join(CACHE, f"vllm-{VLLM}", "envs.py"))
+
+
+def newer_than_the_window():
+    """Releases on PyPI newer than the newest of each consumer's window,
+    as lines to print: a window that stops short of what images install
+    checks nothing of the newest. Said, not failed: PyPI moves while the
+    code under test does not."""
+    import urllib.request
+    try:
+        from packaging.version import Version
+    except ImportError:
+        from pip._vendor.packaging.version import Version
+    windows = {"torch": TORCH, "flashinfer-python": FLASHINFERS, "flash-attn": FLASH_ATTNS,
+               "accelerate": ACCELERATES, "deepspeed": DEEPSPEEDS, "xformers": XFORMERS,
+               "vllm": [VLLM]}
+    lines = []
+    for dist, window in windows.items():
+        try:
+            latest = json.load(urllib.request.urlopen(
+                f"https://pypi.org/pypi/{dist}/json", timeout=30))["info"]["version"]
+        except Exception as e:
+            lines.append(f"{dist}: could not ask PyPI for its newest release ({e!r})")
+            continue
+        newest = max(window, key=Version)
+        if Version(latest) > Version(newest):
+            lines.append(f"{dist} {latest} is on PyPI, newer than the window's {newest}: "
+                         "add it to scripts/consumer_check/common.py")
+    return lines

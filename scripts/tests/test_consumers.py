@@ -10,7 +10,7 @@ import sys
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, SCRIPTS)
 
-from consumer_check import cli, common, flashinfer, torch  # noqa: E402
+from consumer_check import cli, common, flashinfer, torch, wheels  # noqa: E402
 
 
 def test_gencode_flags_are_read_as_targets():
@@ -112,3 +112,30 @@ def test_the_pins_are_in_order_and_the_newest_is_tested():
         if newest:
             assert pins[-1] == newest
     assert set(common.FLASHINFER_CUBINS) <= set(common.FLASHINFERS)
+
+
+def test_a_release_newer_than_the_window_is_said(monkeypatch):
+    import io
+    import json
+    import urllib.request
+    newest = {"torch": "2.15.0", "flashinfer-python": "0.7.5", "flash-attn": "2.8.3.post2",
+              "accelerate": "1.15.0", "deepspeed": "0.19.8", "xformers": "0.0.35.post1",
+              "vllm": "0.33.0rc1"}
+
+    def urlopen(url, timeout):
+        dist = url.split("/")[-2]
+        if dist == "flash-attn":
+            raise OSError("no route to host")
+        return io.BytesIO(json.dumps({"info": {"version": newest[dist]}}).encode())
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    monkeypatch.setattr(wheels, "FLASHINFERS", ["0.6.18.post1", "0.7.2.post1", "0.7.4"])
+    monkeypatch.setattr(wheels, "XFORMERS", ["0.0.34", "0.0.35"])
+    monkeypatch.setattr(wheels, "VLLM", "0.33.0")
+    lines = wheels.newer_than_the_window()
+    assert any(line.startswith("flashinfer-python 0.7.5 is on PyPI, newer than the window's 0.7.4")
+               for line in lines), lines
+    assert any(line.startswith("xformers 0.0.35.post1") for line in lines), "a post-release is newer"
+    assert any(line.startswith("flash-attn: could not ask PyPI") for line in lines), lines
+    assert not any(line.startswith(("torch", "vllm")) for line in lines), \
+        "the newest in the window, and a release candidate, are not newer"
