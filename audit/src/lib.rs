@@ -350,7 +350,7 @@ impl Auditor<'_> {
                 return;
             }
         };
-        match inspect::summarize(map.bytes()) {
+        match inspect::summarize_mapped(&map) {
             // Code with no kernel in it (a wrapper library's placeholder
             // cubin: cuFFTW's) launches nothing, wherever it runs. Code
             // whose kernels could not be read (compressed) counts.

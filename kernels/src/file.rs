@@ -78,6 +78,46 @@ impl Mapped {
         })
     }
 
+    /// Say the mapping is read here and there, not through: a fault then
+    /// reads its page alone, not a readahead window around it. The
+    /// inspector reads a `.nv_fatbin` by its entries' headers and skips
+    /// their payloads; with readahead a cold file was read whole (see
+    /// `inspect::summarize_mapped`). A hint: where the kernel refuses it,
+    /// nothing changes.
+    pub fn advise_random(&self) {
+        self.advise(self.bytes(), nix::sys::mman::MmapAdvise::MADV_RANDOM);
+    }
+
+    /// Say `part` of the mapping is read through from its start: readahead
+    /// for it, started now.
+    pub fn advise_sequential(&self, part: &[u8]) {
+        use nix::sys::mman::MmapAdvise;
+        self.advise(part, MmapAdvise::MADV_SEQUENTIAL);
+        self.advise(part, MmapAdvise::MADV_WILLNEED);
+    }
+
+    /// `madvise` over the pages that hold `part`, a slice of this mapping
+    /// (anything else is passed over).
+    fn advise(&self, part: &[u8], advice: nix::sys::mman::MmapAdvise) {
+        let Some((p, len)) = self.map else {
+            return;
+        };
+        let base = p.as_ptr() as usize;
+        let (start, end) = (part.as_ptr() as usize, part.as_ptr() as usize + part.len());
+        if part.is_empty() || start < base || end > base + len {
+            return;
+        }
+        let page = page_size();
+        // The mapping starts on a page; its pages cover what it maps.
+        let from = base + (start - base) / page * page;
+        let Some(at) = NonNull::new(from as *mut c_void) else {
+            return;
+        };
+        // SAFETY: [from, end) lies within the mapping made in `new`, which
+        // lives as long as `self`; advice changes no byte of it.
+        let _ = unsafe { nix::sys::mman::madvise(at, end - from, advice) };
+    }
+
     pub fn bytes(&self) -> &[u8] {
         match self.map {
             // SAFETY: `p` maps `len` readable bytes until `drop`.
@@ -85,6 +125,19 @@ impl Mapped {
             None => &[],
         }
     }
+}
+
+/// The size of a page, read once (4 KiB where it cannot be read).
+fn page_size() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PAGE.get_or_init(|| {
+        nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+            .ok()
+            .flatten()
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|n| n.is_power_of_two())
+            .unwrap_or(4096)
+    })
 }
 
 impl Drop for Mapped {
@@ -126,5 +179,27 @@ mod tests {
         );
         std::fs::write(&p, b"").unwrap();
         assert_eq!(Mapped::new(&File::open(&p).unwrap()).unwrap().bytes(), b"");
+    }
+
+    /// Advice changes how pages come in, never what is read; a slice that
+    /// is not of the mapping, or an empty mapping, is passed over.
+    #[test]
+    fn advice_leaves_the_bytes_as_they_are() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let data: Vec<u8> = (0..3 * 4096 + 100).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        let m = Mapped::new(&File::open(&p).unwrap()).unwrap();
+        m.advise_random();
+        // Unaligned, inside the mapping: advised from its page on.
+        m.advise_sequential(&m.bytes()[5000..9000]);
+        m.advise_sequential(&data[10..20]);
+        m.advise_sequential(&[]);
+        assert_eq!(m.bytes(), &data[..]);
+        std::fs::write(&p, b"").unwrap();
+        let empty = Mapped::new(&File::open(&p).unwrap()).unwrap();
+        empty.advise_random();
+        empty.advise_sequential(b"x");
+        assert_eq!(empty.bytes(), b"");
     }
 }

@@ -136,7 +136,7 @@ pub fn placement(
 /// An empty list means a well-formed file with no GPU code (a host library
 /// without `.nv_fatbin`).
 pub fn inspect(data: &[u8]) -> Result<Vec<CodeObject>, InspectError> {
-    walk(data, Sink::new(false))
+    walk(data, Sink::new(false), &|_| {})
 }
 
 /// What `data` carries, each distinct piece of code once: one object per
@@ -145,10 +145,28 @@ pub fn inspect(data: &[u8]) -> Result<Vec<CodeObject>, InspectError> {
 /// stores: its size is bounded by the targets there are, not by the file,
 /// however many entries a hostile fatbin has.
 pub fn summarize(data: &[u8]) -> Result<Vec<CodeObject>, InspectError> {
-    walk(data, Sink::new(true))
+    walk(data, Sink::new(true), &|_| {})
 }
 
-fn walk(data: &[u8], mut sink: Sink) -> Result<Vec<CodeObject>, InspectError> {
+/// [`summarize`] of a mapped file, reading from disk little more than what
+/// it looks at: a `.nv_fatbin` is walked by its entries' headers, each
+/// compressed payload skipped, so the mapping is read page by page
+/// ([`crate::file::Mapped::advise_random`]); the data sections searched for embedded
+/// fatbins are read through, with readahead. An image audit of a cold
+/// page cache read whole files before (`scripts/bench-audit`'s cold part).
+pub fn summarize_mapped(map: &crate::file::Mapped) -> Result<Vec<CodeObject>, InspectError> {
+    map.advise_random();
+    walk(map.bytes(), Sink::new(true), &|section| {
+        map.advise_sequential(section);
+    })
+}
+
+/// Walk `data`; `scan` is told of each section about to be read through.
+fn walk(
+    data: &[u8],
+    mut sink: Sink,
+    scan: &dyn Fn(&[u8]),
+) -> Result<Vec<CodeObject>, InspectError> {
     if data.starts_with(b"\x7fELF") {
         let elf = Elf::parse(data)?;
         if elf.machine == EM_CUDA {
@@ -161,6 +179,7 @@ fn walk(data: &[u8], mut sink: Sink) -> Result<Vec<CodeObject>, InspectError> {
         }
         for name in EMBEDDING_SECTIONS {
             if let Some(sec) = elf.section(name)? {
+                scan(sec);
                 fatbin::embedded_fatbins(sec, name, &mut sink);
             }
         }
