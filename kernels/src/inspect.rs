@@ -155,10 +155,17 @@ pub fn summarize(data: &[u8]) -> Result<Vec<CodeObject>, InspectError> {
 /// fatbins are read through, with readahead. An image audit of a cold
 /// page cache read whole files before (`scripts/bench-audit`'s cold part).
 pub fn summarize_mapped(map: &crate::file::Mapped) -> Result<Vec<CodeObject>, InspectError> {
+    walk_mapped(map, Sink::new(true))
+}
+
+/// [`inspect`] of a mapped file, read as [`summarize_mapped`] reads it.
+pub fn inspect_mapped(map: &crate::file::Mapped) -> Result<Vec<CodeObject>, InspectError> {
+    walk_mapped(map, Sink::new(false))
+}
+
+fn walk_mapped(map: &crate::file::Mapped, sink: Sink) -> Result<Vec<CodeObject>, InspectError> {
     map.advise_random();
-    walk(map.bytes(), Sink::new(true), &|section| {
-        map.advise_sequential(section);
-    })
+    walk(map.bytes(), sink, &|section| map.advise_sequential(section))
 }
 
 /// Walk `data`; `scan` is told of each section about to be read through.

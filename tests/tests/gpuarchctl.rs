@@ -485,6 +485,44 @@ fn inspect_lists_a_files_targets_on_a_machine_without_a_gpu() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
 
+/// `inspect` maps the file it reads; anything but a regular file is
+/// refused at once, by name: a FIFO (which a read would block on until a
+/// writer came), a directory, a device.
+#[test]
+fn inspect_refuses_what_is_not_a_regular_file_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config_with_snapshot(dir.path(), "config.yaml", &dir.path().join("none.json"));
+    let fifo = dir.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    for p in [fifo.as_path(), dir.path(), Path::new("/dev/zero")] {
+        let mut child = Command::new(&artifacts().gpuarchctl)
+            .args(["inspect", "--cap", "8.6"])
+            .arg(p)
+            .env_clear()
+            .env("GPUARCH_CONFIG", &cfg)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A read of the FIFO would wait for a writer that never comes.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("gpuarchctl inspect {p:?} still running after 60 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains(&format!("{}: not a regular file", p.display())),
+            "{}",
+            stderr(&o)
+        );
+    }
+}
+
 /// The shipped Slurm TaskProlog (`slurm-task-prolog`) with only the env
 /// given: Slurm's, and where the config and bus are.
 fn task_prolog(env: &[(&str, &str)]) -> Output {

@@ -2,6 +2,7 @@
 //! each GPU of this host (or a capability), whether and how it runs.
 
 use std::fmt::Write as _;
+use std::os::unix::fs::OpenOptionsExt;
 
 use anyhow::{Context, Result, anyhow};
 use gpuarch_core::arch::{ComputeCapability, CudaVersion, Target};
@@ -84,8 +85,20 @@ pub fn run(cli: &Cli, args: &InspectArgs, out: &mut String) -> Result<u8> {
     let mut code = 0;
     let mut docs = Vec::new();
     for f in &args.files {
-        let data = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
-        let objs = inspect::inspect(&data).with_context(|| f.display().to_string())?;
+        // Mapped, not read into the heap (libtorch_cuda is 460 MB), and
+        // read from disk no further than the inspector looks.
+        // Not blocking on a FIFO: anything but a regular file is refused.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(f)
+            .with_context(|| format!("reading {}", f.display()))?;
+        if !file.metadata().is_ok_and(|m| m.is_file()) {
+            anyhow::bail!("{}: not a regular file", f.display());
+        }
+        let map = gpuarch_kernels::file::Mapped::new(&file)
+            .with_context(|| format!("reading {}", f.display()))?;
+        let objs = inspect::inspect_mapped(&map).with_context(|| f.display().to_string())?;
         let verdicts: Vec<(String, Placement)> = gpus
             .iter()
             .map(|(label, cap)| (label.clone(), inspect::placement(&objs, *cap, driver)))
