@@ -151,9 +151,10 @@ pub fn summarize(data: &[u8]) -> Result<Vec<CodeObject>, InspectError> {
 /// [`summarize`] of a mapped file, reading from disk little more than what
 /// it looks at: a `.nv_fatbin` is walked by its entries' headers, each
 /// compressed payload skipped, so the mapping is read page by page
-/// ([`crate::file::Mapped::advise_random`]); the data sections searched for embedded
-/// fatbins are read through, with readahead. An image audit of a cold
-/// page cache read whole files before (`scripts/bench-audit`'s cold part).
+/// ([`crate::file::Mapped::advise_random`]); what is read through, the
+/// data sections searched for embedded fatbins and a file read as PTX
+/// text, is read ahead. An image audit of a cold page cache read whole
+/// files before (`scripts/bench-audit`'s cold part).
 pub fn summarize_mapped(map: &crate::file::Mapped) -> Result<Vec<CodeObject>, InspectError> {
     walk_mapped(map, Sink::new(true))
 }
@@ -196,6 +197,8 @@ fn walk(
         fatbins(data, "fatbin", &mut sink)?;
         return Ok(sink.finish());
     }
+    // Anything else is read as PTX text, through.
+    scan(data);
     if let Some((text, t)) = ptx_target(data) {
         return Ok(vec![CodeObject {
             target: t?,
