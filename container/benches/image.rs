@@ -13,23 +13,18 @@
 
 #![allow(clippy::unwrap_used)] // a benchmark: a failed unwrap is a failed run
 
+// The core's benchmarks' timing helper, one copy for both crates.
+#[path = "../../core/benches/common/mod.rs"]
+mod common;
+
 use std::hint::black_box;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use common::time;
 
 use gpuarch_container::image;
 use gpuarch_container::rootfs::Root;
-
-fn time(iters: u32, mut f: impl FnMut()) -> Duration {
-    for _ in 0..iters / 10 {
-        f();
-    }
-    let t = Instant::now();
-    for _ in 0..iters {
-        f();
-    }
-    t.elapsed() / iters
-}
 
 fn write(root: &Path, rel: &str, text: &str) {
     let p = root.join(rel);

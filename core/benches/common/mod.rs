@@ -1,4 +1,5 @@
-//! What the core's benchmarks share.
+//! What the benchmarks share (the core's, and the container crate's through
+//! `#[path]`).
 
 use std::time::{Duration, Instant};
 
