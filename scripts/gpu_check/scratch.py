@@ -47,14 +47,24 @@ def run_scratch(host):
 def shipped_config(host, name):
     """packaging/config.yaml as the .deb installs it, its image cache and
     record directory moved into a scratch directory on a tmpfs where there
-    is one (made, as tmpfiles.d makes them): (config path, image cache
-    path)."""
-    d = os.path.join(run_scratch(host), name)
+    is one: (config path, image cache path)."""
+    return shipped_config_in(os.path.join(run_scratch(host), name))
+
+
+def shipped_config_in(d, log=None):
+    """packaging/config.yaml as the .deb installs it, written to
+    d/config.yaml with its image cache and record directory moved to
+    d/images and d/containers (made, as tmpfiles.d makes them), and its log
+    file to `log` where given: (config path, image cache path). Also
+    scripts/bench-hook's shipped config."""
     cache, records = os.path.join(d, "images"), os.path.join(d, "containers")
     os.makedirs(cache, mode=0o700)
     os.makedirs(records, mode=0o700)
     text = open(os.path.join(ROOT, "packaging/config.yaml")).read()
-    for old, new in [("/run/gpuarch/images", cache), ("/run/gpuarch/containers", records)]:
+    moved = [("/run/gpuarch/images", cache), ("/run/gpuarch/containers", records)]
+    if log is not None:
+        moved.append(("/run/gpuarch/gpuarch.log", log))
+    for old, new in moved:
         if old not in text:
             raise RuntimeError(f"packaging/config.yaml no longer names {old}")
         text = text.replace(old, new)
