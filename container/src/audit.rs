@@ -288,16 +288,7 @@ pub fn find(cfg: &AuditConfig, image: &str) -> Result<Option<(String, ImageAudit
 /// index, a request): never through a link, and only a regular file (a
 /// FIFO there would otherwise hold its reader).
 pub fn read_private(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-        .open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
-    }
+    let f = gpuarch_fs::open_regular(path, false)?;
     let mut b = Vec::new();
     f.take(max).read_to_end(&mut b)?;
     Ok(b)

@@ -5,6 +5,7 @@
 //! - [`record`]: what each container got, kept for `gpuarchctl why`;
 //! - [`write_atomic`]: replace a file whole or not at all.
 //! - [`rewrite_atomic`]: the same for a file that exists, keeping its mode and owner.
+//! - [`open_regular`]: open a regular file, and nothing else, without blocking.
 //!
 //! A crate of its own so that what needs only these (the kernel cache)
 //! does not depend on the inventory and, through it, on NVML.
@@ -98,6 +99,29 @@ fn replace(path: &Path, data: &[u8], mode: u32, owner: Option<(u32, u32)>) -> io
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// The regular file at `path`, opened to read without blocking: a FIFO
+/// would otherwise hold its reader until a writer came. Anything but a
+/// regular file is refused (`InvalidInput`, "not a regular file"); with
+/// `follow_links` false, so is a link (`O_NOFOLLOW`).
+pub fn open_regular(path: &Path, follow_links: bool) -> io::Result<File> {
+    let nofollow = if follow_links {
+        0
+    } else {
+        nix::libc::O_NOFOLLOW
+    };
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(nofollow | nix::libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok(f)
 }
 
 #[cfg(test)]

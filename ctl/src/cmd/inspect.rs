@@ -2,7 +2,6 @@
 //! each GPU of this host (or a capability), whether and how it runs.
 
 use std::fmt::Write as _;
-use std::os::unix::fs::OpenOptionsExt;
 
 use anyhow::{Context, Result, anyhow};
 use gpuarch_core::arch::{ComputeCapability, CudaVersion, Target};
@@ -88,14 +87,8 @@ pub fn run(cli: &Cli, args: &InspectArgs, out: &mut String) -> Result<u8> {
         // Mapped, not read into the heap (libtorch_cuda is 460 MB), and
         // read from disk no further than the inspector looks.
         // Not blocking on a FIFO: anything but a regular file is refused.
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(nix::libc::O_NONBLOCK)
-            .open(f)
+        let file = gpuarch_fs::open_regular(f, true)
             .with_context(|| format!("reading {}", f.display()))?;
-        if !file.metadata().is_ok_and(|m| m.is_file()) {
-            anyhow::bail!("{}: not a regular file", f.display());
-        }
         let map = gpuarch_kernels::file::Mapped::new(&file)
             .with_context(|| format!("reading {}", f.display()))?;
         let objs = inspect::inspect_mapped(&map).with_context(|| f.display().to_string())?;
