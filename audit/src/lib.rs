@@ -19,8 +19,10 @@
 //! opened only when it is a regular file, then mapped, not read into the
 //! heap: the inspector touches the ELF headers and the `.nv_fatbin`
 //! section, and a 435 MiB `libtorch_cuda.so` costs page cache, not the
-//! reader's memory. A file changed while it is mapped can end the reader
-//! (`SIGBUS`): gpuarchd runs it in a worker process for that reason.
+//! reader's memory. A file truncated while it is mapped ends the reader
+//! (`SIGBUS`): gpuarchd runs it in a worker process for that reason, and
+//! the worker and gpuarchctl name the file as they exit
+//! (`gpuarch_kernels::file::exit_clearly_on_sigbus`).
 //!
 //! Bounded by [`Limits`]: files, bytes, one file's size, time. Past one,
 //! the audit says where it stopped (`ImageAudit::stopped`), and what was
@@ -342,7 +344,8 @@ impl Auditor<'_> {
         self.out.files += 1;
         self.out.bytes += size;
         // Mapped, not read into the heap. A file truncated meanwhile raises
-        // SIGBUS on access: see the module's note (gpuarchd's worker).
+        // SIGBUS on access: see the module's note (gpuarchd's worker), and
+        // the Reading that names it where the program asked.
         let map = match gpuarch_kernels::file::Mapped::new(&file) {
             Ok(m) => m,
             Err(e) => {
@@ -350,6 +353,7 @@ impl Auditor<'_> {
                 return;
             }
         };
+        let _reading = gpuarch_kernels::file::Reading::of(Path::new(&format!("/{rel}")));
         match inspect::summarize_mapped(&map) {
             // Code with no kernel in it (a wrapper library's placeholder
             // cubin: cuFFTW's) launches nothing, wherever it runs. Code

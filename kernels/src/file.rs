@@ -3,12 +3,20 @@
 //! the page cache (the kernel reclaims them) instead of gpuarchd's heap.
 //! A kernel package output or an imported library may be gigabytes; what
 //! gpuarchd keeps of one is its digest and the targets it carries.
+//!
+//! A mapped file that shrinks meanwhile faults its reader (SIGBUS); a
+//! command that maps files others may change installs
+//! [`exit_clearly_on_sigbus`] to name the file and exit, not die with "Bus
+//! error".
 
-use std::ffi::c_void;
+use std::ffi::{CStr, CString, c_char, c_void};
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::num::NonZeroUsize;
-use std::ptr::NonNull;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::ptr::{NonNull, null_mut};
+use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
 
 use sha2::{Digest, Sha256};
 
@@ -149,10 +157,144 @@ impl Drop for Mapped {
     }
 }
 
+/// The program named by [`exit_clearly_on_sigbus`]'s message.
+static PROGRAM: AtomicPtr<c_char> = AtomicPtr::new(null_mut());
+/// The file read through a mapping now ([`Reading`]), or null.
+static READING: AtomicPtr<c_char> = AtomicPtr::new(null_mut());
+static SIGBUS_EXIT: AtomicI32 = AtomicI32::new(2);
+
+/// Where a file shrinks while this process reads it through a [`Mapped`],
+/// print "`program`: `file`: the file shrank while it was read (SIGBUS)"
+/// on standard error and exit with `code`, instead of dying with "Bus
+/// error" and a core. For commands that map files someone else may
+/// rewrite meanwhile: gpuarchctl's `inspect` and `audit`, gpuarchd's audit
+/// worker. The file is the one a live [`Reading`] names.
+pub fn exit_clearly_on_sigbus(program: &'static CStr, code: u8) {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    PROGRAM.store(program.as_ptr().cast_mut(), Ordering::Release);
+    SIGBUS_EXIT.store(i32::from(code), Ordering::Release);
+    let action = SigAction::new(
+        SigHandler::Handler(on_sigbus),
+        SaFlags::SA_RESETHAND,
+        SigSet::empty(),
+    );
+    // SAFETY: the handler reads atomics and calls write(2) and _exit(2)
+    // alone, each async-signal-safe.
+    let _ = unsafe { sigaction(Signal::SIGBUS, &action) };
+}
+
+extern "C" fn on_sigbus(_: libc::c_int) {
+    fn put(s: *const c_char) {
+        if !s.is_null() {
+            // SAFETY: every string stored is NUL-terminated and outlives
+            // its store: 'static, or a Reading's, cleared on its drop.
+            let _ = unsafe { libc::write(2, s.cast(), libc::strlen(s)) };
+        }
+    }
+    put(PROGRAM.load(Ordering::Acquire));
+    put(c": ".as_ptr());
+    let name = READING.load(Ordering::Acquire);
+    if name.is_null() {
+        put(c"a mapped file".as_ptr());
+    } else {
+        put(name);
+    }
+    put(c": the file shrank while it was read (SIGBUS): it was changed meanwhile; run again once it is whole\n".as_ptr());
+    // SAFETY: _exit ends the process at once; nothing after runs.
+    unsafe { libc::_exit(SIGBUS_EXIT.load(Ordering::Acquire)) }
+}
+
+/// Names `name` as the file this process reads through a mapping, for
+/// [`exit_clearly_on_sigbus`]'s message, while it lives.
+#[derive(Debug)]
+pub struct Reading {
+    name: CString,
+}
+
+impl Reading {
+    pub fn of(name: &Path) -> Self {
+        let name = CString::new(name.as_os_str().as_bytes())
+            .unwrap_or_else(|_| c"a file whose name holds a NUL".to_owned());
+        READING.store(name.as_ptr().cast_mut(), Ordering::Release);
+        Self { name }
+    }
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        // Only its own name: a later Reading may have taken the place.
+        let _ = READING.compare_exchange(
+            self.name.as_ptr().cast_mut(),
+            null_mut(),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// A file truncated under a mapping: the reader exits with the file's
+    /// name and the code asked for, not "Bus error". Run in a child (this
+    /// test binary again), as the handler ends the process.
+    #[test]
+    fn a_file_that_shrinks_while_mapped_is_named_not_a_bus_error() {
+        const CHILD: &str = "GPUARCH_TEST_SIGBUS_FILE";
+        if let Some(p) = std::env::var_os(CHILD) {
+            let p = std::path::PathBuf::from(p);
+            std::fs::write(&p, vec![1u8; 4 * 4096]).unwrap();
+            let f = File::options().read(true).write(true).open(&p).unwrap();
+            let m = Mapped::new(&f).unwrap();
+            exit_clearly_on_sigbus(c"gpuarch-test", 3);
+            let _reading = Reading::of(&p);
+            f.set_len(0).unwrap();
+            // SAFETY: within the mapping; the fault is what is tested.
+            let b = unsafe { std::ptr::read_volatile(&m.bytes()[3 * 4096]) };
+            panic!("read {b} from a truncated file without SIGBUS");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("libtruncated.so");
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "file::tests::a_file_that_shrinks_while_mapped_is_named_not_a_bus_error",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, &p)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "gpuarch-test: {}: the file shrank while it was read (SIGBUS)",
+                p.display()
+            )),
+            "{stderr}"
+        );
+    }
+
+    /// The message names the newest live Reading; an older one dropped
+    /// after it was replaced leaves the newer name in place.
+    #[test]
+    fn a_reading_names_the_file_until_dropped() {
+        let now = || {
+            let r = READING.load(Ordering::Acquire);
+            // SAFETY: a live Reading's NUL-terminated name.
+            (!r.is_null()).then(|| unsafe { CStr::from_ptr(r) }.to_owned())
+        };
+        let a = Reading::of(Path::new("/a"));
+        assert_eq!(now().as_deref(), Some(c"/a"));
+        let b = Reading::of(Path::new("/b"));
+        drop(a);
+        assert_eq!(now().as_deref(), Some(c"/b"));
+        drop(b);
+        assert_eq!(now(), None);
+    }
 
     #[test]
     fn a_copy_stops_at_its_limit_and_digests_what_it_copied() {

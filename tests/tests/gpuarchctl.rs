@@ -523,6 +523,75 @@ fn inspect_refuses_what_is_not_a_regular_file_without_blocking() {
     }
 }
 
+/// A file truncated while `inspect` reads it (its mapping faults:
+/// SIGBUS) is named in a clear error, exit status 2, not a "Bus error"
+/// and a core. The file is truncated once /proc shows it mapped, while the
+/// inspector reads 256 MiB of text through; a run that finished first is
+/// tried again, up to five times.
+#[test]
+fn inspect_names_a_file_truncated_while_it_is_read() {
+    let shm = Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    };
+    let cfg = config_with_snapshot(dir.path(), "config.yaml", &dir.path().join("none.json"));
+    let p = dir.path().join("big.ptx");
+    let text = vec![b'a'; 256 << 20];
+    let mut caught = None;
+    for _ in 0..5 {
+        std::fs::write(&p, &text).unwrap();
+        let child = Command::new(&artifacts().gpuarchctl)
+            .args(["inspect", "--cap", "8.6"])
+            .arg(&p)
+            .env_clear()
+            .env("GPUARCH_CONFIG", &cfg)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let maps = format!("/proc/{}/maps", child.id());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
+            let mapped = std::fs::read_to_string(&maps)
+                .map(|m| m.contains(p.to_str().unwrap()))
+                .unwrap_or(true); // gone: it finished
+            if mapped {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        std::fs::File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "not a clear error: {:?} {}",
+            o.status,
+            stderr(&o)
+        );
+        if stderr(&o).contains("SIGBUS") {
+            caught = Some(stderr(&o));
+            break;
+        }
+    }
+    let said = caught.expect("no run of five was still reading when the file was truncated");
+    assert_eq!(
+        said.trim_end(),
+        format!(
+            "gpuarchctl: {}: the file shrank while it was read (SIGBUS): it was changed \
+             meanwhile; run again once it is whole",
+            p.display()
+        )
+    );
+}
+
 /// The shipped Slurm TaskProlog (`slurm-task-prolog`) with only the env
 /// given: Slurm's, and where the config and bus are.
 fn task_prolog(env: &[(&str, &str)]) -> Output {

@@ -91,7 +91,9 @@ pub fn run(cli: &Cli, args: &InspectArgs, out: &mut String) -> Result<u8> {
             .with_context(|| format!("reading {}", f.display()))?;
         let map = gpuarch_kernels::file::Mapped::new(&file)
             .with_context(|| format!("reading {}", f.display()))?;
+        let reading = gpuarch_kernels::file::Reading::of(f);
         let objs = inspect::inspect_mapped(&map).with_context(|| f.display().to_string())?;
+        drop(reading);
         let verdicts: Vec<(String, Placement)> = gpus
             .iter()
             .map(|(label, cap)| (label.clone(), inspect::placement(&objs, *cap, driver)))

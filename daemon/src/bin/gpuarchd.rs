@@ -20,6 +20,9 @@ fn main() -> ExitCode {
         };
     }
     if args.audit_worker {
+        // A file of the image truncated while mapped: named in the
+        // worker's answer to gpuarchd, not a bare signal.
+        gpuarch_kernels::file::exit_clearly_on_sigbus(c"gpuarchd --audit-worker", 1);
         return match gpuarch_audit::serve(std::io::stdin().lock(), std::io::stdout().lock()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
