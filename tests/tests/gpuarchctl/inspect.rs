@@ -1,0 +1,155 @@
+//! `gpuarchctl inspect`: a file's targets judged on a machine without a
+//! GPU, what is not a regular file refused, a file truncated while it is
+//! read named.
+
+use std::path::Path;
+use std::process::Command;
+
+use gpuarch_tests::{artifacts, workspace_root};
+
+use super::{config_with_snapshot, ok, stderr};
+
+/// `inspect` needs no GPU for a file's own targets: with no driver, no
+/// snapshot and nothing else in its environment (an admin's build box, CI),
+/// it lists them, says there is nothing here to judge them against, and
+/// exits 0. A source asked for by name that cannot be read stays an error.
+#[test]
+fn inspect_lists_a_files_targets_on_a_machine_without_a_gpu() {
+    if Path::new("/dev/nvidiactl").exists() {
+        gpuarch_tests::skip("this machine has an NVIDIA driver: the no-GPU case cannot be shown");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // The config only moves the snapshot off the host's /run/gpuarch.
+    let cfg = config_with_snapshot(dir.path(), "config.yaml", &dir.path().join("none.json"));
+    let cubin = workspace_root().join("kernels/tests/fixtures/nvcc13/sm_120.cubin");
+    let run = |args: &[&str]| {
+        Command::new(&artifacts().gpuarchctl)
+            .args(args)
+            .arg(&cubin)
+            .env_clear()
+            .env("GPUARCH_CONFIG", &cfg)
+            .output()
+            .unwrap()
+    };
+    let o = run(&["inspect"]);
+    let text = ok(&o);
+    assert!(text.contains("sm_120 SASS"), "{text}");
+    assert!(text.contains("no GPU here to judge it against"), "{text}");
+    let o = run(&["--json", "inspect"]);
+    let doc: serde_json::Value = serde_json::from_str(&ok(&o)).unwrap();
+    assert_eq!(doc[0]["code"][0]["target"], "sm_120");
+    assert!(
+        doc[0]["no_gpus"].as_str().unwrap().contains("none.json"),
+        "{doc}"
+    );
+    let o = run(&["--nvml-lib", "/nonexistent/libnvidia-ml.so.1", "inspect"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+/// `inspect` maps the file it reads; anything but a regular file is
+/// refused at once, by name: a FIFO (which a read would block on until a
+/// writer came), a directory, a device.
+#[test]
+fn inspect_refuses_what_is_not_a_regular_file_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config_with_snapshot(dir.path(), "config.yaml", &dir.path().join("none.json"));
+    let fifo = dir.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    for p in [fifo.as_path(), dir.path(), Path::new("/dev/zero")] {
+        let mut child = Command::new(&artifacts().gpuarchctl)
+            .args(["inspect", "--cap", "8.6"])
+            .arg(p)
+            .env_clear()
+            .env("GPUARCH_CONFIG", &cfg)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A read of the FIFO would wait for a writer that never comes.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("gpuarchctl inspect {p:?} still running after 60 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains(&format!("{}: not a regular file", p.display())),
+            "{}",
+            stderr(&o)
+        );
+    }
+}
+
+/// A file truncated while `inspect` reads it (its mapping faults:
+/// SIGBUS) is named in a clear error, exit status 2, not a "Bus error"
+/// and a core. The file is truncated once /proc shows it mapped, while the
+/// inspector reads 256 MiB of text through; a run that finished first is
+/// tried again, up to five times.
+#[test]
+fn inspect_names_a_file_truncated_while_it_is_read() {
+    let shm = Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    };
+    let cfg = config_with_snapshot(dir.path(), "config.yaml", &dir.path().join("none.json"));
+    let p = dir.path().join("big.ptx");
+    let text = vec![b'a'; 256 << 20];
+    let mut caught = None;
+    for _ in 0..5 {
+        std::fs::write(&p, &text).unwrap();
+        let child = Command::new(&artifacts().gpuarchctl)
+            .args(["inspect", "--cap", "8.6"])
+            .arg(&p)
+            .env_clear()
+            .env("GPUARCH_CONFIG", &cfg)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let maps = format!("/proc/{}/maps", child.id());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
+            let mapped = std::fs::read_to_string(&maps)
+                .map(|m| m.contains(p.to_str().unwrap()))
+                .unwrap_or(true); // gone: it finished
+            if mapped {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        std::fs::File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "not a clear error: {:?} {}",
+            o.status,
+            stderr(&o)
+        );
+        if stderr(&o).contains("SIGBUS") {
+            caught = Some(stderr(&o));
+            break;
+        }
+    }
+    let said = caught.expect("no run of five was still reading when the file was truncated");
+    assert_eq!(
+        said.trim_end(),
+        format!(
+            "gpuarchctl: {}: the file shrank while it was read (SIGBUS): it was changed \
+             meanwhile; run again once it is whole",
+            p.display()
+        )
+    );
+}
