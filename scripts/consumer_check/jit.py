@@ -80,13 +80,13 @@ def inductor_cache_dirs(version):
     unset (the `if` in CachingAutotuner.__init__, triton_heuristics.py)."""
     base = os.path.join(CACHE, f"torch-{version}", "inductor", "torch", "_inductor", "runtime")
     utils = os.path.join(base, "cache_dir_utils.py")
-    glob = {"os": os, "re": re, "getpass": getpass, "tempfile": tempfile,
+    helpers = {"os": os, "re": re, "getpass": getpass, "tempfile": tempfile,
             "is_fbcode": lambda: False}
     if os.path.isfile(utils):
         code = functions_of(utils, ("cache_dir", "default_cache_dir", "triton_cache_dir"))
 
         def run():
-            ns = dict(glob)
+            ns = dict(helpers)
             exec(code, ns)
             return ns["cache_dir"](), ns["triton_cache_dir"](0)
         return run
@@ -99,7 +99,7 @@ def inductor_cache_dirs(version):
     autotuner = compile(ast.Module(body=sets, type_ignores=[]), path, "exec")
 
     def run():
-        ns = dict(glob)
+        ns = dict(helpers)
         exec(code, ns)
         with Env({"TRITON_CACHE_DIR": os.environ.get("TRITON_CACHE_DIR")}):
             exec(autotuner, {"os": os, "cache_dir": ns["cache_dir"],
@@ -126,7 +126,7 @@ def libtriton():
 
 def triton_cache(version):
     """Triton `version`'s own get_cache_manager (runtime/cache.py, and
-    knobs.py from 3.3), loaded from its wheel's files: a function giving the
+    knobs.py from 3.4), loaded from its wheel's files: a function giving the
     directory a kernel of a given key is kept in."""
     base = os.path.join(CACHE, f"triton-{version}", "triton")
     pkg = types.ModuleType("triton")

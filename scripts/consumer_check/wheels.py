@@ -248,7 +248,7 @@ def fetch():
                       os.path.join(CACHE, f"torch-{v}", "inductor"))
     for v in TRITONS:
         # Where Triton keeps its cache: runtime/cache.py, reading knobs.py
-        # from 3.3 (which imports _utils.py).
+        # from 3.4 (which imports _utils.py).
         wheel_members("triton", v, ["triton/runtime/cache.py", "triton/knobs.py?",
                                     "triton/_utils.py?"], os.path.join(CACHE, f"triton-{v}"))
     for v in FLASHINFERS:
