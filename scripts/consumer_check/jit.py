@@ -115,13 +115,45 @@ KERNEL_KEY = __import__("hashlib").sha256(b"kernel").hexdigest()
 def libtriton():
     """Stands in for the two functions Triton's knobs.py takes from its C++
     part: they read the process's environment (held to the real libtriton
-    in scripts/tests/test_consumers.py)."""
+    by libtriton_held_to, in every run of the check)."""
     lib = types.ModuleType("triton._C.libtriton")
     lib.getenv = lambda key, default=None: os.environ.get(key, default)
     lib.getenv_bool = lambda key, default=None: (
         default if key not in os.environ
         else os.environ[key].lower() in ("1", "true", "on", "yes"))
     return lib
+
+
+def libtriton_held_to(python):
+    """The stand-in's readings of the env against those of the real
+    libtriton that `python` imports (the torch image's: scripts/test
+    installs it before this check), on set, empty and unset values and
+    the spellings of a boolean: a line for each that differs, and the real
+    Triton's version."""
+    values = [None, "", "1", "0", "true", "ON", "yes", "no", "x", " /a b "]
+    probe = ("import json, os, sys, triton\n"
+             "from triton._C.libtriton import getenv, getenv_bool\n"
+             "out = []\n"
+             "for v in json.load(sys.stdin):\n"
+             "    os.environ.pop('GPUARCH_PROBE', None)\n"
+             "    if v is not None:\n"
+             "        os.environ['GPUARCH_PROBE'] = v\n"
+             "    out.append([getenv('GPUARCH_PROBE'), getenv('GPUARCH_PROBE', 'd'),\n"
+             "                getenv_bool('GPUARCH_PROBE', None), getenv_bool('GPUARCH_PROBE', True)])\n"
+             "print(json.dumps([triton.__version__, out]))\n")
+    r = subprocess.run([python, "-c", probe], input=json.dumps(values), capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        return [f"the real libtriton ({python}) could not be asked: {r.stderr.strip()}"], None
+    version, real = json.loads(r.stdout)
+    lib, differ = libtriton(), []
+    for v, want in zip(values, real):
+        with Env({"GPUARCH_PROBE": v}):
+            got = [lib.getenv("GPUARCH_PROBE"), lib.getenv("GPUARCH_PROBE", "d"),
+                   lib.getenv_bool("GPUARCH_PROBE", None), lib.getenv_bool("GPUARCH_PROBE", True)]
+        if got != want:
+            differ.append(f"libtriton's stand-in reads {v!r} as {got}, Triton {version}'s as {want}")
+    return differ, version
 
 
 def triton_cache(version):
@@ -291,7 +323,21 @@ def check_jit():
     for what, d in defaults.items():
         if d.startswith(jit_dir + "/"):
             failures.append(f"control: {what} in {d} without gpuarch's env")
-    note = (f"without gpuarch, torch {TORCH[-1]} builds extension 'ext' in "
+    # The stand-in for libtriton, held to the real one.
+    python = os.environ.get("GPUARCH_TORCH_PYTHON") or os.path.join(
+        ROOT, ".local", "torch-image", "bin", "python")
+    if os.path.isfile(python):
+        differ, real = libtriton_held_to(python)
+        failures += differ
+        held = f"libtriton's stand-in reads the env as Triton {real}'s does"
+    elif os.environ.get("CI") == "true":
+        failures.append(f"no torch image to hold libtriton's stand-in to: {python} "
+                        "(scripts/lib/setup.sh, ensure_torch_image)")
+        held = ""
+    else:
+        held = f"libtriton's stand-in NOT held to a real one: no {python}"
+    note = held + ("; " if held else "") + (
+            f"without gpuarch, torch {TORCH[-1]} builds extension 'ext' in "
             f"{defaults[f'torch {TORCH[-1]}: extensions'].replace(default_root, '~/.cache/torch_extensions')}, "
             f"and Triton {TRITONS[-1]} keeps a kernel in "
             f"{defaults[f'Triton {TRITONS[-1]}: kernels'].replace(home, '~')}, on every GPU")

@@ -57,15 +57,7 @@ fn inspect_refuses_what_is_not_a_regular_file_without_blocking() {
     let fifo = dir.path().join("fifo");
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
     for p in [fifo.as_path(), dir.path(), Path::new("/dev/zero")] {
-        let mut child = Command::new(&artifacts().gpuarchctl)
-            .args(["inspect", "--cap", "8.6"])
-            .arg(p)
-            .env_clear()
-            .env("GPUARCH_CONFIG", &cfg)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_inspect(&cfg, p);
         // A read of the FIFO would wait for a writer that never comes.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         while child.try_wait().unwrap().is_none() {
@@ -104,15 +96,7 @@ fn inspect_names_a_file_truncated_while_it_is_read() {
     let mut caught = None;
     for _ in 0..5 {
         std::fs::write(&p, &text).unwrap();
-        let child = Command::new(&artifacts().gpuarchctl)
-            .args(["inspect", "--cap", "8.6"])
-            .arg(&p)
-            .env_clear()
-            .env("GPUARCH_CONFIG", &cfg)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let child = spawn_inspect(&cfg, &p);
         let maps = format!("/proc/{}/maps", child.id());
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while std::time::Instant::now() < deadline {
@@ -152,4 +136,18 @@ fn inspect_names_a_file_truncated_while_it_is_read() {
             p.display()
         )
     );
+}
+
+/// `gpuarchctl inspect --cap 8.6 FILE` started with only the config `cfg`
+/// in its environment, its output piped.
+fn spawn_inspect(cfg: &Path, file: &Path) -> std::process::Child {
+    Command::new(&artifacts().gpuarchctl)
+        .args(["inspect", "--cap", "8.6"])
+        .arg(file)
+        .env_clear()
+        .env("GPUARCH_CONFIG", cfg)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
 }
