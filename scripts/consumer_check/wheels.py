@@ -291,7 +291,9 @@ def newer_than_the_window():
         from pip._vendor.packaging.version import Version
     windows = {"torch": TORCH, "flashinfer-python": FLASHINFERS, "flash-attn": FLASH_ATTNS,
                "accelerate": ACCELERATES, "deepspeed": DEEPSPEEDS, "xformers": XFORMERS,
-               "vllm": VLLMS, "triton": TRITONS}
+               "vllm": VLLMS, "triton": TRITONS, "flashinfer-cubin": FLASHINFER_CUBINS,
+               # A new NVRTC may take new architectures (13.4 took 10.7).
+               "nvidia-cuda-nvrtc": [v for d, v in NVRTC if d == "nvidia-cuda-nvrtc"]}
     lines = []
     for dist, window in windows.items():
         try:

@@ -121,7 +121,8 @@ def test_a_release_newer_than_the_window_is_said(monkeypatch):
     import urllib.request
     newest = {"torch": "2.15.0", "flashinfer-python": "0.7.5", "flash-attn": "2.8.3.post2",
               "accelerate": "1.15.0", "deepspeed": "0.19.8", "xformers": "0.0.35.post1",
-              "vllm": "0.33.0rc1", "triton": "3.9.1"}
+              "vllm": "0.33.0rc1", "triton": "3.9.1", "flashinfer-cubin": "0.6.13",
+              "nvidia-cuda-nvrtc": "13.6.20"}
 
     def urlopen(url, timeout):
         dist = url.split("/")[-2]
@@ -140,6 +141,9 @@ def test_a_release_newer_than_the_window_is_said(monkeypatch):
     assert any(line.startswith("xformers 0.0.35.post1") for line in lines), "a post-release is newer"
     assert any(line.startswith("flash-attn: could not ask PyPI") for line in lines), lines
     assert any(line.startswith("triton 3.9.1 is on PyPI") for line in lines), lines
+    assert any(line.startswith("nvidia-cuda-nvrtc 13.6.20 is on PyPI, newer than the "
+                               "window's 13.5.37") for line in lines), lines
+    assert not any(line.startswith("flashinfer-cubin") for line in lines), lines
     assert not any(line.startswith(("torch", "vllm")) for line in lines), \
         "the newest in the window, and a release candidate, are not newer"
 
