@@ -48,9 +48,11 @@ class RangeFile(__import__("io").RawIOBase):
             try:
                 conn.request(method, self.path, headers=headers)
                 r = conn.getresponse()
-                if r.status not in (200, 206):
+                want = 206 if "Range" in headers else 200
+                if r.status != want:
                     r.read()
-                    raise OSError(f"{method} {self.url}: HTTP {r.status} {r.reason}")
+                    raise OSError(f"{method} {self.url} {headers}: HTTP {r.status} {r.reason}, "
+                                  f"not {want}")
                 if method == "HEAD":
                     r.read()
                 return r
