@@ -14,6 +14,7 @@ pub mod registry;
 pub mod roots;
 pub mod slurm;
 pub mod stack;
+pub mod truncate;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

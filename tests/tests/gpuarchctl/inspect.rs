@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use gpuarch_tests::{artifacts, workspace_root};
+use gpuarch_tests::{artifacts, truncate, workspace_root};
 
 use super::{config_with_snapshot, ok, stderr};
 
@@ -57,7 +57,11 @@ fn inspect_refuses_what_is_not_a_regular_file_without_blocking() {
     let fifo = dir.path().join("fifo");
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
     for p in [fifo.as_path(), dir.path(), Path::new("/dev/zero")] {
-        let mut child = spawn_inspect(&cfg, p);
+        let mut child = inspect_cmd(&cfg, p)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
         // A read of the FIFO would wait for a writer that never comes.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         while child.try_wait().unwrap().is_none() {
@@ -79,75 +83,29 @@ fn inspect_refuses_what_is_not_a_regular_file_without_blocking() {
 
 /// A file truncated while `inspect` reads it (its mapping faults:
 /// SIGBUS) is named in a clear error, exit status 2, not a "Bus error"
-/// and a core. The file is truncated once /proc shows it mapped, while the
-/// inspector reads 256 MiB of text through; a run that finished first is
-/// tried again, up to five times.
+/// and a core. The file is cut once /proc shows it mapped, while the
+/// inspector reads 256 MiB of text through.
 #[test]
 fn inspect_names_a_file_truncated_while_it_is_read() {
-    let shm = Path::new("/dev/shm");
-    let dir = if shm.is_dir() {
-        tempfile::tempdir_in(shm).unwrap()
-    } else {
-        tempfile::tempdir().unwrap()
-    };
+    let dir = truncate::scratch_in_memory();
     let cfg = config_with_snapshot(dir.path(), "config.yaml", &dir.path().join("none.json"));
     let p = dir.path().join("big.ptx");
     let text = vec![b'a'; 256 << 20];
-    let mut caught = None;
-    for _ in 0..5 {
-        std::fs::write(&p, &text).unwrap();
-        let child = spawn_inspect(&cfg, &p);
-        let maps = format!("/proc/{}/maps", child.id());
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while std::time::Instant::now() < deadline {
-            let mapped = std::fs::read_to_string(&maps)
-                .map(|m| m.contains(p.to_str().unwrap()))
-                .unwrap_or(true); // gone: it finished
-            if mapped {
-                break;
-            }
-            std::thread::yield_now();
-        }
-        std::fs::File::options()
-            .write(true)
-            .open(&p)
-            .unwrap()
-            .set_len(0)
-            .unwrap();
-        let o = child.wait_with_output().unwrap();
-        assert_eq!(
-            o.status.code(),
-            Some(2),
-            "not a clear error: {:?} {}",
-            o.status,
-            stderr(&o)
-        );
-        if stderr(&o).contains("SIGBUS") {
-            caught = Some(stderr(&o));
-            break;
-        }
-    }
-    let said = caught.expect("no run of five was still reading when the file was truncated");
-    assert_eq!(
-        said.trim_end(),
-        format!(
-            "gpuarchctl: {}: the file shrank while it was read (SIGBUS): it was changed \
-             meanwhile; run again once it is whole",
-            p.display()
-        )
+    let outs = truncate::truncated_under(
+        || inspect_cmd(&cfg, &p),
+        &p,
+        || std::fs::write(&p, &text).unwrap(),
     );
+    truncate::assert_named_on_sigbus(&outs, &format!("gpuarchctl: {}", p.display()), 2);
 }
 
-/// `gpuarchctl inspect --cap 8.6 FILE` started with only the config `cfg`
-/// in its environment, its output piped.
-fn spawn_inspect(cfg: &Path, file: &Path) -> std::process::Child {
-    Command::new(&artifacts().gpuarchctl)
-        .args(["inspect", "--cap", "8.6"])
+/// `gpuarchctl inspect --cap 8.6 FILE` with only the config `cfg` in its
+/// environment.
+fn inspect_cmd(cfg: &Path, file: &Path) -> Command {
+    let mut c = Command::new(&artifacts().gpuarchctl);
+    c.args(["inspect", "--cap", "8.6"])
         .arg(file)
         .env_clear()
-        .env("GPUARCH_CONFIG", cfg)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap()
+        .env("GPUARCH_CONFIG", cfg);
+    c
 }
