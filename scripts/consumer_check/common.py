@@ -58,14 +58,11 @@ FLASH_ATTNS = ["2.4.3.post1", "2.5.9.post1", "2.6.3", "2.7.4.post1", "2.8.3.post
 XFORMERS = ["0.0.30", "0.0.31.post1", "0.0.32.post2", "0.0.33.post2", "0.0.34", "0.0.35"]
 
 # vLLM and Triton from the releases of the torch window's start (September
-# 2024): the last patch of each minor, for the JIT caches (jit.py). VLLM,
-# the newest, is also the one whose torch.compile cache path is cited.
+# 2024): the last patch of each minor, for the JIT caches (jit.py).
 VLLMS = ["0.6.6.post1", "0.7.3", "0.8.5.post1", "0.9.2", "0.10.2", "0.11.2", "0.12.0",
          "0.13.0", "0.14.1", "0.15.1", "0.16.0", "0.17.1", "0.18.1", "0.19.1", "0.20.2",
          "0.21.0", "0.22.1", "0.23.0", "0.24.0", "0.25.1", "0.26.0", "0.27.1", "0.28.0",
          "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0"]
-
-VLLM = VLLMS[-1]
 
 TRITONS = ["3.0.0", "3.1.0", "3.2.0", "3.3.1", "3.4.0", "3.5.1", "3.6.0", "3.7.1", "3.8.0",
            "3.9.0"]

@@ -56,20 +56,17 @@ def hook_precreate(fixture, devices, jit_dir, image="torch:test"):
     return got, (mounts[0]["source"] if mounts else None)
 
 
-def torch_build_directory(version):
-    """torch's own _get_build_directory (cpp_extension.load's cache)."""
-    path = os.path.join(CACHE, f"torch-{version}", "cpp_extension.py")
-    tree = ast.parse(open(path).read())
-    fn = next(n for n in tree.body
-              if isinstance(n, ast.FunctionDef) and n.name == "_get_build_directory")
-    return compile(ast.Module(body=[fn], type_ignores=[]), path, "exec")
-
-
 def functions_of(path, names):
     """The top-level functions `names` of the Python file at `path`."""
     tree = ast.parse(open(path).read())
     fns = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
     return compile(ast.Module(body=fns, type_ignores=[]), path, "exec")
+
+
+def torch_build_directory(version):
+    """torch's own _get_build_directory (cpp_extension.load's cache)."""
+    return functions_of(os.path.join(CACHE, f"torch-{version}", "cpp_extension.py"),
+                        ("_get_build_directory",))
 
 
 def inductor_cache_dirs(version):
@@ -180,9 +177,10 @@ def triton_cache(version):
     return lambda key: cache.get_cache_manager(key).cache_dir
 
 
-def flashinfer_workspace(version):
-    """FlashInfer `version`'s own workspace directory (jit/env.py), built
-    at import."""
+def flashinfer_jit_dir(version):
+    """FlashInfer `version`'s own JIT directory (jit/env.py, built at
+    import, its CompilationContext asking torch for the GPUs): a function
+    giving it for a process on `gpus`."""
     path = os.path.join(CACHE, f"flashinfer-{version}", "env.py")
     tree = ast.parse(open(path).read())
     want = {"FLASHINFER_BASE_DIR", "FLASHINFER_CACHE_DIR", "FLASHINFER_WORKSPACE_DIR",
@@ -194,21 +192,21 @@ def flashinfer_workspace(version):
         t = n.target if isinstance(n, ast.AnnAssign) else (
             n.targets[0] if isinstance(n, ast.Assign) else None)
         return getattr(t, "id", None) in want
-    return compile(ast.Module(body=[n for n in tree.body if named(n)], type_ignores=[]),
-                   path, "exec")
+    workspace = compile(ast.Module(body=[n for n in tree.body if named(n)], type_ignores=[]),
+                        path, "exec")
+    context, mods = flashinfer_class(None, version)
+    context = compile(open(context).read(), context, "exec")
 
-
-def flashinfer_jit_dir(version, workspace, gpus):
-    """FLASHINFER_JIT_DIR of FlashInfer `version` importing on `gpus`."""
-    path, mods = flashinfer_class(None, version)
-    with Modules({**mods, "torch": torch_stub(gpus, [], None)}):
-        cc = {"__name__": "flashinfer.compilation_context"}
-        exec(compile(open(path).read(), path, "exec"), cc)
-        logging.getLogger("flashinfer.compilation_context").setLevel(logging.ERROR)
-        ns = {"os": os, "pathlib": __import__("pathlib"),
-              "CompilationContext": cc["CompilationContext"], "flashinfer_version": version}
-        exec(workspace, ns)
-        return str(ns["FLASHINFER_JIT_DIR"])
+    def run(gpus):
+        with Modules({**mods, "torch": torch_stub(gpus, [], None)}):
+            cc = {"__name__": "flashinfer.compilation_context"}
+            exec(context, cc)
+            logging.getLogger("flashinfer.compilation_context").setLevel(logging.ERROR)
+            ns = {"os": os, "pathlib": __import__("pathlib"),
+                  "CompilationContext": cc["CompilationContext"], "flashinfer_version": version}
+            exec(workspace, ns)
+            return str(ns["FLASHINFER_JIT_DIR"])
+    return run
 
 
 def vllm_cache_root(version):
@@ -242,7 +240,7 @@ def check_jit():
     inductors = {v: inductor_cache_dirs(v) for v in TORCH}
     tritons = {v: triton_cache(v) for v in TRITONS}
     vllms = {v: vllm_cache_root(v) for v in VLLMS}
-    workspaces = {v: flashinfer_workspace(v) for v in FLASHINFERS}
+    flashinfers = {v: flashinfer_jit_dir(v) for v in FLASHINFERS}
     torch_mod = types.SimpleNamespace(version=types.SimpleNamespace(cuda="12.8", hip=None))
     work = tempfile.mkdtemp()
     jit_dir = os.path.join(work, "jit")
@@ -265,8 +263,8 @@ def check_jit():
         for version, root in vllms.items():
             yield f"vLLM {version}: cache root", root()
         if flashinfer:
-            for version, ws in workspaces.items():
-                yield f"FlashInfer {version}: JIT dir", flashinfer_jit_dir(version, ws, gpus)
+            for version, jit_dir_on in flashinfers.items():
+                yield f"FlashInfer {version}: JIT dir", jit_dir_on(gpus)
 
     cases = 0
     for fixture in FIXTURES:

@@ -134,10 +134,10 @@ def wheel_member(dist, version, member, dest):
 
 
 def wheel_members(dist, version, members, dest_dir):
-    """Each of `members` (paths in the wheel; a tuple is alternatives, the
-    first the wheel has is taken; a name ending in "?" may be absent) of a
-    wheel of dist==version, saved under dest_dir at its path in the wheel.
-    One pass over the wheel's directory; `dest_dir/fetched` says it is done."""
+    """Each of `members` (paths in the wheel; one ending in "?" may be
+    absent) of a wheel of dist==version, saved under dest_dir at its path
+    in the wheel. One pass over the wheel's directory; `dest_dir/fetched`
+    says it is done."""
     done = os.path.join(dest_dir, "fetched")
     if os.path.isfile(done):
         return
@@ -145,12 +145,11 @@ def wheel_members(dist, version, members, dest_dir):
         with open_wheel(dist, version) as z:
             names = set(z.namelist())
             for want in members:
-                alternatives = want if isinstance(want, tuple) else (want,)
-                found = [m.rstrip("?") for m in alternatives if m.rstrip("?") in names]
-                if found:
-                    save(os.path.join(dest_dir, found[0]), z.read(found[0]))
-                elif not all(m.endswith("?") for m in alternatives):
-                    raise KeyError(f"none of {list(alternatives)} is in the wheel")
+                member = want.rstrip("?")
+                if member in names:
+                    save(os.path.join(dest_dir, member), z.read(member))
+                elif member == want:
+                    raise KeyError(f"no {member} in the wheel")
     except Exception as e:
         sys.exit(f"cannot fetch {members} of {dist}=={version}: {e!r}")
     save(done, b"")
