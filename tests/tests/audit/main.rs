@@ -61,18 +61,22 @@ pub(crate) fn cuobjdump_listed(
     (out, fatal)
 }
 
-pub(crate) fn audit(args: &[&str]) -> (Output, Value) {
+/// gpuarchctl with no config and the 2080 Ti + 3090 fixture's snapshot.
+fn ctl_on_the_fixture() -> Command {
     let mut c = Command::new(&artifacts().gpuarchctl);
     c.env_clear()
         .env("GPUARCH_CONFIG", "/dev/null")
         .env("GPUARCH_INVENTORY", fixture("2080ti-3090"));
-    let text = c.args(args).output().unwrap();
-    let mut c = Command::new(&artifacts().gpuarchctl);
-    c.env_clear()
-        .env("GPUARCH_CONFIG", "/dev/null")
-        .env("GPUARCH_INVENTORY", fixture("2080ti-3090"))
-        .arg("--json");
-    let o = c.args(args).output().unwrap();
+    c
+}
+
+pub(crate) fn audit(args: &[&str]) -> (Output, Value) {
+    let text = ctl_on_the_fixture().args(args).output().unwrap();
+    let o = ctl_on_the_fixture()
+        .arg("--json")
+        .args(args)
+        .output()
+        .unwrap();
     let doc = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
         panic!(
             "{e}: {}{}",
@@ -443,38 +447,6 @@ fn hostile_requests_are_dropped_and_nothing_is_kept() {
     }
 }
 
-/// An x86-64 ELF library whose one data section, `.ldata`, holds `len`
-/// bytes of fatbin magic over and over, none a real container: the audit
-/// searches it through for embedded fatbins, a candidate every 4 bytes.
-fn library_with_a_long_data_section(len: usize) -> Vec<u8> {
-    const DATA_AT: usize = 4096;
-    let names = b"\0.shstrtab\0.ldata\0";
-    let shoff = DATA_AT + len;
-    let mut f = vec![0u8; shoff + 3 * 64];
-    f[..4].copy_from_slice(b"\x7fELF");
-    (f[4], f[5], f[6]) = (2, 1, 1); // 64-bit, little-endian, version 1
-    f[16..18].copy_from_slice(&3u16.to_le_bytes()); // ET_DYN
-    f[18..20].copy_from_slice(&62u16.to_le_bytes()); // x86-64
-    f[20..24].copy_from_slice(&1u32.to_le_bytes());
-    f[40..48].copy_from_slice(&(shoff as u64).to_le_bytes());
-    f[52..54].copy_from_slice(&64u16.to_le_bytes()); // header size
-    f[58..60].copy_from_slice(&64u16.to_le_bytes()); // section header size
-    f[60..62].copy_from_slice(&3u16.to_le_bytes()); // sections
-    f[62..64].copy_from_slice(&1u16.to_le_bytes()); // .shstrtab's index
-    f[64..64 + names.len()].copy_from_slice(names);
-    f[DATA_AT..shoff].copy_from_slice(&0xBA55_ED50u32.to_le_bytes().repeat(len / 4));
-    let mut section = |i: usize, name: u32, kind: u32, offset: usize, size: usize| {
-        let h = shoff + i * 64;
-        f[h..h + 4].copy_from_slice(&name.to_le_bytes());
-        f[h + 4..h + 8].copy_from_slice(&kind.to_le_bytes());
-        f[h + 24..h + 32].copy_from_slice(&(offset as u64).to_le_bytes());
-        f[h + 32..h + 40].copy_from_slice(&(size as u64).to_le_bytes());
-    };
-    section(1, 1, 3, 64, names.len()); // .shstrtab, SHT_STRTAB
-    section(2, 11, 1, DATA_AT, len); // .ldata, SHT_PROGBITS
-    f
-}
-
 /// A library of the image truncated while `gpuarchctl audit` reads it (its
 /// mapping faults: SIGBUS) is named, by its path in the image, in a clear
 /// error with exit status 2, not a "Bus error" and a core. gpuarchd's audit
@@ -485,15 +457,22 @@ fn a_library_truncated_while_it_is_audited_is_named() {
     let lib64 = image.path().join("usr/local/cuda/lib64");
     std::fs::create_dir_all(&lib64).unwrap();
     let lib = lib64.join("libbig.so");
-    let bytes = library_with_a_long_data_section(256 << 20);
+    // A library whose `.ldata` is 256 MiB of fatbin magic over and over,
+    // none a real container: the audit searches it through for embedded
+    // fatbins, a candidate every 4 bytes, while the test cuts the file.
+    let build = gpuarch_tests::truncate::scratch_in_memory();
+    let magic = 0xBA55_ED50u32.to_le_bytes().repeat(64 << 20);
+    let built = gpuarch_tests::fatlib::shared_library_with_section(
+        build.path(),
+        "libbig.so",
+        ".ldata",
+        &magic,
+    );
+    let bytes = std::fs::read(built).unwrap();
     let outs = gpuarch_tests::truncate::truncated_under(
         || {
-            let mut c = Command::new(&artifacts().gpuarchctl);
-            c.env_clear()
-                .env("GPUARCH_CONFIG", "/dev/null")
-                .env("GPUARCH_INVENTORY", fixture("2080ti-3090"))
-                .arg("audit")
-                .arg(image.path());
+            let mut c = ctl_on_the_fixture();
+            c.arg("audit").arg(image.path());
             c
         },
         &lib,
