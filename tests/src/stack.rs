@@ -373,7 +373,11 @@ pub fn layouts_image(c: &Containerd) {
 pub const PY_IMAGE: &str = "gpuarch.test/python-layers:1";
 
 pub fn python_image(c: &Containerd) {
-    let work = c.dir.join("python-image");
+    c.import(&python_image_archive(&c.dir.join("python-image")));
+}
+
+/// [`PY_IMAGE`] as an OCI image archive, built in `work`.
+pub fn python_image_archive(work: &Path) -> PathBuf {
     let l: Vec<PathBuf> = (0..3).map(|i| work.join(format!("layer{i}"))).collect();
     let write = |l: &Path, rel: &str, text: &str| {
         let p = l.join(rel);
@@ -440,12 +444,11 @@ pub fn python_image(c: &Containerd) {
         "1.2.0",
     );
     let layers: Vec<&Path> = l.iter().map(PathBuf::as_path).collect();
-    let tar = oci_archive_layers(
+    oci_archive_layers(
         &layers,
         &["PATH=/app/.venv/bin:/bin", "VIRTUAL_ENV=/app/.venv"],
         PY_IMAGE,
         "/bin/sh",
         &work.join("oci"),
-    );
-    c.import(&tar);
+    )
 }

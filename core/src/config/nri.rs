@@ -28,10 +28,23 @@ pub struct NriConfig {
     /// order: CRI's (`snapshotter` of its config) first. Default
     /// `["overlayfs", "native"]`.
     pub snapshotters: Vec<String>,
+    /// CRI-O's containers/storage (its `root`, storage.conf's
+    /// `graphroot`): each container's image layers are read from there.
+    /// Default [`DEFAULT_STORAGE_ROOT`].
+    pub storage_root: PathBuf,
+    /// containers/storage's `runroot`, where a transient store keeps its
+    /// containers. Default [`DEFAULT_STORAGE_RUNROOT`].
+    pub storage_runroot: PathBuf,
 }
 
 /// Default of `nri.containerd`.
 pub const DEFAULT_CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
+
+/// Default of `nri.storage_root`: CRI-O's and podman's as root.
+pub const DEFAULT_STORAGE_ROOT: &str = "/var/lib/containers/storage";
+
+/// Default of `nri.storage_runroot`.
+pub const DEFAULT_STORAGE_RUNROOT: &str = "/run/containers/storage";
 
 /// Default of `nri.socket`: where containerd and CRI-O listen.
 pub const DEFAULT_NRI_SOCKET: &str = "/var/run/nri/nri.sock";
@@ -45,6 +58,8 @@ impl Default for NriConfig {
             skip_handlers: vec!["gpuarch".to_owned()],
             containerd: PathBuf::from(DEFAULT_CONTAINERD_SOCKET),
             snapshotters: vec!["overlayfs".to_owned(), "native".to_owned()],
+            storage_root: PathBuf::from(DEFAULT_STORAGE_ROOT),
+            storage_runroot: PathBuf::from(DEFAULT_STORAGE_RUNROOT),
         }
     }
 }

@@ -20,6 +20,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use gpuarch_container::image::{self, Layers};
+use gpuarch_core::config::NriConfig;
 use gpuarch_core::oci::ContainerView;
 use gpuarch_core::software::Software;
 use hyper_util::rt::TokioIo;
@@ -84,11 +85,15 @@ pub enum LayersError {
     NoSnapshotter,
     #[error("no snapshot of the container in containerd's {0}")]
     NoSnapshot(String),
-    /// Not containerd: a runtime whose images gpuarchd does not read.
+    /// CRI-O's containers/storage did not give the layers.
+    #[error("CRI-O's {0}")]
+    Storage(#[from] super::storage::StorageError),
+    /// Neither containerd nor CRI-O: a runtime whose images gpuarchd does
+    /// not read.
     #[error(
         "{0} keeps its images where gpuarchd does not read them (its runtime handler gpuarch, or gpuarch's hook in its hooks_dir, reads the container's rootfs)"
     )]
-    NotContainerd(String),
+    OtherRuntime(String),
 }
 
 /// The image's layer directories, the top one first, from the mounts of
@@ -136,22 +141,26 @@ fn key(dirs: &[PathBuf], view: &ContainerView) -> Option<String> {
     Some(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// containerd's images, as gpuarchd reads them for NRI.
+/// The runtime's images, as gpuarchd reads them for NRI: containerd's, or
+/// CRI-O's ([`super::storage`]).
 #[derive(Debug)]
 pub struct Images {
     socket: PathBuf,
     snapshotters: Vec<String>,
+    storage: super::storage::Storage,
     channel: Mutex<Option<Channel>>,
     kept: Mutex<HashMap<String, (Software, Vec<String>)>>,
 }
 
 impl Images {
-    /// containerd at `socket`, its containers' snapshots in one of
-    /// `snapshotters` (tried in order).
-    pub fn new(socket: &Path, snapshotters: &[String]) -> Self {
+    /// containerd at `nri.containerd`, its containers' snapshots in one
+    /// of `nri.snapshotters` (tried in order); CRI-O's containers/storage
+    /// at `nri.storage_root`.
+    pub fn new(nri: &NriConfig) -> Self {
         Self {
-            socket: socket.to_owned(),
-            snapshotters: snapshotters.to_vec(),
+            socket: nri.containerd.clone(),
+            snapshotters: nri.snapshotters.clone(),
+            storage: super::storage::Storage::new(&nri.storage_root, &nri.storage_runroot),
             channel: Mutex::new(None),
             kept: Mutex::new(HashMap::new()),
         }
@@ -205,7 +214,20 @@ impl Images {
         Ok(mounts)
     }
 
-    /// The layer directories of container `id`'s image, or why not.
+    /// The layer directories of container `id`'s image under `runtime`
+    /// (NRI's name for it), or why not.
+    pub async fn layers_under(&self, runtime: &str, id: &str) -> Result<Vec<PathBuf>, LayersError> {
+        match runtime {
+            "containerd" => self.layers(id).await,
+            "cri-o" => Ok(self.storage.layers(id)?),
+            other => Err(LayersError::OtherRuntime(
+                gpuarch_core::text::clean(other).into_owned(),
+            )),
+        }
+    }
+
+    /// The layer directories of containerd's container `id`'s image, or
+    /// why not.
     pub async fn layers(&self, id: &str) -> Result<Vec<PathBuf>, LayersError> {
         let mut tried = Vec::new();
         for s in &self.snapshotters {
@@ -324,7 +346,11 @@ mod tests {
         std::fs::create_dir_all(&site).unwrap();
         std::fs::write(site.join("METADATA"), "Version: 2.9.1\n").unwrap();
         std::fs::create_dir_all(layer.join("usr/lib/python3.12")).unwrap();
-        let images = Images::new(&dir.path().join("none.sock"), &[]);
+        let images = Images::new(&NriConfig {
+            containerd: dir.path().join("none.sock"),
+            snapshotters: Vec::new(),
+            ..NriConfig::default()
+        });
         let dirs = Ok(vec![layer.clone()]);
         let view = ContainerView::with_env([("PATH", "/usr/bin")]);
         let (sw, notes) = images.read(&dirs, &view, None);

@@ -18,6 +18,7 @@ mod adjust;
 pub mod claims;
 pub mod image;
 pub mod mux;
+pub mod storage;
 
 /// The NRI messages and services, generated from `proto/nri.proto`.
 pub mod proto {
@@ -259,7 +260,7 @@ async fn session(
         runtime: std::sync::Mutex::new(String::new()),
         answer_within: std::sync::Mutex::new(ANSWER_WITHIN),
         hook_path: hook_path(),
-        images: Arc::new(image::Images::new(&cfg.containerd, &cfg.snapshotters)),
+        images: Arc::new(image::Images::new(cfg)),
         claims: claims::path_beside(&shared.snapshot_path),
     };
     let service = proto::nri_ttrpc::create_plugin(Arc::new(plugin));
@@ -475,13 +476,7 @@ impl proto::nri_ttrpc::Plugin for Plugin {
                 let cache = ctx.config.hook.image_cache.clone();
                 let id = container.id.clone();
                 let read = |view: &gpuarch_core::oci::ContainerView| {
-                    let dirs = if runtime == "containerd" {
-                        handle.block_on(images.layers(&id))
-                    } else {
-                        Err(image::LayersError::NotContainerd(
-                            gpuarch_core::text::clean(&runtime).into_owned(),
-                        ))
-                    };
+                    let dirs = handle.block_on(images.layers_under(&runtime, &id));
                     let (software, notes) =
                         images.read(&dirs, view, cache.is_dir().then_some(cache.as_path()));
                     // The image's audit reads the same layers.

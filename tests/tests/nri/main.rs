@@ -15,6 +15,7 @@ mod audit;
 mod churn;
 #[path = "../common/cri.rs"]
 mod cri;
+mod crio;
 mod stack;
 use churn::churn;
 use stack::{REGISTERED, Stack};

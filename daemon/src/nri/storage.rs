@@ -1,0 +1,389 @@
+//! CRI-O's images, read where containers/storage keeps them. At NRI's
+//! CreateContainer, CRI-O has made the container's storage under the
+//! container's own id (its writable layer on the image's top layer) and
+//! mounted it. gpuarchd reads the image's layers, not that mount (which
+//! the annotation `io.kubernetes.cri-o.MountPoint` names): a layer
+//! directory is the same for every container of the image, so a read is
+//! kept per image, as under containerd; the mount is a new directory per
+//! container, in CRI-O's mount namespace. gpuarchd looks the id up
+//! in the store's container list, which only the runtime writes, and takes
+//! the layers from the overlay driver's records of the container's layer:
+//!
+//! - `<root>/overlay-containers/containers.json` (and the
+//!   `volatile-containers.json` of a transient store, in the runroot):
+//!   the container's `layer`;
+//! - `<root>/overlay/<layer>/lower`: the layers below it, top first, as
+//!   `l/<link>` names separated by `:`;
+//! - `<root>/overlay/l/<link>`: a symlink to `../<layer id>/diff`, the
+//!   layer's directory, which gpuarchd rebuilds from the id it checked
+//!   rather than follow.
+//!
+//! The vfs driver keeps a whole copy per layer: the container's own
+//! (`<root>/vfs/dir/<layer>`) holds the image as it was at creation.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Longest container list read (about 64,000 containers).
+pub const MAX_LIST: u64 = 64 << 20;
+/// Longest `lower` file read: containers/storage's 500 layers of
+/// `l/` + 26 characters + `:` take 14,500 bytes.
+const MAX_LOWER: u64 = 64 << 10;
+/// containers/storage's own limit on lower layers.
+const MAX_LOWERS: usize = 500;
+
+/// Why a container's layers cannot be taken from containers/storage.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("nri.storage_root {0:?} is not an absolute path")]
+    Relative(PathBuf),
+    #[error("no containers/storage at {} (nri.storage_root): no overlay-containers or vfs-containers in it", .0.display())]
+    NoStore(PathBuf),
+    #[error("no container {id:.80?} in containers/storage at {} (nri.storage_root)", .root.display())]
+    NoContainer { id: String, root: PathBuf },
+    #[error("{}: {error}", .path.display())]
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("{}: over {} bytes", .path.display(), .limit)]
+    TooLong { path: PathBuf, limit: u64 },
+    #[error("{}: not a container list: {error}", .path.display())]
+    List {
+        path: PathBuf,
+        error: serde_json::Error,
+    },
+    #[error("the container's layer id {0:.80?} is not one containers/storage makes")]
+    LayerId(String),
+    #[error("{}: {entry:.80?} is not a layer link (l/NAME)", .path.display())]
+    Lower { path: PathBuf, entry: String },
+    #[error("{}: over {MAX_LOWERS} layers", .0.display())]
+    TooManyLayers(PathBuf),
+    #[error("the container's layer has no image layers below it ({} is missing)", .0.display())]
+    NoLower(PathBuf),
+    #[error("{} is missing: the layer is in an additional image store, which gpuarchd does not read", .0.display())]
+    NoLink(PathBuf),
+    #[error("{}: links to {target:.200?}, not to ../<layer>/diff", .link.display())]
+    LinkTarget { link: PathBuf, target: String },
+}
+
+/// A container's entry in containers/storage's list: the rest is not read.
+#[derive(Deserialize)]
+struct Entry {
+    id: String,
+    layer: String,
+}
+
+/// CRI-O's containers/storage: its root and runroot.
+#[derive(Debug, Clone)]
+pub struct Storage {
+    root: PathBuf,
+    runroot: PathBuf,
+}
+
+/// The storage drivers whose layers are read, as containers/storage names
+/// them (`<driver>-containers`, `<driver>/`).
+const DRIVERS: [&str; 2] = ["overlay", "vfs"];
+
+impl Storage {
+    pub fn new(root: &Path, runroot: &Path) -> Self {
+        Self {
+            root: root.to_owned(),
+            runroot: runroot.to_owned(),
+        }
+    }
+
+    /// The layer directories of container `id`'s image, the top one first.
+    pub fn layers(&self, id: &str) -> Result<Vec<PathBuf>, StorageError> {
+        if !self.root.is_absolute() {
+            return Err(StorageError::Relative(self.root.clone()));
+        }
+        let mut stores = 0;
+        for driver in DRIVERS {
+            let dir = self.root.join(format!("{driver}-containers"));
+            if !dir.is_dir() {
+                continue;
+            }
+            stores += 1;
+            let lists = [
+                dir.join("containers.json"),
+                dir.join("volatile-containers.json"),
+                self.runroot
+                    .join(format!("{driver}-containers"))
+                    .join("volatile-containers.json"),
+            ];
+            for list in &lists {
+                if let Some(layer) = find(list, id)? {
+                    if !is_id(&layer) {
+                        return Err(StorageError::LayerId(layer));
+                    }
+                    return match driver {
+                        "overlay" => self.overlay_lowers(&layer),
+                        _ => Ok(vec![self.root.join("vfs/dir").join(&layer)]),
+                    };
+                }
+            }
+        }
+        if stores == 0 {
+            return Err(StorageError::NoStore(self.root.clone()));
+        }
+        Err(StorageError::NoContainer {
+            id: id.to_owned(),
+            root: self.root.clone(),
+        })
+    }
+
+    /// The overlay driver's lower layers of `layer`, top first.
+    fn overlay_lowers(&self, layer: &str) -> Result<Vec<PathBuf>, StorageError> {
+        let home = self.root.join("overlay");
+        let path = home.join(layer).join("lower");
+        let text = match read_bounded(&path, MAX_LOWER) {
+            Ok(t) => t,
+            Err(StorageError::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {
+                return Err(StorageError::NoLower(path));
+            }
+            Err(e) => return Err(e),
+        };
+        let text = String::from_utf8_lossy(&text);
+        let names: Vec<&str> = text.trim_end_matches('\n').split(':').collect();
+        if names.len() > MAX_LOWERS {
+            return Err(StorageError::TooManyLayers(path));
+        }
+        names
+            .iter()
+            .map(|entry| {
+                let link = entry
+                    .strip_prefix("l/")
+                    .filter(|n| is_link_name(n))
+                    .ok_or_else(|| StorageError::Lower {
+                        path: path.clone(),
+                        entry: (*entry).to_owned(),
+                    })?;
+                let link = home.join("l").join(link);
+                let target = match std::fs::read_link(&link) {
+                    Ok(t) => t,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        return Err(StorageError::NoLink(link));
+                    }
+                    Err(error) => return Err(StorageError::Io { path: link, error }),
+                };
+                let target = target.to_string_lossy().into_owned();
+                match target
+                    .strip_prefix("../")
+                    .and_then(|t| t.strip_suffix("/diff"))
+                {
+                    Some(id) if is_id(id) => Ok(home.join(id).join("diff")),
+                    _ => Err(StorageError::LinkTarget { link, target }),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The layer of container `id` in the list at `path`; `None` where the
+/// list is missing or does not name it.
+fn find(path: &Path, id: &str) -> Result<Option<String>, StorageError> {
+    let bytes = match read_bounded(path, MAX_LIST) {
+        Ok(b) => b,
+        Err(StorageError::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    // A store that never held a container may keep an empty file.
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let list: Vec<Entry> = serde_json::from_slice(&bytes).map_err(|error| StorageError::List {
+        path: path.to_owned(),
+        error,
+    })?;
+    Ok(list.into_iter().find(|e| e.id == id).map(|e| e.layer))
+}
+
+/// The file at `path`, refused past `limit` bytes.
+fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, StorageError> {
+    let io = |error| StorageError::Io {
+        path: path.to_owned(),
+        error,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let mut bytes = Vec::new();
+    file.take(limit + 1).read_to_end(&mut bytes).map_err(io)?;
+    if bytes.len() as u64 > limit {
+        return Err(StorageError::TooLong {
+            path: path.to_owned(),
+            limit,
+        });
+    }
+    Ok(bytes)
+}
+
+/// A layer id as containers/storage makes them (64 hex digits, the
+/// image's chain ids and random ones alike), or any name of letters,
+/// digits, `_`, `.` and `-` that starts with a letter or digit: never a
+/// path of more than one component, `.` or `..`.
+fn is_id(s: &str) -> bool {
+    (1..=128).contains(&s.len())
+        && s.as_bytes()[0].is_ascii_alphanumeric()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// A link's name under `l/`: 26 base-32 characters as containers/storage
+/// makes them; any of letters and digits is taken.
+fn is_link_name(s: &str) -> bool {
+    (1..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A store as containers/storage's overlay driver lays it out: the
+    /// container `c1` on a two-layer image.
+    fn store(root: &Path) -> [PathBuf; 2] {
+        let home = root.join("overlay");
+        std::fs::create_dir_all(home.join("l")).unwrap();
+        let base = "a".repeat(64);
+        let top = "b".repeat(64);
+        let rw = "c".repeat(64);
+        for (id, link) in [(&base, "BASE"), (&top, "TOP"), (&rw, "RW")] {
+            std::fs::create_dir_all(home.join(id).join("diff")).unwrap();
+            std::os::unix::fs::symlink(format!("../{id}/diff"), home.join("l").join(link)).unwrap();
+        }
+        std::fs::write(home.join(&top).join("lower"), "l/BASE").unwrap();
+        std::fs::write(home.join(&rw).join("lower"), "l/TOP:l/BASE").unwrap();
+        std::fs::create_dir_all(root.join("overlay-containers")).unwrap();
+        std::fs::write(
+            root.join("overlay-containers/containers.json"),
+            format!(r#"[{{"id":"other","layer":"{base}"}},{{"id":"c1","names":["x"],"image":"i","layer":"{rw}","flags":{{}}}}]"#),
+        )
+        .unwrap();
+        [home.join(&top).join("diff"), home.join(&base).join("diff")]
+    }
+
+    #[test]
+    fn a_containers_layers_are_its_layer_lowers_top_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let want = store(dir.path());
+        let s = Storage::new(dir.path(), &dir.path().join("run"));
+        assert_eq!(s.layers("c1").unwrap(), want);
+        let e = s.layers("c2").unwrap_err().to_string();
+        assert!(
+            e.starts_with("no container \"c2\" in containers/storage at "),
+            "{e}"
+        );
+        // A transient store keeps its containers in the runroot.
+        let run = dir.path().join("run/overlay-containers");
+        std::fs::create_dir_all(&run).unwrap();
+        std::fs::write(
+            run.join("volatile-containers.json"),
+            format!(r#"[{{"id":"c2","layer":"{}"}}]"#, "c".repeat(64)),
+        )
+        .unwrap();
+        assert_eq!(s.layers("c2").unwrap(), want);
+        // The vfs driver: the container's own copy.
+        let vfs = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(vfs.path().join("vfs-containers")).unwrap();
+        std::fs::write(
+            vfs.path().join("vfs-containers/containers.json"),
+            r#"[{"id":"v","layer":"0123"}]"#,
+        )
+        .unwrap();
+        assert_eq!(
+            Storage::new(vfs.path(), vfs.path()).layers("v").unwrap(),
+            [vfs.path().join("vfs/dir/0123")]
+        );
+        let none = Storage::new(&dir.path().join("absent"), dir.path());
+        let e = none.layers("c1").unwrap_err().to_string();
+        assert!(e.contains("no overlay-containers or vfs-containers"), "{e}");
+        let e = Storage::new(Path::new("rel"), dir.path()).layers("c1");
+        assert!(e.unwrap_err().to_string().contains("not an absolute path"));
+    }
+
+    /// What the store says is never a path out of it: a layer id with a
+    /// slash or `..`, a lower entry that is not `l/NAME`, a link that
+    /// leads elsewhere; and a list or lower file past its bound is
+    /// refused, not read whole.
+    #[test]
+    fn a_store_that_names_paths_out_of_itself_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        store(dir.path());
+        let s = Storage::new(dir.path(), dir.path());
+        let list = dir.path().join("overlay-containers/containers.json");
+        let home = dir.path().join("overlay");
+        let rw = home.join("c".repeat(64));
+        for (layer, why) in [
+            ("../../etc", "is not one containers/storage makes"),
+            ("..", "is not one containers/storage makes"),
+            ("a/b", "is not one containers/storage makes"),
+            ("", "is not one containers/storage makes"),
+        ] {
+            std::fs::write(&list, format!(r#"[{{"id":"c1","layer":"{layer}"}}]"#)).unwrap();
+            let e = s.layers("c1").unwrap_err().to_string();
+            assert!(e.contains(why), "{layer}: {e}");
+        }
+        std::fs::write(
+            &list,
+            format!(r#"[{{"id":"c1","layer":"{}"}}]"#, "c".repeat(64)),
+        )
+        .unwrap();
+        for (lower, why) in [
+            ("/etc", "is not a layer link"),
+            ("l/../../etc", "is not a layer link"),
+            ("l/TOP:../x", "is not a layer link"),
+            ("l/GONE", "in an additional image store"),
+        ] {
+            std::fs::write(rw.join("lower"), lower).unwrap();
+            let e = s.layers("c1").unwrap_err().to_string();
+            assert!(e.contains(why), "{lower}: {e}");
+        }
+        std::os::unix::fs::symlink("/etc", home.join("l/OUT")).unwrap();
+        std::os::unix::fs::symlink("../../../etc/diff", home.join("l/UP")).unwrap();
+        for lower in ["l/OUT", "l/UP"] {
+            std::fs::write(rw.join("lower"), lower).unwrap();
+            let e = s.layers("c1").unwrap_err().to_string();
+            assert!(e.contains("not to ../<layer>/diff"), "{lower}: {e}");
+        }
+        std::fs::write(rw.join("lower"), vec![b'l'; MAX_LOWER as usize + 1]).unwrap();
+        assert!(
+            s.layers("c1")
+                .unwrap_err()
+                .to_string()
+                .contains("over 65536 bytes")
+        );
+        std::fs::write(rw.join("lower"), ["l/TOP"; 501].join(":")).unwrap();
+        assert!(
+            s.layers("c1")
+                .unwrap_err()
+                .to_string()
+                .contains("over 500 layers")
+        );
+        std::fs::remove_file(rw.join("lower")).unwrap();
+        assert!(
+            s.layers("c1")
+                .unwrap_err()
+                .to_string()
+                .contains("no image layers below it")
+        );
+        std::fs::write(&list, "{not json").unwrap();
+        assert!(
+            s.layers("c1")
+                .unwrap_err()
+                .to_string()
+                .contains("not a container list")
+        );
+        let f = std::fs::File::create(&list).unwrap();
+        f.set_len(MAX_LIST + 1).unwrap();
+        assert!(
+            s.layers("c1")
+                .unwrap_err()
+                .to_string()
+                .contains("over 67108864 bytes")
+        );
+    }
+}

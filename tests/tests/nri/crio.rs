@@ -1,0 +1,256 @@
+//! gpuarchd as CRI-O's NRI plugin: each container's image read from
+//! containers/storage, where CRI-O keeps it. Debian does not package
+//! CRI-O; podman keeps its containers with the same library
+//! (containers/storage), in the same layout, so real podman makes each
+//! container in a store of the test's own, under its own id, as CRI-O's
+//! CreateContainer does before it calls NRI: podman 4.3 from the host and
+//! podman 5 from Debian sid's engine root. The runtime's side of NRI is
+//! `fake_runtime`, naming itself `cri-o` as CRI-O does; gpuarchd is the
+//! real plugin, in this process.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use gpuarch_core::config::Config;
+use gpuarch_core::snapshot::Snapshot;
+use gpuarch_daemon::nri::{self, fake_runtime, proto::nri::CreateContainerResponse};
+use gpuarch_daemon::state::Shared;
+use gpuarch_tests::stack::python_image_archive;
+
+/// podman: the host's, or the one of engine root `root` (`share` seen
+/// inside it), on the store in `dir` with `driver`.
+struct Podman {
+    root: Option<PathBuf>,
+    share: PathBuf,
+    dir: PathBuf,
+    driver: &'static str,
+}
+
+impl Podman {
+    fn run(&self, args: &[&str]) -> String {
+        let mut c = match &self.root {
+            Some(root) => gpuarch_tests::roots::command_in_dir(
+                root,
+                &[&self.share],
+                &self.dir,
+                "podman".as_ref(),
+            ),
+            None => Command::new("podman"),
+        };
+        c.arg("--root")
+            .arg(self.dir.join("storage"))
+            .arg("--runroot")
+            .arg(self.dir.join("run"))
+            .args([
+                "--storage-driver",
+                self.driver,
+                "--runtime",
+                "runc",
+                "--cgroup-manager",
+                "cgroupfs",
+                "--events-backend",
+                "file",
+            ])
+            .args(args);
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "podman {args:?}: {o:?}");
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    }
+
+    /// A container of `image` made as CRI-O makes one: its id.
+    fn create(&self, extra: &[&str], image: &str) -> String {
+        let mut args = extra.to_vec();
+        args.extend(["create", "--network", "none", image, "/bin/sh"]);
+        self.run(&args)
+    }
+}
+
+/// What gpuarchd answers for the containers of podman's store.
+fn answers(podman: &Podman, ids: &[(&str, &str)]) -> Vec<(CreateContainerResponse, String)> {
+    let dir = &podman.dir;
+    let mut cfg = Config::default();
+    cfg.nri.enable = true;
+    cfg.nri.socket = dir.join("nri.sock");
+    cfg.nri.containerd = dir.join("no-containerd.sock");
+    cfg.nri.storage_root = dir.join("storage");
+    cfg.nri.storage_runroot = dir.join("run");
+    cfg.hook.record_dir = dir.join("records");
+    cfg.hook.image_cache = dir.join("images");
+    cfg.kernels.mount_root = dir.join("kernels");
+    std::fs::create_dir_all(&cfg.hook.record_dir).unwrap();
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/2080ti-3090.json");
+    let shared = Shared::new(
+        cfg,
+        dir.join("inventory.json"),
+        dir.join("config.yaml"),
+        false,
+    );
+    shared.refreshed(Snapshot::from_json(&std::fs::read(fixture).unwrap()).unwrap());
+    let shared = Arc::new(shared);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let runtime =
+            fake_runtime::FakeRuntime::bind_as(&shared.config().nri.socket, "cri-o").unwrap();
+        let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+        tokio::spawn(nri::run(shared.clone(), stop));
+        let p = runtime.accept().await.unwrap();
+        let mut out = Vec::new();
+        for (name, id) in ids {
+            let (mut pod, mut ctr) = fake_runtime::container(
+                &[
+                    "PATH=/app/.venv/bin:/bin",
+                    "VIRTUAL_ENV=/app/.venv",
+                    "NVIDIA_VISIBLE_DEVICES=1",
+                ],
+                &[],
+            );
+            ctr.id = (*id).to_owned();
+            (*name).clone_into(&mut pod.name);
+            let r = p.create(&pod, &ctr).await.unwrap();
+            out.push((r, record(&dir.join("records"), name)));
+        }
+        out
+    })
+}
+
+/// The record gpuarchd kept of pod `name`'s container.
+fn record(dir: &Path, name: &str) -> String {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .find(|r| r.contains(&format!("\"{name}\"")))
+        .unwrap_or_else(|| panic!("no record of {name} in {}", dir.display()))
+}
+
+fn var(r: &CreateContainerResponse, key: &str) -> Option<String> {
+    r.adjust
+        .env
+        .iter()
+        .find(|kv| kv.key == key)
+        .map(|kv| kv.value.clone())
+}
+
+fn cases(root: Option<PathBuf>, label: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let archive = python_image_archive(&dir.path().join("python-image"));
+    let overlay = Podman {
+        root: root.clone(),
+        share: dir.path().to_owned(),
+        dir: dir.path().join("overlay"),
+        driver: "overlay",
+    };
+    std::fs::create_dir_all(&overlay.dir).unwrap();
+    let image = overlay.run(&["pull", "-q", &format!("oci-archive:{}", archive.display())]);
+    let image = image.lines().last().unwrap().to_owned();
+    let first = overlay.create(&[], &image);
+    // A transient store (CRI-O's `transient_store`, podman 5's flag)
+    // lists its containers in the runroot.
+    let second = if root.is_some() {
+        overlay.create(&["--transient-store"], &image)
+    } else {
+        overlay.create(&[], &image)
+    };
+    let got = answers(
+        &overlay,
+        &[
+            ("first", &first),
+            ("second", &second),
+            ("gone", &"f".repeat(64)),
+        ],
+    );
+    if root.is_some() {
+        let volatile = overlay
+            .dir
+            .join("run/overlay-containers/volatile-containers.json");
+        assert!(
+            std::fs::read_to_string(&volatile)
+                .unwrap()
+                .contains(&second),
+            "podman 5 --transient-store keeps its container in {}",
+            volatile.display()
+        );
+    }
+    for (round, (r, record)) in ["first", "second"].iter().zip(&got) {
+        // The image was read, through podman's whiteout (flash-attn) and
+        // its opaque directory (conda's old env), from the venv on PATH.
+        assert_eq!(
+            var(r, "GPUARCH_ATTN_IMPLEMENTATION").as_deref(),
+            Some("sdpa"),
+            "{label} {round}: {record}"
+        );
+        assert_eq!(var(r, "TORCH_CUDA_ARCH_LIST").as_deref(), Some("8.6"));
+        for want in ["deepspeed", "0.18.2", "accelerate", "bitsandbytes", "2.7.1"] {
+            assert!(record.contains(want), "{label} {round}: {want}: {record}");
+        }
+        assert!(
+            !record.contains("vllm") && !record.contains("not read"),
+            "{label} {round}: {record}"
+        );
+    }
+    // A container the store does not hold: the Plan for an image not
+    // known, and why, naming the store.
+    let (r, record) = &got[2];
+    assert_eq!(
+        var(r, "GPUARCH_ATTN_IMPLEMENTATION").as_deref(),
+        Some("flash_attention_2")
+    );
+    assert!(
+        record.contains("not read: CRI-O's no container")
+            && record.contains(&overlay.dir.join("storage").display().to_string()),
+        "{label}: {record}"
+    );
+
+    // The vfs driver: the container's own copy of the image.
+    let vfs = Podman {
+        root,
+        share: dir.path().to_owned(),
+        dir: dir.path().join("vfs"),
+        driver: "vfs",
+    };
+    std::fs::create_dir_all(&vfs.dir).unwrap();
+    let image = vfs.run(&["pull", "-q", &format!("oci-archive:{}", archive.display())]);
+    let id = vfs.create(&[], image.lines().last().unwrap());
+    let got = answers(&vfs, &[("vfs", &id)]);
+    assert_eq!(
+        var(&got[0].0, "GPUARCH_ATTN_IMPLEMENTATION").as_deref(),
+        Some("sdpa"),
+        "{label} vfs: {}",
+        got[0].1
+    );
+}
+
+#[test]
+fn nri_under_crio_reads_containers_storage_podman_4_3() {
+    if let Some(why) = gpuarch_tests::cannot_run("to make containers/storage", &["podman"]) {
+        gpuarch_tests::skip(&why);
+        return;
+    }
+    cases(None, "podman 4.3");
+}
+
+#[test]
+fn nri_under_crio_reads_containers_storage_podman_5() {
+    let root = match gpuarch_tests::roots::root("sid") {
+        Ok(r) if r.join("usr/bin/podman").is_file() => r,
+        Ok(r) => {
+            gpuarch_tests::skip(&format!(
+                "the sid engine root {} has no podman",
+                r.display()
+            ));
+            return;
+        }
+        Err(why) => {
+            gpuarch_tests::skip(&why);
+            return;
+        }
+    };
+    if let Some(why) = gpuarch_tests::cannot_run("to make containers/storage", &[]) {
+        gpuarch_tests::skip(&why);
+        return;
+    }
+    cases(Some(root), "podman 5");
+}
