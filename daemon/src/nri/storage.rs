@@ -21,6 +21,7 @@
 //! The vfs driver keeps a whole copy per layer: the container's own
 //! (`<root>/vfs/dir/<layer>`) holds the image as it was at creation.
 
+use std::borrow::Cow;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -69,11 +70,14 @@ pub enum StorageError {
     LinkTarget { link: PathBuf, target: String },
 }
 
-/// A container's entry in containers/storage's list: the rest is not read.
+/// A container's entry in containers/storage's list: the rest is skipped
+/// unread, and nothing is copied but for the container looked for.
 #[derive(Deserialize)]
-struct Entry {
-    id: String,
-    layer: String,
+struct Entry<'a> {
+    #[serde(borrow)]
+    id: Cow<'a, str>,
+    #[serde(borrow)]
+    layer: Cow<'a, str>,
 }
 
 /// CRI-O's containers/storage: its root and runroot.
@@ -196,11 +200,34 @@ fn find(path: &Path, id: &str) -> Result<Option<String>, StorageError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
+    // The list is searched before it is parsed: a node's list holds every
+    // container it has not removed, and parsing it whole costs about a
+    // microsecond per container. An id JSON writes as it is (CRI-O's are
+    // hex) that is not in the text as a string is in no entry; one that
+    // begins an object as containers/storage writes them (`{"id":"…"`,
+    // the id first: Go's encoder keeps the struct's order) is that entry.
+    // Anything else is parsed whole.
+    if is_id(id) {
+        let start = format!("{{\"id\":\"{id}\"");
+        if let Some(at) = memchr::memmem::find(&bytes, start.as_bytes()) {
+            let mut one = serde_json::Deserializer::from_slice(&bytes[at..]);
+            if let Ok(e) = Entry::deserialize(&mut one)
+                && e.id == id
+            {
+                return Ok(Some(e.layer.into_owned()));
+            }
+        } else if memchr::memmem::find(&bytes, &start.as_bytes()[6..]).is_none() {
+            return Ok(None);
+        }
+    }
     let list: Vec<Entry> = serde_json::from_slice(&bytes).map_err(|error| StorageError::List {
         path: path.to_owned(),
         error,
     })?;
-    Ok(list.into_iter().find(|e| e.id == id).map(|e| e.layer))
+    Ok(list
+        .into_iter()
+        .find(|e| e.id == id)
+        .map(|e| e.layer.into_owned()))
 }
 
 /// The file at `path`, refused past `limit` bytes.
@@ -210,7 +237,10 @@ fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, StorageError> {
         error,
     };
     let file = std::fs::File::open(path).map_err(io)?;
-    let mut bytes = Vec::new();
+    // Sized once: grown as it is read, a list of megabytes costs more to
+    // copy than to search.
+    let size = file.metadata().map_err(io)?.len();
+    let mut bytes = Vec::with_capacity(usize::try_from(size.min(limit) + 1).unwrap_or(0));
     file.take(limit + 1).read_to_end(&mut bytes).map_err(io)?;
     if bytes.len() as u64 > limit {
         return Err(StorageError::TooLong {
@@ -298,6 +328,31 @@ mod tests {
             Storage::new(vfs.path(), vfs.path()).layers("v").unwrap(),
             [vfs.path().join("vfs/dir/0123")]
         );
+        // However the list is written: the id not first, spaces and
+        // newlines, the id only inside another entry's string.
+        let list = dir.path().join("overlay-containers/containers.json");
+        let rw = "c".repeat(64);
+        for text in [
+            format!(r#"[{{"names":["c1"],"layer":"{rw}","id":"c1"}}]"#),
+            format!("[\n  {{\n    \"id\": \"c1\",\n    \"layer\": \"{rw}\"\n  }}\n]\n"),
+            format!(
+                r#"[{{"id":"x","layer":"0","metadata":"{{\"id\":\"c1\",\"layer\":\"1\"}}"}},{{"id":"c1","layer":"{rw}"}}]"#
+            ),
+        ] {
+            std::fs::write(&list, &text).unwrap();
+            assert_eq!(s.layers("c1").unwrap(), want, "{text}");
+        }
+        std::fs::write(
+            &list,
+            r#"[{"id":"x","layer":"0","metadata":"{\"id\":\"c3\"}"}]"#,
+        )
+        .unwrap();
+        assert!(
+            s.layers("c3")
+                .unwrap_err()
+                .to_string()
+                .starts_with("no container")
+        );
         let none = Storage::new(&dir.path().join("absent"), dir.path());
         let e = none.layers("c1").unwrap_err().to_string();
         assert!(e.contains("no overlay-containers or vfs-containers"), "{e}");
@@ -370,13 +425,14 @@ mod tests {
                 .to_string()
                 .contains("no image layers below it")
         );
+        // A list cut short where the container is: said so. (One that
+        // does not name the container at all is not parsed.)
+        std::fs::write(&list, r#"[{"id":"c1","layer":"#).unwrap();
+        let e = s.layers("c1").unwrap_err().to_string();
+        assert!(e.contains("not a container list"), "{e}");
         std::fs::write(&list, "{not json").unwrap();
-        assert!(
-            s.layers("c1")
-                .unwrap_err()
-                .to_string()
-                .contains("not a container list")
-        );
+        let e = s.layers("c1").unwrap_err().to_string();
+        assert!(e.starts_with("no container"), "{e}");
         let f = std::fs::File::create(&list).unwrap();
         f.set_len(MAX_LIST + 1).unwrap();
         assert!(

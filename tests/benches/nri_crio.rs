@@ -1,0 +1,182 @@
+//! How long gpuarchd takes to answer NRI's CreateContainer under CRI-O,
+//! which it answers from containers/storage: the container looked up in
+//! the store's list, the image's layers from the overlay driver's
+//! records, the read kept per image. The store is real: host podman 4.3
+//! (containers/storage, as CRI-O uses it) pulls the three-layer Python
+//! image of `tests/tests/nri/` and makes the containers. The runtime's
+//! side of NRI is `fake_runtime`, naming itself cri-o.
+//!
+//! A node's list grows with its containers, and each answer parses it, so
+//! the list is padded to each size with copies of podman's own entries
+//! (new ids, the text as containers/storage wrote it), ahead of the real
+//! ones. Interleaved in one run, against a
+//! baseline on the same connection (an empty Synchronize): a container of
+//! the image, seen (the read kept), at each size of list.
+//!
+//! Run as root: `cargo bench -p gpuarch-tests --bench nri_crio`
+//! (`RUNS=N` answers per size, 200 by default).
+
+#![allow(clippy::unwrap_used)] // a benchmark: a failed unwrap is a failed run
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpuarch_core::config::Config;
+use gpuarch_core::snapshot::Snapshot;
+use gpuarch_daemon::nri::{self, fake_runtime};
+use gpuarch_daemon::state::Shared;
+use gpuarch_tests::stack::python_image_archive;
+
+fn pct(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// The list sizes measured: podman's own containers, then padded.
+const SIZES: [usize; 4] = [4, 100, 1000, 5000];
+
+fn main() {
+    if let Some(why) = gpuarch_tests::cannot_run("to make containers/storage", &["podman"]) {
+        eprintln!("cannot run: {why}");
+        std::process::exit(2);
+    }
+    let runs: usize = std::env::var("RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let dir = tempfile::tempdir().unwrap();
+    let podman = |args: &[&str]| {
+        let o = Command::new("podman")
+            .arg("--root")
+            .arg(dir.path().join("storage"))
+            .arg("--runroot")
+            .arg(dir.path().join("run"))
+            .args([
+                "--storage-driver",
+                "overlay",
+                "--cgroup-manager",
+                "cgroupfs",
+                "--events-backend",
+                "file",
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "podman {args:?}: {o:?}");
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    };
+    let archive = python_image_archive(&dir.path().join("python-image"));
+    let image = podman(&["pull", "-q", &format!("oci-archive:{}", archive.display())]);
+    let image = image.lines().last().unwrap().to_owned();
+    let ids: Vec<String> = (0..SIZES[0])
+        .map(|_| podman(&["create", "--network", "none", &image, "/bin/sh"]))
+        .collect();
+    let list = dir
+        .path()
+        .join("storage/overlay-containers/containers.json");
+    // podman's own list, as containers/storage wrote it (each entry's id
+    // first): the padding is copies of its text with new ids.
+    let real = std::fs::read_to_string(&list).unwrap();
+    let entries = real.trim().trim_start_matches('[').trim_end_matches(']');
+    assert!(entries.starts_with(r#"{"id":""#), "{real}");
+
+    let mut cfg = Config::default();
+    cfg.nri.enable = true;
+    cfg.nri.socket = dir.path().join("nri.sock");
+    cfg.nri.storage_root = dir.path().join("storage");
+    cfg.nri.storage_runroot = dir.path().join("run");
+    cfg.hook.record_dir = dir.path().join("records");
+    cfg.hook.image_cache = dir.path().join("images");
+    cfg.kernels.mount_root = dir.path().join("kernels");
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/2080ti-3090.json");
+    let shared = Shared::new(
+        cfg,
+        dir.path().join("inventory.json"),
+        dir.path().join("config.yaml"),
+        false,
+    );
+    shared.refreshed(Snapshot::from_json(&std::fs::read(fixture).unwrap()).unwrap());
+    let shared = Arc::new(shared);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let runtime =
+            fake_runtime::FakeRuntime::bind_as(&shared.config().nri.socket, "cri-o").unwrap();
+        let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+        tokio::spawn(nri::run(shared.clone(), stop));
+        let p = runtime.accept().await.unwrap();
+        let env = [
+            "PATH=/app/.venv/bin:/bin",
+            "VIRTUAL_ENV=/app/.venv",
+            "NVIDIA_VISIBLE_DEVICES=1",
+        ];
+        let hint = |r: &nri::proto::nri::CreateContainerResponse| {
+            r.adjust
+                .env
+                .iter()
+                .find(|kv| kv.key == "GPUARCH_ATTN_IMPLEMENTATION")
+                .map(|kv| kv.value.clone())
+                .unwrap_or_default()
+        };
+        println!(
+            "{runs} answers per size, a container of the Python image (read kept) in podman 4.3's overlay store, interleaved:"
+        );
+        let mut first = None;
+        for size in SIZES {
+            let copies: Vec<String> = (1..size / ids.len())
+                .map(|n| {
+                    ids.iter().enumerate().fold(entries.to_owned(), |text, (k, id)| {
+                        text.replace(id.as_str(), &format!("{:064x}", n * ids.len() + k))
+                    })
+                })
+                .chain([entries.to_owned()])
+                .collect();
+            let bytes = format!("[{}]", copies.join(","));
+            std::fs::write(&list, &bytes).unwrap();
+            let storage = nri::storage::Storage::new(
+                &dir.path().join("storage"),
+                &dir.path().join("run"),
+            );
+            let mut lookup = Vec::new();
+            for i in 0..runs {
+                let t = Instant::now();
+                storage.layers(&ids[i % ids.len()]).unwrap();
+                lookup.push(t.elapsed());
+            }
+            let (mut base, mut seen) = (Vec::new(), Vec::new());
+            for i in 0..runs {
+                let t = Instant::now();
+                p.sync().await.unwrap();
+                base.push(t.elapsed());
+                let (pod, mut ctr) = fake_runtime::container(&env, &[]);
+                ctr.id.clone_from(&ids[i % ids.len()]);
+                let t = Instant::now();
+                let r = p.create(&pod, &ctr).await.unwrap();
+                let took = t.elapsed();
+                // The image was read: flash-attn is whited out in it.
+                assert_eq!(hint(&r), "sdpa", "{size}");
+                if first.is_none() {
+                    first = Some(took);
+                } else {
+                    seen.push(took);
+                }
+            }
+            let (b50, b99) = (pct(&mut base, 0.5), pct(&mut base, 0.99));
+            let (p50, p99) = (pct(&mut seen, 0.5), pct(&mut seen, 0.99));
+            println!(
+                "  {size} containers ({} KiB list): baseline p50 {b50:?} p99 {b99:?}; CreateContainer p50 {p50:?} ({:.1}x) p99 {p99:?} ({:.1}x); the lookup alone p50 {:?}",
+                bytes.len() / 1024,
+                p50.as_secs_f64() / b50.as_secs_f64(),
+                p99.as_secs_f64() / b99.as_secs_f64(),
+                pct(&mut lookup, 0.5)
+            );
+        }
+        println!(
+            "  the image's first container (its layers read): {:?}",
+            first.unwrap()
+        );
+    });
+}
