@@ -19,13 +19,9 @@
 
 #![allow(clippy::unwrap_used)] // a benchmark: a failed unwrap is a failed run
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpuarch_core::config::Config;
-use gpuarch_core::snapshot::Snapshot;
 use gpuarch_daemon::nri::{self, fake_runtime};
-use gpuarch_daemon::state::Shared;
 use gpuarch_tests::stack::{self, Containerd, PY_IMAGE};
 
 fn pct(v: &mut [Duration], p: f64) -> Duration {
@@ -67,45 +63,19 @@ fn main() {
     }
     eprintln!("{runs} containers made in {:?}", t.elapsed());
 
-    let mut cfg = Config::default();
-    cfg.nri.enable = true;
-    cfg.nri.socket = dir.path().join("nri.sock");
-    cfg.nri.containerd = c.sock.clone();
-    cfg.nri.snapshotters = vec!["overlayfs".to_owned()];
-    cfg.hook.record_dir = dir.path().join("records");
-    cfg.hook.image_cache = dir.path().join("images");
-    cfg.kernels.mount_root = dir.path().join("kernels");
-    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/2080ti-3090.json");
-    let shared = Shared::new(
-        cfg,
-        dir.path().join("inventory.json"),
-        dir.path().join("config.yaml"),
-        false,
-    );
-    shared.refreshed(Snapshot::from_json(&std::fs::read(fixture).unwrap()).unwrap());
-    let shared = Arc::new(shared);
+    let shared = gpuarch_tests::nri::shared(dir.path(), |n| {
+        n.containerd = c.sock.clone();
+        n.snapshotters = vec!["overlayfs".to_owned()];
+    });
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let runtime =
-            fake_runtime::FakeRuntime::bind_as(&shared.config().nri.socket, "containerd").unwrap();
-        let (_stop_tx, stop) = tokio::sync::watch::channel(false);
-        tokio::spawn(nri::run(shared.clone(), stop));
-        let p = runtime.accept().await.unwrap();
-        let env = [
-            "PATH=/app/.venv/bin:/bin",
-            "VIRTUAL_ENV=/app/.venv",
-            "NVIDIA_VISIBLE_DEVICES=1",
-        ];
+        let (p, _stop) = gpuarch_tests::nri::start(&shared, "containerd").await;
+        let env = gpuarch_tests::nri::PY_ENV;
         let hint = |r: &nri::proto::nri::CreateContainerResponse| {
-            r.adjust
-                .env
-                .iter()
-                .find(|kv| kv.key == "GPUARCH_ATTN_IMPLEMENTATION")
-                .map(|kv| kv.value.clone())
-                .unwrap_or_default()
+            gpuarch_tests::nri::var(r, "GPUARCH_ATTN_IMPLEMENTATION").unwrap_or_default()
         };
         let (mut base, mut first, mut kept, mut unknown) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());

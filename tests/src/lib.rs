@@ -10,6 +10,7 @@ pub mod daemon;
 pub mod engines;
 pub mod fatlib;
 pub mod layouts;
+pub mod nri;
 pub mod registry;
 pub mod roots;
 pub mod slurm;

@@ -10,12 +10,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 
-use gpuarch_core::config::Config;
-use gpuarch_core::snapshot::Snapshot;
-use gpuarch_daemon::nri::{self, fake_runtime, proto::nri::CreateContainerResponse};
-use gpuarch_daemon::state::Shared;
+use gpuarch_daemon::nri::{fake_runtime, proto::nri::CreateContainerResponse};
+use gpuarch_tests::nri::{self, var};
 use gpuarch_tests::stack::python_image_archive;
 
 /// podman: the host's, or the one of engine root `root` (`share` seen
@@ -69,45 +66,20 @@ impl Podman {
 /// What gpuarchd answers for the containers of podman's store.
 fn answers(podman: &Podman, ids: &[(&str, &str)]) -> Vec<(CreateContainerResponse, String)> {
     let dir = &podman.dir;
-    let mut cfg = Config::default();
-    cfg.nri.enable = true;
-    cfg.nri.socket = dir.join("nri.sock");
-    cfg.nri.containerd = dir.join("no-containerd.sock");
-    cfg.nri.storage_root = dir.join("storage");
-    cfg.nri.storage_runroot = dir.join("run");
-    cfg.hook.record_dir = dir.join("records");
-    cfg.hook.image_cache = dir.join("images");
-    cfg.kernels.mount_root = dir.join("kernels");
-    std::fs::create_dir_all(&cfg.hook.record_dir).unwrap();
-    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/2080ti-3090.json");
-    let shared = Shared::new(
-        cfg,
-        dir.join("inventory.json"),
-        dir.join("config.yaml"),
-        false,
-    );
-    shared.refreshed(Snapshot::from_json(&std::fs::read(fixture).unwrap()).unwrap());
-    let shared = Arc::new(shared);
+    std::fs::create_dir_all(dir.join("records")).unwrap();
+    let shared = nri::shared(dir, |n| {
+        n.storage_root = dir.join("storage");
+        n.storage_runroot = dir.join("run");
+    });
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let runtime =
-            fake_runtime::FakeRuntime::bind_as(&shared.config().nri.socket, "cri-o").unwrap();
-        let (_stop_tx, stop) = tokio::sync::watch::channel(false);
-        tokio::spawn(nri::run(shared.clone(), stop));
-        let p = runtime.accept().await.unwrap();
+        let (p, _stop) = nri::start(&shared, "cri-o").await;
         let mut out = Vec::new();
         for (name, id) in ids {
-            let (mut pod, mut ctr) = fake_runtime::container(
-                &[
-                    "PATH=/app/.venv/bin:/bin",
-                    "VIRTUAL_ENV=/app/.venv",
-                    "NVIDIA_VISIBLE_DEVICES=1",
-                ],
-                &[],
-            );
+            let (mut pod, mut ctr) = fake_runtime::container(&nri::PY_ENV, &[]);
             ctr.id = (*id).to_owned();
             (*name).clone_into(&mut pod.name);
             let r = p.create(&pod, &ctr).await.unwrap();
@@ -124,14 +96,6 @@ fn record(dir: &Path, name: &str) -> String {
         .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
         .find(|r| r.contains(&format!("\"{name}\"")))
         .unwrap_or_else(|| panic!("no record of {name} in {}", dir.display()))
-}
-
-fn var(r: &CreateContainerResponse, key: &str) -> Option<String> {
-    r.adjust
-        .env
-        .iter()
-        .find(|kv| kv.key == key)
-        .map(|kv| kv.value.clone())
 }
 
 fn cases(root: Option<PathBuf>, label: &str) {
