@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use gpuarch_daemon::nri::{fake_runtime, proto::nri::CreateContainerResponse};
+use gpuarch_tests::daemon::{Node, Policy};
 use gpuarch_tests::nri::{self, var};
 use gpuarch_tests::stack::python_image_archive;
 
@@ -98,7 +99,9 @@ fn record(dir: &Path, name: &str) -> String {
         .unwrap_or_else(|| panic!("no record of {name} in {}", dir.display()))
 }
 
-fn cases(root: Option<PathBuf>, label: &str) {
+/// The cases on podman's store (that of engine root `root`, else the
+/// host's); the directory that holds the stores.
+fn cases(root: Option<PathBuf>, label: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let archive = python_image_archive(&dir.path().join("python-image"));
     let overlay = Podman {
@@ -185,6 +188,35 @@ fn cases(root: Option<PathBuf>, label: &str) {
         "{label} vfs: {}",
         got[0].1
     );
+    dir
+}
+
+/// What `gpuarchctl doctor` says of NRI when gpuarchd (the real one, on
+/// the system bus of its node) is registered with CRI-O and
+/// `nri.storage_root` is `store`.
+fn doctor_under_crio(dir: &Path, store: &Path) -> String {
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    let sock = dir.join("doctor-nri.sock");
+    let _ = std::fs::remove_file(&sock);
+    let yaml = format!(
+        "nri:\n  enable: true\n  socket: {}\n  storage_root: {}\n",
+        sock.display(),
+        store.display()
+    );
+    let yaml = gpuarch_tests::private_hook_paths(&node.private_config(&yaml), &node.path(""));
+    std::fs::write(node.path("config.yaml"), yaml).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let runtime = fake_runtime::FakeRuntime::bind_as(&sock, "cri-o").unwrap();
+        node.start(&[]);
+        let _plugin = runtime.accept().await.unwrap();
+        let o = tokio::task::block_in_place(|| node.ctl(None, &["doctor"]));
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        // The check's line, and the fix on the next.
+        let lines: Vec<&str> = out.lines().collect();
+        let at = lines.iter().position(|l| l.contains(" NRI ")).unwrap();
+        lines[at..lines.len().min(at + 2)].join("\n")
+    })
 }
 
 #[test]
@@ -193,7 +225,21 @@ fn nri_under_crio_reads_containers_storage_podman_4_3() {
         gpuarch_tests::skip(&why);
         return;
     }
-    cases(None, "podman 4.3");
+    let store = cases(None, "podman 4.3");
+    // An operator is told when gpuarchd looks for CRI-O's images where
+    // there is no store.
+    let line = doctor_under_crio(store.path(), &store.path().join("overlay/storage"));
+    assert!(
+        line.starts_with("ok") && line.contains("registered with cri-o"),
+        "{line}"
+    );
+    let line = doctor_under_crio(store.path(), &store.path().join("elsewhere"));
+    assert!(
+        line.starts_with("WARN")
+            && line.contains("elsewhere holds no containers/storage")
+            && line.contains("set nri.storage_root"),
+        "{line}"
+    );
 }
 
 #[test]

@@ -126,7 +126,7 @@ pub fn checks(cli: &Cli, root: &Path) -> Vec<Check> {
     checks.push(compiler(&config.kernels, root, d.and_then(ask_compiler)));
     checks.push(jit(&config.jit_cache, root));
     checks.push(nfd(cli, &config, root));
-    checks.push(nri(d, config.nri.enable));
+    checks.push(nri(d, &config.nri));
     checks.push(registry(&config.kernels, root));
     for e in crate::engine::ALL {
         checks.extend(crate::engine::check(e, root));

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
+use gpuarch_core::config::NriConfig;
 use gpuarch_wire::dbus::{DaemonProxy, InventoryProxy, KernelCacheProxy};
 
 use crate::check::{Check, fail, ok, skip, under, warn};
@@ -73,9 +74,9 @@ pub(super) fn daemon(bus: &Result<Daemon>) -> Check {
 /// The NRI plugin, as gpuarchd says it is: registered with the runtime
 /// (and what it planned last), or why not; skipped when `nri.enable` is
 /// off or gpuarchd does not answer (its own check says that).
-pub(super) fn nri(d: Option<&Daemon>, enabled: bool) -> crate::check::Check {
+pub(super) fn nri(d: Option<&Daemon>, cfg: &NriConfig) -> crate::check::Check {
     const NAME: &str = "NRI";
-    if !enabled {
+    if !cfg.enable {
         return crate::check::skip(NAME, "off (nri.enable)");
     }
     let Some(d) = d else {
@@ -91,17 +92,34 @@ pub(super) fn nri(d: Option<&Daemon>, enabled: bool) -> crate::check::Check {
         ))
     });
     match asked {
-        Ok((state, planned, last)) if state.starts_with("registered") => ok(
-            NAME,
-            format!(
+        Ok((state, planned, last)) if state.starts_with("registered") => {
+            let detail = format!(
                 "{state}; {planned} container(s) planned{}",
                 if last.is_empty() {
                     String::new()
                 } else {
                     format!(", the last {last}")
                 }
-            ),
-        ),
+            );
+            // Under CRI-O the images are read from its containers/storage
+            // (gpuarchd's host's, whatever --root says).
+            let store = &cfg.storage_root;
+            if state.starts_with("registered with cri-o")
+                && !["overlay-containers", "vfs-containers"]
+                    .iter()
+                    .any(|d| store.join(d).is_dir())
+            {
+                return warn(
+                    NAME,
+                    format!(
+                        "{detail}; but nri.storage_root {} holds no containers/storage: CRI-O's images are not read, and its pods get the lists for an image not known",
+                        store.display()
+                    ),
+                    "set nri.storage_root and nri.storage_runroot to CRI-O's root and runroot (crio.conf's [crio] root, runroot)",
+                );
+            }
+            ok(NAME, detail)
+        }
         Ok((state, _, _)) => fail(
             NAME,
             crate::render::shown(&state).into_owned(),
