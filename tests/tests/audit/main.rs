@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use gpuarch_tests::audit::{SITE, nvcc_library, xformers_in};
 
+mod truncated;
 mod wheels;
 
 /// The SASS and PTX targets cuobjdump lists in `file` (`sm_75`,
@@ -62,7 +63,7 @@ pub(crate) fn cuobjdump_listed(
 }
 
 /// gpuarchctl with no config and the 2080 Ti + 3090 fixture's snapshot.
-fn ctl_on_the_fixture() -> Command {
+pub(crate) fn ctl_on_the_fixture() -> Command {
     let mut c = Command::new(&artifacts().gpuarchctl);
     c.env_clear()
         .env("GPUARCH_CONFIG", "/dev/null")
@@ -175,7 +176,7 @@ fn an_sm75_only_xformers_runs_on_the_2080ti_and_the_audit_says_the_3090_cannot()
 
 /// The hook on `root` for GPU `gpu` of the node's 2080 Ti + 3090, with the
 /// node's config: (exit ok, log, the Plan's env).
-fn start(node: &Node, root: &Path, gpu: &str) -> (bool, String) {
+pub(crate) fn start(node: &Node, root: &Path, gpu: &str) -> (bool, String) {
     let cfg = serde_json::json!({
         "ociVersion": "1.2.0",
         "process": {"args": ["python3"], "user": {"uid": 0, "gid": 0},
@@ -445,42 +446,4 @@ fn hostile_requests_are_dropped_and_nothing_is_kept() {
         assert_eq!(o.status.code(), Some(2), "{err}");
         assert!(err.contains(said), "{err}");
     }
-}
-
-/// A library of the image truncated while `gpuarchctl audit` reads it (its
-/// mapping faults: SIGBUS) is named, by its path in the image, in a clear
-/// error with exit status 2, not a "Bus error" and a core. gpuarchd's audit
-/// worker runs the same reader with the same handler (exit status 1).
-#[test]
-fn a_library_truncated_while_it_is_audited_is_named() {
-    let image = gpuarch_tests::truncate::scratch_in_memory();
-    let lib64 = image.path().join("usr/local/cuda/lib64");
-    std::fs::create_dir_all(&lib64).unwrap();
-    let lib = lib64.join("libbig.so");
-    // A library whose `.ldata` is 256 MiB of fatbin magic over and over,
-    // none a real container: the audit searches it through for embedded
-    // fatbins, a candidate every 4 bytes, while the test cuts the file.
-    let build = gpuarch_tests::truncate::scratch_in_memory();
-    let magic = 0xBA55_ED50u32.to_le_bytes().repeat(64 << 20);
-    let built = gpuarch_tests::fatlib::shared_library_with_section(
-        build.path(),
-        "libbig.so",
-        ".ldata",
-        &magic,
-    );
-    let bytes = std::fs::read(built).unwrap();
-    let outs = gpuarch_tests::truncate::truncated_under(
-        || {
-            let mut c = ctl_on_the_fixture();
-            c.arg("audit").arg(image.path());
-            c
-        },
-        &lib,
-        || std::fs::write(&lib, &bytes).unwrap(),
-    );
-    gpuarch_tests::truncate::assert_named_on_sigbus(
-        &outs,
-        "gpuarchctl: /usr/local/cuda/lib64/libbig.so",
-        2,
-    );
 }
