@@ -103,8 +103,11 @@ impl Pod<'_> {
                 name: "probe".into(),
                 attempt: 0,
             }),
+            // As kubelet 1.30 and later name it: the image as the pod
+            // spec says (CRI-O requires it to verify signatures).
             image: Some(ImageSpec {
                 image: self.image.into(),
+                user_specified_image: self.image.into(),
                 ..Default::default()
             }),
             command: vec!["sh".into(), "-c".into(), script.into()],
