@@ -109,6 +109,7 @@ fn main() {
             let storage = nri::storage::Storage::new(
                 &dir.path().join("storage"),
                 &dir.path().join("run"),
+                &[],
             );
             let mut lookup = Vec::new();
             for i in 0..runs {

@@ -50,6 +50,8 @@ pub async fn start(
     shared: &Arc<Shared>,
     runtime: &str,
 ) -> (fake_runtime::Plugin, tokio::sync::watch::Sender<bool>) {
+    // A socket an earlier plugin of the same directory left.
+    let _ = std::fs::remove_file(&shared.config().nri.socket);
     let rt = fake_runtime::FakeRuntime::bind_as(&shared.config().nri.socket, runtime).unwrap();
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     tokio::spawn(nri::run(shared.clone(), stop));

@@ -35,6 +35,10 @@ pub struct NriConfig {
     /// containers/storage's `runroot`, where a transient store keeps its
     /// containers. Default [`DEFAULT_STORAGE_RUNROOT`].
     pub storage_runroot: PathBuf,
+    /// containers/storage's additional image stores (storage.conf's
+    /// `additionalimagestores`): read-only stores whose layers a
+    /// container's may stand on. Default none.
+    pub storage_image_stores: Vec<PathBuf>,
 }
 
 /// Default of `nri.containerd`.
@@ -60,6 +64,7 @@ impl Default for NriConfig {
             snapshotters: vec!["overlayfs".to_owned(), "native".to_owned()],
             storage_root: PathBuf::from(DEFAULT_STORAGE_ROOT),
             storage_runroot: PathBuf::from(DEFAULT_STORAGE_RUNROOT),
+            storage_image_stores: Vec::new(),
         }
     }
 }

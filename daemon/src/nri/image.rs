@@ -160,7 +160,11 @@ impl Images {
         Self {
             socket: nri.containerd.clone(),
             snapshotters: nri.snapshotters.clone(),
-            storage: super::storage::Storage::new(&nri.storage_root, &nri.storage_runroot),
+            storage: super::storage::Storage::new(
+                &nri.storage_root,
+                &nri.storage_runroot,
+                &nri.storage_image_stores,
+            ),
             channel: Mutex::new(None),
             kept: Mutex::new(HashMap::new()),
         }

@@ -18,6 +18,10 @@
 //!   layer's directory, which gpuarchd rebuilds from the id it checked
 //!   rather than follow.
 //!
+//! A link not in `<root>/overlay/l` is looked for in each additional image
+//! store (`nri.storage_image_stores`), as containers/storage looks, and the
+//! layer's directory is then that store's.
+//!
 //! The vfs driver keeps a whole copy per layer: the container's own
 //! (`<root>/vfs/dir/<layer>`) holds the image as it was at creation.
 
@@ -38,7 +42,7 @@ const MAX_LOWERS: usize = 500;
 /// Why a container's layers cannot be taken from containers/storage.
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
-    #[error("nri.storage_root {0:?} is not an absolute path")]
+    #[error("{0:?} (nri.storage_root, nri.storage_image_stores) is not an absolute path")]
     Relative(PathBuf),
     #[error("no containers/storage at {} (nri.storage_root): no overlay-containers or vfs-containers in it", .0.display())]
     NoStore(PathBuf),
@@ -64,7 +68,7 @@ pub enum StorageError {
     TooManyLayers(PathBuf),
     #[error("the container's layer has no image layers below it ({} is missing)", .0.display())]
     NoLower(PathBuf),
-    #[error("{} is missing: the layer is in an additional image store, which gpuarchd does not read", .0.display())]
+    #[error("{} is missing, and in no store of nri.storage_image_stores: the layer is in an additional image store gpuarchd is not told of", .0.display())]
     NoLink(PathBuf),
     #[error("{}: links to {target:.200?}, not to ../<layer>/diff", .link.display())]
     LinkTarget { link: PathBuf, target: String },
@@ -80,11 +84,13 @@ struct Entry<'a> {
     layer: Cow<'a, str>,
 }
 
-/// CRI-O's containers/storage: its root and runroot.
+/// CRI-O's containers/storage: its root, runroot and additional image
+/// stores.
 #[derive(Debug, Clone)]
 pub struct Storage {
     root: PathBuf,
     runroot: PathBuf,
+    image_stores: Vec<PathBuf>,
 }
 
 /// The storage drivers whose layers are read, as containers/storage names
@@ -92,17 +98,21 @@ pub struct Storage {
 const DRIVERS: [&str; 2] = ["overlay", "vfs"];
 
 impl Storage {
-    pub fn new(root: &Path, runroot: &Path) -> Self {
+    pub fn new(root: &Path, runroot: &Path, image_stores: &[PathBuf]) -> Self {
         Self {
             root: root.to_owned(),
             runroot: runroot.to_owned(),
+            image_stores: image_stores.to_vec(),
         }
     }
 
     /// The layer directories of container `id`'s image, the top one first.
     pub fn layers(&self, id: &str) -> Result<Vec<PathBuf>, StorageError> {
-        if !self.root.is_absolute() {
-            return Err(StorageError::Relative(self.root.clone()));
+        if let Some(p) = std::iter::once(&self.root)
+            .chain(&self.image_stores)
+            .find(|p| !p.is_absolute())
+        {
+            return Err(StorageError::Relative(p.clone()));
         }
         let mut stores = 0;
         for driver in DRIVERS {
@@ -165,22 +175,25 @@ impl Storage {
                         path: path.clone(),
                         entry: (*entry).to_owned(),
                     })?;
-                let link = home.join("l").join(link);
-                let target = match std::fs::read_link(&link) {
-                    Ok(t) => t,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                        return Err(StorageError::NoLink(link));
-                    }
-                    Err(error) => return Err(StorageError::Io { path: link, error }),
-                };
-                let target = target.to_string_lossy().into_owned();
-                match target
-                    .strip_prefix("../")
-                    .and_then(|t| t.strip_suffix("/diff"))
-                {
-                    Some(id) if is_id(id) => Ok(home.join(id).join("diff")),
-                    _ => Err(StorageError::LinkTarget { link, target }),
+                // The root's own links first, then each image store's.
+                let homes = std::iter::once(home.clone())
+                    .chain(self.image_stores.iter().map(|s| s.join("overlay")));
+                for h in homes {
+                    let at = h.join("l").join(link);
+                    let target = match std::fs::read_link(&at) {
+                        Ok(t) => t.to_string_lossy().into_owned(),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                        Err(error) => return Err(StorageError::Io { path: at, error }),
+                    };
+                    return match target
+                        .strip_prefix("../")
+                        .and_then(|t| t.strip_suffix("/diff"))
+                    {
+                        Some(id) if is_id(id) => Ok(h.join(id).join("diff")),
+                        _ => Err(StorageError::LinkTarget { link: at, target }),
+                    };
                 }
+                Err(StorageError::NoLink(home.join("l").join(link)))
             })
             .collect()
     }
@@ -300,7 +313,7 @@ mod tests {
     fn a_containers_layers_are_its_layer_lowers_top_first() {
         let dir = tempfile::tempdir().unwrap();
         let want = store(dir.path());
-        let s = Storage::new(dir.path(), &dir.path().join("run"));
+        let s = Storage::new(dir.path(), &dir.path().join("run"), &[]);
         assert_eq!(s.layers("c1").unwrap(), want);
         let e = s.layers("c2").unwrap_err().to_string();
         assert!(
@@ -325,7 +338,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            Storage::new(vfs.path(), vfs.path()).layers("v").unwrap(),
+            Storage::new(vfs.path(), vfs.path(), &[])
+                .layers("v")
+                .unwrap(),
             [vfs.path().join("vfs/dir/0123")]
         );
         // However the list is written: the id not first, spaces and
@@ -353,11 +368,52 @@ mod tests {
                 .to_string()
                 .starts_with("no container")
         );
-        let none = Storage::new(&dir.path().join("absent"), dir.path());
+        let none = Storage::new(&dir.path().join("absent"), dir.path(), &[]);
         let e = none.layers("c1").unwrap_err().to_string();
         assert!(e.contains("no overlay-containers or vfs-containers"), "{e}");
-        let e = Storage::new(Path::new("rel"), dir.path()).layers("c1");
+        let e = Storage::new(Path::new("rel"), dir.path(), &[]).layers("c1");
         assert!(e.unwrap_err().to_string().contains("not an absolute path"));
+    }
+
+    /// A layer an additional image store keeps: its link and directory are
+    /// that store's, found when the store is named, said when it is not.
+    #[test]
+    fn a_layer_of_an_additional_image_store_is_read_from_that_store() {
+        let dir = tempfile::tempdir().unwrap();
+        store(dir.path());
+        let other = tempfile::tempdir().unwrap();
+        let home = other.path().join("overlay");
+        let id = "d".repeat(64);
+        std::fs::create_dir_all(home.join(&id).join("diff")).unwrap();
+        std::fs::create_dir_all(home.join("l")).unwrap();
+        std::os::unix::fs::symlink(format!("../{id}/diff"), home.join("l/RO")).unwrap();
+        let rw = dir.path().join("overlay").join("c".repeat(64));
+        std::fs::write(rw.join("lower"), "l/TOP:l/RO").unwrap();
+        let named = Storage::new(dir.path(), dir.path(), &[other.path().to_owned()]);
+        assert_eq!(
+            named.layers("c1").unwrap(),
+            [
+                dir.path().join("overlay").join("b".repeat(64)).join("diff"),
+                home.join(&id).join("diff"),
+            ]
+        );
+        let e = Storage::new(dir.path(), dir.path(), &[])
+            .layers("c1")
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("in no store of nri.storage_image_stores"),
+            "{e}"
+        );
+        let e = Storage::new(dir.path(), dir.path(), &[PathBuf::from("ro")]).layers("c1");
+        assert!(e.unwrap_err().to_string().contains(
+            "\"ro\" (nri.storage_root, nri.storage_image_stores) is not an absolute path"
+        ));
+        // A store's link that leads elsewhere is refused as the root's is.
+        std::fs::remove_file(home.join("l/RO")).unwrap();
+        std::os::unix::fs::symlink("/etc", home.join("l/RO")).unwrap();
+        let e = named.layers("c1").unwrap_err().to_string();
+        assert!(e.contains("not to ../<layer>/diff"), "{e}");
     }
 
     /// What the store says is never a path out of it: a layer id with a
@@ -368,7 +424,7 @@ mod tests {
     fn a_store_that_names_paths_out_of_itself_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         store(dir.path());
-        let s = Storage::new(dir.path(), dir.path());
+        let s = Storage::new(dir.path(), dir.path(), &[]);
         let list = dir.path().join("overlay-containers/containers.json");
         let home = dir.path().join("overlay");
         let rw = home.join("c".repeat(64));

@@ -65,12 +65,17 @@ impl Podman {
 }
 
 /// What gpuarchd answers for the containers of podman's store.
-fn answers(podman: &Podman, ids: &[(&str, &str)]) -> Vec<(CreateContainerResponse, String)> {
+fn answers(
+    podman: &Podman,
+    image_stores: &[PathBuf],
+    ids: &[(&str, &str)],
+) -> Vec<(CreateContainerResponse, String)> {
     let dir = &podman.dir;
     std::fs::create_dir_all(dir.join("records")).unwrap();
     let shared = nri::shared(dir, |n| {
         n.storage_root = dir.join("storage");
         n.storage_runroot = dir.join("run");
+        n.storage_image_stores = image_stores.to_vec();
     });
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -123,6 +128,7 @@ fn cases(root: Option<PathBuf>, label: &str) -> tempfile::TempDir {
     };
     let got = answers(
         &overlay,
+        &[],
         &[
             ("first", &first),
             ("second", &second),
@@ -171,6 +177,37 @@ fn cases(root: Option<PathBuf>, label: &str) -> tempfile::TempDir {
         "{label}: {record}"
     );
 
+    // A container of another store on the first as its additional image
+    // store (`overlay.imagestore`): the image's layers are that store's.
+    let on_store = Podman {
+        root: root.clone(),
+        share: dir.path().to_owned(),
+        dir: dir.path().join("on-store"),
+        driver: "overlay",
+    };
+    std::fs::create_dir_all(&on_store.dir).unwrap();
+    let store = overlay.dir.join("storage");
+    let id = on_store.create(
+        &[
+            "--storage-opt",
+            &format!("overlay.imagestore={}", store.display()),
+        ],
+        &image,
+    );
+    let got = answers(&on_store, &[store], &[("on-store", &id)]);
+    assert_eq!(
+        var(&got[0].0, "GPUARCH_ATTN_IMPLEMENTATION").as_deref(),
+        Some("sdpa"),
+        "{label} on an image store: {}",
+        got[0].1
+    );
+    let got = answers(&on_store, &[], &[("unnamed-store", &id)]);
+    assert!(
+        got[0].1.contains("in no store of nri.storage_image_stores"),
+        "{label}: {}",
+        got[0].1
+    );
+
     // The vfs driver: the container's own copy of the image.
     let vfs = Podman {
         root,
@@ -181,7 +218,7 @@ fn cases(root: Option<PathBuf>, label: &str) -> tempfile::TempDir {
     std::fs::create_dir_all(&vfs.dir).unwrap();
     let image = vfs.run(&["pull", "-q", &format!("oci-archive:{}", archive.display())]);
     let id = vfs.create(&[], image.lines().last().unwrap());
-    let got = answers(&vfs, &[("vfs", &id)]);
+    let got = answers(&vfs, &[], &[("vfs", &id)]);
     assert_eq!(
         var(&got[0].0, "GPUARCH_ATTN_IMPLEMENTATION").as_deref(),
         Some("sdpa"),
