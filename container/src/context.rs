@@ -111,8 +111,19 @@ pub enum ReadError {
 /// Read all of `r`, refusing more than `limit` bytes without reading past
 /// the bound.
 pub fn read_at_most(r: impl std::io::Read, limit: u64) -> Result<Vec<u8>, ReadError> {
+    read_into(r, limit, Vec::new())
+}
+
+/// [`read_at_most`] of a file, into a buffer sized once from its length:
+/// one of megabytes, grown as it is read, costs more to copy than to use.
+pub fn read_file_at_most(f: std::fs::File, limit: u64) -> Result<Vec<u8>, ReadError> {
+    let size = f.metadata()?.len();
+    let cap = usize::try_from(size.min(limit) + 1).unwrap_or(0);
+    read_into(f, limit, Vec::with_capacity(cap))
+}
+
+fn read_into(r: impl std::io::Read, limit: u64, mut bytes: Vec<u8>) -> Result<Vec<u8>, ReadError> {
     use std::io::Read;
-    let mut bytes = Vec::new();
     r.take(limit + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > limit {
         return Err(ReadError::TooLarge(limit));

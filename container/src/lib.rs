@@ -35,6 +35,7 @@ pub mod stage;
 
 pub use context::{
     Context, HOOK_ENV_VARS, SAFE_PATH, load_context, read_at_most, read_config_file,
+    read_file_at_most,
 };
 pub use edit::{HookError, edit, precreate};
 

@@ -47,6 +47,11 @@ pub const DEFAULT_CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
 /// Default of `nri.storage_root`: CRI-O's and podman's as root.
 pub const DEFAULT_STORAGE_ROOT: &str = "/var/lib/containers/storage";
 
+/// The containers/storage drivers whose stores gpuarchd reads under
+/// CRI-O: a store of one keeps its containers in
+/// `<root>/<driver>-containers`.
+pub const STORAGE_DRIVERS: [&str; 2] = ["overlay", "vfs"];
+
 /// Default of `nri.storage_runroot`.
 pub const DEFAULT_STORAGE_RUNROOT: &str = "/run/containers/storage";
 

@@ -26,9 +26,10 @@
 //! (`<root>/vfs/dir/<layer>`) holds the image as it was at creation.
 
 use std::borrow::Cow;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use gpuarch_container::context::ReadError;
+use gpuarch_core::config::STORAGE_DRIVERS;
 use serde::Deserialize;
 
 /// Longest container list read (about 64,000 containers).
@@ -93,10 +94,6 @@ pub struct Storage {
     image_stores: Vec<PathBuf>,
 }
 
-/// The storage drivers whose layers are read, as containers/storage names
-/// them (`<driver>-containers`, `<driver>/`).
-const DRIVERS: [&str; 2] = ["overlay", "vfs"];
-
 impl Storage {
     pub fn new(root: &Path, runroot: &Path, image_stores: &[PathBuf]) -> Self {
         Self {
@@ -115,7 +112,7 @@ impl Storage {
             return Err(StorageError::Relative(p.clone()));
         }
         let mut stores = 0;
-        for driver in DRIVERS {
+        for driver in STORAGE_DRIVERS {
             let dir = self.root.join(format!("{driver}-containers"));
             if !dir.is_dir() {
                 continue;
@@ -250,18 +247,13 @@ fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, StorageError> {
         error,
     };
     let file = std::fs::File::open(path).map_err(io)?;
-    // Sized once: grown as it is read, a list of megabytes costs more to
-    // copy than to search.
-    let size = file.metadata().map_err(io)?.len();
-    let mut bytes = Vec::with_capacity(usize::try_from(size.min(limit) + 1).unwrap_or(0));
-    file.take(limit + 1).read_to_end(&mut bytes).map_err(io)?;
-    if bytes.len() as u64 > limit {
-        return Err(StorageError::TooLong {
+    gpuarch_container::read_file_at_most(file, limit).map_err(|e| match e {
+        ReadError::Io(error) => io(error),
+        ReadError::TooLarge(limit) => StorageError::TooLong {
             path: path.to_owned(),
             limit,
-        });
-    }
-    Ok(bytes)
+        },
+    })
 }
 
 /// A layer id as containers/storage makes them (64 hex digits, the

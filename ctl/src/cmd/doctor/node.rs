@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 use gpuarch_core::config::NriConfig;
+use gpuarch_core::config::STORAGE_DRIVERS;
 use gpuarch_wire::dbus::{DaemonProxy, InventoryProxy, KernelCacheProxy};
 
 use crate::check::{Check, fail, ok, skip, under, warn};
@@ -105,9 +106,9 @@ pub(super) fn nri(d: Option<&Daemon>, cfg: &NriConfig) -> crate::check::Check {
             // (gpuarchd's host's, whatever --root says).
             let store = &cfg.storage_root;
             if state.starts_with("registered with cri-o")
-                && !["overlay-containers", "vfs-containers"]
+                && !STORAGE_DRIVERS
                     .iter()
-                    .any(|d| store.join(d).is_dir())
+                    .any(|d| store.join(format!("{d}-containers")).is_dir())
             {
                 return warn(
                     NAME,
