@@ -6,8 +6,8 @@
 //! image of `tests/tests/nri/` and makes the containers. The runtime's
 //! side of NRI is `fake_runtime`, naming itself cri-o.
 //!
-//! A node's list grows with its containers, and each answer parses it, so
-//! the list is padded to each size with copies of podman's own entries
+//! A node's list grows with its containers, and each answer searches it,
+//! so the list is padded to each size with copies of podman's own entries
 //! (new ids, the text as containers/storage wrote it), ahead of the real
 //! ones. Interleaved in one run, against a
 //! baseline on the same connection (an empty Synchronize): a container of

@@ -46,11 +46,7 @@ pub fn truncated_under(
             }
             std::thread::yield_now();
         }
-        std::fs::File::options()
-            .write(true)
-            .open(file)
-            .and_then(|f| f.set_len(0))
-            .expect("truncate the file");
+        cut(file);
         let o = child.wait_with_output().expect("wait for the reader");
         let said = String::from_utf8_lossy(&o.stderr).contains("SIGBUS");
         outs.push(o);
@@ -59,6 +55,16 @@ pub fn truncated_under(
         }
     }
     outs
+}
+
+/// `file` cut to nothing, in place (its inode kept: a mapping of it
+/// faults).
+pub fn cut(file: &Path) {
+    std::fs::File::options()
+        .write(true)
+        .open(file)
+        .and_then(|f| f.set_len(0))
+        .expect("truncate the file");
 }
 
 /// Every run in `outs` exited with `code`, none by a signal, and the last

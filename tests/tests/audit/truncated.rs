@@ -107,11 +107,7 @@ fn a_library_truncated_under_gpuarchds_audit_worker_is_named_in_its_log() {
             assert!(t0.elapsed() < Duration::from_secs(60), "{}", node.log());
             std::thread::yield_now();
         }
-        std::fs::File::options()
-            .write(true)
-            .open(&lib)
-            .and_then(|f| f.set_len(0))
-            .unwrap();
+        gpuarch_tests::truncate::cut(&lib);
         let line = loop {
             if let Some(l) = audit_lines(&node).get(before) {
                 break l.clone();

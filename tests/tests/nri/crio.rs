@@ -26,6 +26,24 @@ struct Podman {
 }
 
 impl Podman {
+    /// podman of `root` (or the host's) on a new store `share/name`.
+    fn new(root: Option<&Path>, share: &Path, name: &str, driver: &'static str) -> Self {
+        let dir = share.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self {
+            root: root.map(Path::to_owned),
+            share: share.to_owned(),
+            dir,
+            driver,
+        }
+    }
+
+    /// The image of OCI archive `archive`, pulled: its id.
+    fn pull(&self, archive: &Path) -> String {
+        let out = self.run(&["pull", "-q", &format!("oci-archive:{}", archive.display())]);
+        out.lines().last().unwrap().to_owned()
+    }
+
     fn run(&self, args: &[&str]) -> String {
         let mut c = match &self.root {
             Some(root) => gpuarch_tests::roots::command_in_dir(
@@ -109,15 +127,8 @@ fn record(dir: &Path, name: &str) -> String {
 fn cases(root: Option<PathBuf>, label: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let archive = python_image_archive(&dir.path().join("python-image"));
-    let overlay = Podman {
-        root: root.clone(),
-        share: dir.path().to_owned(),
-        dir: dir.path().join("overlay"),
-        driver: "overlay",
-    };
-    std::fs::create_dir_all(&overlay.dir).unwrap();
-    let image = overlay.run(&["pull", "-q", &format!("oci-archive:{}", archive.display())]);
-    let image = image.lines().last().unwrap().to_owned();
+    let overlay = Podman::new(root.as_deref(), dir.path(), "overlay", "overlay");
+    let image = overlay.pull(&archive);
     let first = overlay.create(&[], &image);
     // A transient store (CRI-O's `transient_store`, podman 5's flag)
     // lists its containers in the runroot.
@@ -179,13 +190,7 @@ fn cases(root: Option<PathBuf>, label: &str) -> tempfile::TempDir {
 
     // A container of another store on the first as its additional image
     // store (`overlay.imagestore`): the image's layers are that store's.
-    let on_store = Podman {
-        root: root.clone(),
-        share: dir.path().to_owned(),
-        dir: dir.path().join("on-store"),
-        driver: "overlay",
-    };
-    std::fs::create_dir_all(&on_store.dir).unwrap();
+    let on_store = Podman::new(root.as_deref(), dir.path(), "on-store", "overlay");
     let store = overlay.dir.join("storage");
     let id = on_store.create(
         &[
@@ -209,15 +214,8 @@ fn cases(root: Option<PathBuf>, label: &str) -> tempfile::TempDir {
     );
 
     // The vfs driver: the container's own copy of the image.
-    let vfs = Podman {
-        root,
-        share: dir.path().to_owned(),
-        dir: dir.path().join("vfs"),
-        driver: "vfs",
-    };
-    std::fs::create_dir_all(&vfs.dir).unwrap();
-    let image = vfs.run(&["pull", "-q", &format!("oci-archive:{}", archive.display())]);
-    let id = vfs.create(&[], image.lines().last().unwrap());
+    let vfs = Podman::new(root.as_deref(), dir.path(), "vfs", "vfs");
+    let id = vfs.create(&[], &vfs.pull(&archive));
     let got = answers(&vfs, &[], &[("vfs", &id)]);
     assert_eq!(
         var(&got[0].0, "GPUARCH_ATTN_IMPLEMENTATION").as_deref(),
