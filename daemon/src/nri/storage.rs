@@ -22,8 +22,12 @@
 //! store (`nri.storage_image_stores`), as containers/storage looks, and the
 //! layer's directory is then that store's.
 //!
-//! The vfs driver keeps a whole copy per layer: the container's own
-//! (`<root>/vfs/dir/<layer>`) holds the image as it was at creation.
+//! The vfs driver keeps a whole copy per layer, each its parent's with
+//! its own changes made: the image's top layer (the parent of the
+//! container's, in `<root>/vfs-layers/layers.json`) is the whole image,
+//! the same directory for every container of it. A container's layer
+//! without a parent recorded is read from its own copy, a new directory
+//! per container.
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
@@ -56,12 +60,12 @@ pub enum StorageError {
     },
     #[error("{}: over {} bytes", .path.display(), .limit)]
     TooLong { path: PathBuf, limit: u64 },
-    #[error("{}: not a container list: {error}", .path.display())]
+    #[error("{}: not a containers/storage list: {error}", .path.display())]
     List {
         path: PathBuf,
         error: serde_json::Error,
     },
-    #[error("the container's layer id {0:.80?} is not one containers/storage makes")]
+    #[error("the layer id {0:.80?} is not one containers/storage makes")]
     LayerId(String),
     #[error("{}: {entry:.80?} is not a layer link (l/NAME)", .path.display())]
     Lower { path: PathBuf, entry: String },
@@ -75,14 +79,34 @@ pub enum StorageError {
     LinkTarget { link: PathBuf, target: String },
 }
 
-/// A container's entry in containers/storage's list: the rest is skipped
-/// unread, and nothing is copied but for the container looked for.
+/// An entry of containers/storage's lists: a container's (its `layer`) or
+/// a layer's (its `parent`). The rest is skipped unread, and nothing is
+/// copied but for the entry looked for.
 #[derive(Deserialize)]
 struct Entry<'a> {
     #[serde(borrow)]
     id: Cow<'a, str>,
-    #[serde(borrow)]
-    layer: Cow<'a, str>,
+    #[serde(default)]
+    layer: Option<Cow<'a, str>>,
+    #[serde(default)]
+    parent: Option<Cow<'a, str>>,
+}
+
+/// What an entry names: its layer, or its parent.
+#[derive(Clone, Copy)]
+enum Field {
+    Layer,
+    Parent,
+}
+
+impl Entry<'_> {
+    fn get(self, field: Field) -> Option<String> {
+        match field {
+            Field::Layer => self.layer,
+            Field::Parent => self.parent,
+        }
+        .map(Cow::into_owned)
+    }
 }
 
 /// CRI-O's containers/storage: its root, runroot and additional image
@@ -126,13 +150,14 @@ impl Storage {
                     .join("volatile-containers.json"),
             ];
             for list in &lists {
-                if let Some(layer) = find(list, id)? {
+                if let Some(layer) = find(list, id, Field::Layer)? {
+                    let layer = layer.unwrap_or_default();
                     if !is_id(&layer) {
                         return Err(StorageError::LayerId(layer));
                     }
                     return match driver {
                         "overlay" => self.overlay_lowers(&layer),
-                        _ => Ok(vec![self.root.join("vfs/dir").join(&layer)]),
+                        _ => self.vfs_image(&layer),
                     };
                 }
             }
@@ -144,6 +169,37 @@ impl Storage {
             id: id.to_owned(),
             root: self.root.clone(),
         })
+    }
+
+    /// The vfs driver's whole image under container layer `layer`: its
+    /// parent's copy, in the root or an additional image store; the
+    /// container's own where no parent is recorded.
+    fn vfs_image(&self, layer: &str) -> Result<Vec<PathBuf>, StorageError> {
+        let lists = [
+            self.root.join("vfs-layers/layers.json"),
+            self.root.join("vfs-layers/volatile-layers.json"),
+            self.runroot.join("vfs-layers/volatile-layers.json"),
+        ];
+        for list in &lists {
+            let Some(parent) = find(list, layer, Field::Parent)? else {
+                continue;
+            };
+            match parent.filter(|p| !p.is_empty()) {
+                Some(p) if !is_id(&p) => return Err(StorageError::LayerId(p)),
+                Some(p) => {
+                    let stores = std::iter::once(&self.root).chain(&self.image_stores);
+                    if let Some(dir) = stores
+                        .map(|s| s.join("vfs/dir").join(&p))
+                        .find(|d| d.is_dir())
+                    {
+                        return Ok(vec![dir]);
+                    }
+                }
+                None => {}
+            }
+            break;
+        }
+        Ok(vec![self.root.join("vfs/dir").join(layer)])
     }
 
     /// The overlay driver's lower layers of `layer`, top first.
@@ -196,9 +252,9 @@ impl Storage {
     }
 }
 
-/// The layer of container `id` in the list at `path`; `None` where the
-/// list is missing or does not name it.
-fn find(path: &Path, id: &str) -> Result<Option<String>, StorageError> {
+/// `field` of entry `id` in the list at `path` (`Some(None)` where the
+/// entry has none); `None` where the list is missing or does not name it.
+fn find(path: &Path, id: &str, field: Field) -> Result<Option<Option<String>>, StorageError> {
     let bytes = match read_bounded(path, MAX_LIST) {
         Ok(b) => b,
         Err(StorageError::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => {
@@ -224,7 +280,7 @@ fn find(path: &Path, id: &str) -> Result<Option<String>, StorageError> {
             if let Ok(e) = Entry::deserialize(&mut one)
                 && e.id == id
             {
-                return Ok(Some(e.layer.into_owned()));
+                return Ok(Some(e.get(field)));
             }
         } else if memchr::memmem::find(&bytes, &start.as_bytes()[6..]).is_none() {
             return Ok(None);
@@ -234,10 +290,7 @@ fn find(path: &Path, id: &str) -> Result<Option<String>, StorageError> {
         path: path.to_owned(),
         error,
     })?;
-    Ok(list
-        .into_iter()
-        .find(|e| e.id == id)
-        .map(|e| e.layer.into_owned()))
+    Ok(list.into_iter().find(|e| e.id == id).map(|e| e.get(field)))
 }
 
 /// The file at `path`, refused past `limit` bytes.
@@ -321,20 +374,6 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.layers("c2").unwrap(), want);
-        // The vfs driver: the container's own copy.
-        let vfs = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(vfs.path().join("vfs-containers")).unwrap();
-        std::fs::write(
-            vfs.path().join("vfs-containers/containers.json"),
-            r#"[{"id":"v","layer":"0123"}]"#,
-        )
-        .unwrap();
-        assert_eq!(
-            Storage::new(vfs.path(), vfs.path(), &[])
-                .layers("v")
-                .unwrap(),
-            [vfs.path().join("vfs/dir/0123")]
-        );
         // However the list is written: the id not first, spaces and
         // newlines, the id only inside another entry's string.
         let list = dir.path().join("overlay-containers/containers.json");
@@ -365,6 +404,60 @@ mod tests {
         assert!(e.contains("no overlay-containers or vfs-containers"), "{e}");
         let e = Storage::new(Path::new("rel"), dir.path(), &[]).layers("c1");
         assert!(e.unwrap_err().to_string().contains("not an absolute path"));
+    }
+
+    /// The vfs driver: the image's top layer, the container layer's
+    /// parent, is the whole image, in the root or an image store; the
+    /// container's own copy where no parent is recorded.
+    #[test]
+    fn under_vfs_the_image_is_its_top_layers_copy() {
+        let vfs = tempfile::tempdir().unwrap();
+        let root = vfs.path();
+        let ro = tempfile::tempdir().unwrap();
+        for d in ["vfs-containers", "vfs-layers", "vfs/dir/top", "vfs/dir/rw"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        std::fs::create_dir_all(ro.path().join("vfs/dir/ro-top")).unwrap();
+        std::fs::write(
+            root.join("vfs-containers/containers.json"),
+            r#"[{"id":"v","layer":"rw"},{"id":"w","layer":"rw2"},{"id":"x","layer":"rw3"},{"id":"y","layer":"rw4"}]"#,
+        )
+        .unwrap();
+        let layers = root.join("vfs-layers/layers.json");
+        std::fs::write(
+            &layers,
+            r#"[{"id":"top"},{"id":"rw","parent":"top"},{"id":"rw2"},{"id":"rw3","parent":"ro-top"}]"#,
+        )
+        .unwrap();
+        let s = Storage::new(root, root, &[ro.path().to_owned()]);
+        assert_eq!(s.layers("v").unwrap(), [root.join("vfs/dir/top")]);
+        // No parent, or no entry: the container's own copy.
+        assert_eq!(s.layers("w").unwrap(), [root.join("vfs/dir/rw2")]);
+        assert_eq!(s.layers("y").unwrap(), [root.join("vfs/dir/rw4")]);
+        // The parent in an image store; in no store, the container's copy.
+        assert_eq!(s.layers("x").unwrap(), [ro.path().join("vfs/dir/ro-top")]);
+        let unnamed = Storage::new(root, root, &[]);
+        assert_eq!(unnamed.layers("x").unwrap(), [root.join("vfs/dir/rw3")]);
+        // A transient store keeps its layers in the runroot.
+        let run = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(run.path().join("vfs-layers")).unwrap();
+        std::fs::write(
+            run.path().join("vfs-layers/volatile-layers.json"),
+            r#"[{"id":"rw4","parent":"top"}]"#,
+        )
+        .unwrap();
+        let s = Storage::new(root, run.path(), &[]);
+        assert_eq!(s.layers("y").unwrap(), [root.join("vfs/dir/top")]);
+        // A parent that is a path is refused.
+        for parent in ["..", "../../etc", "a/b", "/etc"] {
+            let text = format!(r#"[{{"id":"rw","parent":{parent:?}}}]"#);
+            std::fs::write(&layers, text).unwrap();
+            let e = s.layers("v").unwrap_err().to_string();
+            assert!(
+                e.contains("is not one containers/storage makes"),
+                "{parent}: {e}"
+            );
+        }
     }
 
     /// A layer an additional image store keeps: its link and directory are
@@ -477,7 +570,7 @@ mod tests {
         // does not name the container at all is not parsed.)
         std::fs::write(&list, r#"[{"id":"c1","layer":"#).unwrap();
         let e = s.layers("c1").unwrap_err().to_string();
-        assert!(e.contains("not a container list"), "{e}");
+        assert!(e.contains("not a containers/storage list"), "{e}");
         std::fs::write(&list, "{not json").unwrap();
         let e = s.layers("c1").unwrap_err().to_string();
         assert!(e.starts_with("no container"), "{e}");

@@ -74,6 +74,18 @@ impl Podman {
         String::from_utf8_lossy(&o.stdout).trim().to_owned()
     }
 
+    /// The layer containers/storage made for container `id`.
+    fn layer_of(&self, id: &str) -> String {
+        let list = self.dir.join(format!(
+            "storage/{}-containers/containers.json",
+            self.driver
+        ));
+        let list: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&list).unwrap()).unwrap();
+        let entry = list.as_array().unwrap().iter().find(|e| e["id"] == id);
+        entry.unwrap()["layer"].as_str().unwrap().to_owned()
+    }
+
     /// A container of `image` made as CRI-O makes one: its id.
     fn create(&self, extra: &[&str], image: &str) -> String {
         let mut args = extra.to_vec();
@@ -213,9 +225,19 @@ fn cases(root: Option<PathBuf>, label: &str) -> tempfile::TempDir {
         got[0].1
     );
 
-    // The vfs driver: the container's own copy of the image.
+    // The vfs driver: the image is its top layer's copy, not the
+    // container's own (a new directory per container): flash-attn put back
+    // into the container's copy is not read.
     let vfs = Podman::new(root.as_deref(), dir.path(), "vfs", "vfs");
     let id = vfs.create(&[], &vfs.pull(&archive));
+    let own = vfs.dir.join("storage/vfs/dir").join(vfs.layer_of(&id));
+    let dist = own.join("usr/lib/python3.12/site-packages/flash_attn-2.7.4.post1.dist-info");
+    std::fs::create_dir_all(&dist).unwrap();
+    std::fs::write(
+        dist.join("METADATA"),
+        "Metadata-Version: 2.4\nName: flash-attn\nVersion: 2.7.4.post1\n\n",
+    )
+    .unwrap();
     let got = answers(&vfs, &[], &[("vfs", &id)]);
     assert_eq!(
         var(&got[0].0, "GPUARCH_ATTN_IMPLEMENTATION").as_deref(),
