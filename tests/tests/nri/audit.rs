@@ -6,7 +6,7 @@
 //! the note, on the 2080 Ti none; a scheduler asks by the image's name;
 //! with `audit.refuse` the 3090's pod is refused in kubelet's error.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gpuarch_tests::audit::{nvcc_library, xformers_in};
@@ -14,10 +14,30 @@ use gpuarch_tests::stack::oci_archive_layers;
 
 use crate::stack::Stack;
 
-const IMAGE: &str = "gpuarch.test/xformers-sm75:1";
-const NOTE: &str = "xformers 0.0.29 \"/usr/local/lib/python3.12/dist-packages/xformers/_C.so\" carries only sm_75: GPU 1 (NVIDIA GeForce RTX 3090, 8.6) cannot run it";
+pub(crate) const IMAGE: &str = "gpuarch.test/xformers-sm75:1";
+pub(crate) const NOTE: &str = "xformers 0.0.29 \"/usr/local/lib/python3.12/dist-packages/xformers/_C.so\" carries only sm_75: GPU 1 (NVIDIA GeForce RTX 3090, 8.6) cannot run it";
 /// gpuarchd's line once it keeps an audit.
-const KEPT: &str = "binaries with GPU code in";
+pub(crate) const KEPT: &str = "binaries with GPU code in";
+
+/// [`IMAGE`] as an OCI archive made in `work`: a rootfs, and over it a
+/// layer with xformers whose `_C.so` nvcc (of `cuda_home`) built for sm_75
+/// only.
+pub(crate) fn xformers_sm75_archive(cuda_home: &Path, work: &Path) -> PathBuf {
+    let l: Vec<PathBuf> = (0..2).map(|i| work.join(format!("layer{i}"))).collect();
+    for d in &l {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    gpuarch_tests::containers::make_rootfs(&l[0]);
+    let lib = nvcc_library(cuda_home, work, &["arch=compute_75,code=sm_75"]);
+    xformers_in(&l[1], &lib);
+    oci_archive_layers(
+        &[&l[0], &l[1]],
+        &["PATH=/usr/local/bin:/usr/bin:/bin"],
+        IMAGE,
+        "/bin/sh",
+        &work.join("oci"),
+    )
+}
 
 pub(crate) fn audit(s: &mut Stack, suite: &str) {
     let (_python, cuda_home) = match gpuarch_tests::torch_image() {
@@ -27,21 +47,7 @@ pub(crate) fn audit(s: &mut Stack, suite: &str) {
             return;
         }
     };
-    let work = s.containerd.dir.join("audit-image");
-    let l: Vec<PathBuf> = (0..2).map(|i| work.join(format!("layer{i}"))).collect();
-    for d in &l {
-        std::fs::create_dir_all(d).unwrap();
-    }
-    gpuarch_tests::containers::make_rootfs(&l[0]);
-    let lib = nvcc_library(&cuda_home, &work, &["arch=compute_75,code=sm_75"]);
-    xformers_in(&l[1], &lib);
-    let tar = oci_archive_layers(
-        &[&l[0], &l[1]],
-        &["PATH=/usr/local/bin:/usr/bin:/bin"],
-        IMAGE,
-        "/bin/sh",
-        &work.join("oci"),
-    );
+    let tar = xformers_sm75_archive(&cuda_home, &s.containerd.dir.join("audit-image"));
     s.containerd.import(&tar);
     let gpu1 = [("NVIDIA_VISIBLE_DEVICES", "1")];
     let gpu0 = [("NVIDIA_VISIBLE_DEVICES", "0")];

@@ -16,6 +16,8 @@ use gpuarch_tests::daemon::{Node, Policy};
 use gpuarch_tests::nri::{self, var};
 use gpuarch_tests::stack::python_image_archive;
 
+use crate::audit::{KEPT, NOTE, xformers_sm75_archive};
+
 /// podman: the host's, or the one of engine root `root` (`share` seen
 /// inside it), on the store in `dir` with `driver`.
 struct Podman {
@@ -276,6 +278,96 @@ fn doctor_under_crio(dir: &Path, store: &Path) -> String {
     })
 }
 
+/// The image audit under CRI-O: gpuarchd (the real one, its worker)
+/// audits the image from its layers in containers/storage. The first GPU
+/// container asks; later ones on the 3090 get the note, on the 2080 Ti
+/// none. Host podman's store of `driver`, in `dir`: under vfs too, where
+/// the image is its top layer's copy, one for all its containers.
+fn audit_under_crio(dir: &Path, driver: &'static str) {
+    let cuda_home = match gpuarch_tests::torch_image() {
+        Ok((_, cuda_home)) => cuda_home,
+        Err(why) => {
+            gpuarch_tests::skip(&format!("the audit under CRI-O needs nvcc: {why}"));
+            return;
+        }
+    };
+    let podman = Podman::new(None, dir, &format!("audit-{driver}"), driver);
+    let image = podman.pull(&xformers_sm75_archive(
+        &cuda_home,
+        &dir.join(format!("audit-image-{driver}")),
+    ));
+    let ids: Vec<String> = (0..3).map(|_| podman.create(&[], &image)).collect();
+    let mut node = Node::new("2080ti-3090", Policy::Shipped);
+    let sock = dir.join(format!("audit-{driver}.sock"));
+    let yaml = format!(
+        "nri:\n  enable: true\n  socket: {}\n  storage_root: {}\n  storage_runroot: {}\naudit:\n  dir: {}\n",
+        sock.display(),
+        podman.dir.join("storage").display(),
+        podman.dir.join("run").display(),
+        node.path("audits").display()
+    );
+    let yaml = gpuarch_tests::private_hook_paths(&node.private_config(&yaml), &node.path(""));
+    std::fs::write(node.path("config.yaml"), yaml).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let runtime = fake_runtime::FakeRuntime::bind_as(&sock, "cri-o").unwrap();
+        node.start(&[]);
+        let plugin = runtime.accept().await.unwrap();
+        // Container `i` of the image, on GPU `gpu`: the notes of its Plan.
+        let notes = |i: usize, gpu: &'static str| {
+            let env = ["PATH=/usr/local/bin:/usr/bin:/bin", gpu];
+            let (mut pod, mut ctr) = fake_runtime::container(&env, &[]);
+            ctr.id.clone_from(&ids[i]);
+            pod.name = format!("audit-{i}");
+            let plugin = &plugin;
+            let node = &node;
+            async move {
+                plugin.create(&pod, &ctr).await.unwrap();
+                tokio::task::block_in_place(|| why_notes(node, &pod.name))
+            }
+        };
+        let got = notes(0, "NVIDIA_VISIBLE_DEVICES=1").await;
+        assert!(
+            got.iter()
+                .any(|n| n
+                    .starts_with("the image's CUDA binaries are not audited yet: asked gpuarchd")),
+            "{got:#?}"
+        );
+        let t = std::time::Instant::now();
+        while !node.log().contains(KEPT) {
+            assert!(
+                t.elapsed().as_secs() < 60,
+                "no audit kept in 60 s:\n{}",
+                node.log()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let log = node.log();
+        let line = log.lines().find(|l| l.contains(KEPT)).unwrap();
+        eprintln!("audit under CRI-O, {driver}: {line}");
+        assert!(
+            line.contains(": 1 binaries with GPU code in 1 files"),
+            "{line}"
+        );
+        let got = notes(1, "NVIDIA_VISIBLE_DEVICES=1").await;
+        assert!(got.iter().any(|n| n.starts_with(NOTE)), "{got:#?}");
+        let got = notes(2, "NVIDIA_VISIBLE_DEVICES=0").await;
+        assert!(!got.iter().any(|n| n.contains("cannot run it")), "{got:#?}");
+    });
+}
+
+/// The notes of the Plan gpuarchd recorded for pod `name`.
+fn why_notes(node: &Node, name: &str) -> Vec<String> {
+    let dir = node.path("containers");
+    let o = node.ctl(
+        None,
+        &["why", "--json", "--dir", dir.to_str().unwrap(), name],
+    );
+    assert!(o.status.success(), "gpuarchctl why {name}: {o:?}");
+    let why: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    serde_json::from_value(why["plan"]["notes"].clone()).unwrap()
+}
+
 #[test]
 fn nri_under_crio_reads_containers_storage_podman_4_3() {
     if let Some(why) = gpuarch_tests::cannot_run("to make containers/storage", &["podman"]) {
@@ -297,6 +389,9 @@ fn nri_under_crio_reads_containers_storage_podman_4_3() {
             && line.contains("set nri.storage_root"),
         "{line}"
     );
+    for driver in ["overlay", "vfs"] {
+        audit_under_crio(store.path(), driver);
+    }
 }
 
 #[test]
