@@ -250,25 +250,38 @@ fn cases(root: Option<PathBuf>, label: &str) -> tempfile::TempDir {
     dir
 }
 
-/// What `gpuarchctl doctor` says of NRI when gpuarchd (the real one, on
-/// the system bus of its node) is registered with CRI-O and
-/// `nri.storage_root` is `store`.
-fn doctor_under_crio(dir: &Path, store: &Path) -> String {
+/// The real gpuarchd, on the system bus of a node of its own, registered
+/// with a runtime on `sock` that names itself `cri-o`, as CRI-O does: its
+/// config's `nri:` section ends with `nri`, and `extra` (given the node)
+/// follows it.
+async fn under_crio(
+    sock: &Path,
+    nri: &str,
+    extra: impl FnOnce(&Node) -> String,
+) -> (Node, fake_runtime::FakeRuntime, fake_runtime::Plugin) {
     let mut node = Node::new("2080ti-3090", Policy::Shipped);
-    let sock = dir.join("doctor-nri.sock");
-    let _ = std::fs::remove_file(&sock);
+    let _ = std::fs::remove_file(sock);
     let yaml = format!(
-        "nri:\n  enable: true\n  socket: {}\n  storage_root: {}\n",
+        "nri:\n  enable: true\n  socket: {}\n{nri}{}",
         sock.display(),
-        store.display()
+        extra(&node)
     );
     let yaml = gpuarch_tests::private_hook_paths(&node.private_config(&yaml), &node.path(""));
     std::fs::write(node.path("config.yaml"), yaml).unwrap();
+    let runtime = fake_runtime::FakeRuntime::bind_as(sock, "cri-o").unwrap();
+    node.start(&[]);
+    let plugin = runtime.accept().await.unwrap();
+    (node, runtime, plugin)
+}
+
+/// What `gpuarchctl doctor` says of NRI when gpuarchd is registered with
+/// CRI-O and `nri.storage_root` is `store`.
+fn doctor_under_crio(dir: &Path, store: &Path) -> String {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let runtime = fake_runtime::FakeRuntime::bind_as(&sock, "cri-o").unwrap();
-        node.start(&[]);
-        let _plugin = runtime.accept().await.unwrap();
+        let nri = format!("  storage_root: {}\n", store.display());
+        let (node, _runtime, _plugin) =
+            under_crio(&dir.join("doctor-nri.sock"), &nri, |_| String::new()).await;
         let o = tokio::task::block_in_place(|| node.ctl(None, &["doctor"]));
         let out = String::from_utf8_lossy(&o.stdout).into_owned();
         // The check's line, and the fix on the next.
@@ -297,22 +310,16 @@ fn audit_under_crio(dir: &Path, driver: &'static str) {
         &dir.join(format!("audit-image-{driver}")),
     ));
     let ids: Vec<String> = (0..3).map(|_| podman.create(&[], &image)).collect();
-    let mut node = Node::new("2080ti-3090", Policy::Shipped);
-    let sock = dir.join(format!("audit-{driver}.sock"));
-    let yaml = format!(
-        "nri:\n  enable: true\n  socket: {}\n  storage_root: {}\n  storage_runroot: {}\naudit:\n  dir: {}\n",
-        sock.display(),
+    let nri = format!(
+        "  storage_root: {}\n  storage_runroot: {}\n",
         podman.dir.join("storage").display(),
         podman.dir.join("run").display(),
-        node.path("audits").display()
     );
-    let yaml = gpuarch_tests::private_hook_paths(&node.private_config(&yaml), &node.path(""));
-    std::fs::write(node.path("config.yaml"), yaml).unwrap();
+    let audits = |node: &Node| format!("audit:\n  dir: {}\n", node.path("audits").display());
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let runtime = fake_runtime::FakeRuntime::bind_as(&sock, "cri-o").unwrap();
-        node.start(&[]);
-        let plugin = runtime.accept().await.unwrap();
+        let sock = dir.join(format!("audit-{driver}.sock"));
+        let (node, _runtime, plugin) = under_crio(&sock, &nri, audits).await;
         // Container `i` of the image, on GPU `gpu`: the notes of its Plan.
         let notes = |i: usize, gpu: &'static str| {
             let env = ["PATH=/usr/local/bin:/usr/bin:/bin", gpu];
