@@ -13,6 +13,12 @@
 //! baseline on the same connection (an empty Synchronize): a container of
 //! the image, seen (the read kept), at each size of list.
 //!
+//! Under the vfs driver each container has its own copy of the image;
+//! gpuarchd reads the image's top layer's copy instead, one for all its
+//! containers. Measured: new containers of a seen image, each answered
+//! once, against reading a container's own copy, as each such start did
+//! before (a read not kept, in the same process).
+//!
 //! Run as root: `cargo bench -p gpuarch-tests --bench nri_crio`
 //! (`RUNS=N` answers per size, 200 by default).
 
@@ -42,15 +48,16 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(200);
     let dir = tempfile::tempdir().unwrap();
-    let podman = |args: &[&str]| {
+    let vfs_dir = tempfile::tempdir().unwrap();
+    let podman_of = |dir: &std::path::Path, driver: &str, args: &[&str]| {
         let o = Command::new("podman")
             .arg("--root")
-            .arg(dir.path().join("storage"))
+            .arg(dir.join("storage"))
             .arg("--runroot")
-            .arg(dir.path().join("run"))
+            .arg(dir.join("run"))
             .args([
                 "--storage-driver",
-                "overlay",
+                driver,
                 "--cgroup-manager",
                 "cgroupfs",
                 "--events-backend",
@@ -62,8 +69,10 @@ fn main() {
         assert!(o.status.success(), "podman {args:?}: {o:?}");
         String::from_utf8_lossy(&o.stdout).trim().to_owned()
     };
+    let podman = |args: &[&str]| podman_of(dir.path(), "overlay", args);
     let archive = python_image_archive(&dir.path().join("python-image"));
-    let image = podman(&["pull", "-q", &format!("oci-archive:{}", archive.display())]);
+    let pull = format!("oci-archive:{}", archive.display());
+    let image = podman(&["pull", "-q", &pull]);
     let image = image.lines().last().unwrap().to_owned();
     let ids: Vec<String> = (0..SIZES[0])
         .map(|_| podman(&["create", "--network", "none", &image, "/bin/sh"]))
@@ -81,10 +90,7 @@ fn main() {
         n.storage_root = dir.path().join("storage");
         n.storage_runroot = dir.path().join("run");
     });
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         let (p, _stop) = gpuarch_tests::nri::start(&shared, "cri-o").await;
         let env = gpuarch_tests::nri::PY_ENV;
@@ -148,6 +154,82 @@ fn main() {
         println!(
             "  the image's first container (its layers read): {:?}",
             first.unwrap()
+        );
+    });
+    vfs(
+        runs.min(VFS),
+        &pull,
+        |args| podman_of(vfs_dir.path(), "vfs", args),
+        vfs_dir.path(),
+    );
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Most containers the vfs case makes (each a copy of the image).
+const VFS: usize = 50;
+
+/// The vfs case: `n` new containers of the image, each answered once,
+/// interleaved with a read of a container's own copy.
+fn vfs(n: usize, pull: &str, podman: impl Fn(&[&str]) -> String, dir: &std::path::Path) {
+    let image = podman(&["pull", "-q", pull]);
+    let image = image.lines().last().unwrap().to_owned();
+    // One more, whose answer reads the image (not measured).
+    let ids: Vec<String> = (0..=n)
+        .map(|_| podman(&["create", "--network", "none", &image, "/bin/sh"]))
+        .collect();
+    let list = std::fs::read(dir.join("storage/vfs-containers/containers.json")).unwrap();
+    let list: serde_json::Value = serde_json::from_slice(&list).unwrap();
+    let own = |id: &str| {
+        let e = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["id"] == id)
+            .unwrap();
+        dir.join("storage/vfs/dir")
+            .join(e["layer"].as_str().unwrap())
+    };
+    let shared = gpuarch_tests::nri::shared(dir, |c| {
+        c.storage_root = dir.join("storage");
+        c.storage_runroot = dir.join("run");
+    });
+    let env = gpuarch_tests::nri::PY_ENV;
+    let view =
+        gpuarch_core::oci::ContainerView::with_env(env.iter().filter_map(|kv| kv.split_once('=')));
+    let rt = runtime();
+    rt.block_on(async {
+        let (p, _stop) = gpuarch_tests::nri::start(&shared, "cri-o").await;
+        let (pod, mut ctr) = fake_runtime::container(&env, &[]);
+        ctr.id.clone_from(&ids[n]);
+        p.create(&pod, &ctr).await.unwrap();
+        let (mut copy, mut seen) = (Vec::new(), Vec::new());
+        for id in &ids[..n] {
+            // What each start cost before: the container's own copy read.
+            let images = nri::image::Images::new(&shared.config().nri);
+            let t = Instant::now();
+            let (sw, _) = images.read(&Ok(vec![own(id)]), &view, None);
+            copy.push(t.elapsed());
+            assert!(sw.was_read());
+            let (pod, mut ctr) = fake_runtime::container(&env, &[]);
+            ctr.id.clone_from(id);
+            let t = Instant::now();
+            let r = p.create(&pod, &ctr).await.unwrap();
+            seen.push(t.elapsed());
+            assert_eq!(
+                gpuarch_tests::nri::var(&r, "GPUARCH_ATTN_IMPLEMENTATION").as_deref(),
+                Some("sdpa")
+            );
+        }
+        let (c50, s50) = (pct(&mut copy, 0.5), pct(&mut seen, 0.5));
+        println!(
+            "{n} new containers of the image in podman 4.3's vfs store, interleaved: CreateContainer p50 {s50:?}, against reading the container's own copy p50 {c50:?} ({:.2}x)",
+            s50.as_secs_f64() / c50.as_secs_f64()
         );
     });
 }
