@@ -76,15 +76,19 @@ impl Podman {
         String::from_utf8_lossy(&o.stdout).trim().to_owned()
     }
 
-    /// The layer containers/storage made for container `id`.
+    /// The layer containers/storage made for container `id`: in the
+    /// store's list, or a transient store's in the runroot.
     fn layer_of(&self, id: &str) -> String {
-        let list = self.dir.join(format!(
-            "storage/{}-containers/containers.json",
-            self.driver
-        ));
-        let list: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&list).unwrap()).unwrap();
-        let entry = list.as_array().unwrap().iter().find(|e| e["id"] == id);
+        let d = self.driver;
+        let lists = [
+            format!("storage/{d}-containers/containers.json"),
+            format!("run/{d}-containers/volatile-containers.json"),
+        ];
+        let entry = lists
+            .iter()
+            .filter_map(|l| std::fs::read(self.dir.join(l)).ok())
+            .flat_map(|b| serde_json::from_slice::<Vec<serde_json::Value>>(&b).unwrap())
+            .find(|e| e["id"] == id);
         entry.unwrap()["layer"].as_str().unwrap().to_owned()
     }
 
@@ -229,9 +233,15 @@ fn cases(root: Option<PathBuf>, label: &str) -> tempfile::TempDir {
 
     // The vfs driver: the image is its top layer's copy, not the
     // container's own (a new directory per container): flash-attn put back
-    // into the container's copy is not read.
+    // into the container's copy is not read. Under podman 5 in a transient
+    // store, whose layer list is in the runroot.
     let vfs = Podman::new(root.as_deref(), dir.path(), "vfs", "vfs");
-    let id = vfs.create(&[], &vfs.pull(&archive));
+    let transient: &[&str] = if root.is_some() {
+        &["--transient-store"]
+    } else {
+        &[]
+    };
+    let id = vfs.create(transient, &vfs.pull(&archive));
     let own = vfs.dir.join("storage/vfs/dir").join(vfs.layer_of(&id));
     let dist = own.join("usr/lib/python3.12/site-packages/flash_attn-2.7.4.post1.dist-info");
     std::fs::create_dir_all(&dist).unwrap();
