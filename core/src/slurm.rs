@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use crate::config::EnvConfig;
 use crate::features::Feature;
+use crate::oci::ContainerView;
 use crate::plan::Plan;
 use crate::snapshot::{Device, Snapshot};
 
@@ -166,10 +167,21 @@ pub fn uuids(inv: &Snapshot, indices: &[u32]) -> Result<Vec<String>, SlurmError>
 /// The Plan of a job step given Slurm's GPU list (`SLURM_STEP_GPUS`):
 /// each index through [`uuids`] to its GPU.
 pub fn plan(list: &str, inv: &Snapshot, cfg: &EnvConfig) -> Result<Plan, SlurmError> {
+    plan_for(list, &ContainerView::default(), inv, cfg)
+}
+
+/// [`plan`] for the task of `view`: its env, and what its Python
+/// environments hold.
+pub fn plan_for(
+    list: &str,
+    view: &ContainerView,
+    inv: &Snapshot,
+    cfg: &EnvConfig,
+) -> Result<Plan, SlurmError> {
     let indices = parse_list(list)?;
     let ids = uuids(inv, &indices)?;
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-    Ok(crate::plan::plan_devices(&ids, inv, cfg)?)
+    Ok(crate::plan::plan_devices_for(&ids, view, inv, cfg)?)
 }
 
 /// Whether `NAME=value` can be a TaskProlog `export` line as it is: Slurm

@@ -10,6 +10,7 @@
 use std::fmt::Write as _;
 
 use gpuarch_core::config::Config;
+use gpuarch_core::oci::ContainerView;
 use gpuarch_core::slurm;
 
 /// Where the step's GPUs are read, in order: Slurm's own lists first.
@@ -37,16 +38,18 @@ pub fn note_for(gpus: &str, from: &str) -> Option<String> {
     })
 }
 
-/// The Plan's env for `gpus` from the snapshot gpuarchd last wrote
+/// The Plan's env for `gpus` and the task of `task` (its env, and what
+/// its Python environments hold) from the snapshot gpuarchd last wrote
 /// (`GPUARCH_INVENTORY`, else the config's `daemon.snapshot`), never NVML:
 /// a prolog must not wait on a driver.
 pub fn plan_from_snapshot(
     gpus: &str,
+    task: &ContainerView,
     config: &Config,
 ) -> Result<Vec<(String, String)>, PrologError> {
     let path = crate::inventory_env().unwrap_or_else(|| config.daemon.snapshot.clone());
     let inv = crate::read_snapshot(&path)?;
-    let plan = slurm::plan(gpus, &inv, &config.env)?;
+    let plan = slurm::plan_for(gpus, task, &inv, &config.env)?;
     Ok(plan.env)
 }
 

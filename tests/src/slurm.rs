@@ -372,3 +372,31 @@ impl Drop for Cluster {
         }
     }
 }
+
+/// A job's venv at `dir` holding `dists` (name, version), as `python -m
+/// venv` and pip lay one out; its `bin`, to put first on a task's `PATH`.
+pub fn job_venv(dir: &Path, dists: &[(&str, &str)]) -> PathBuf {
+    std::fs::create_dir_all(dir.join("bin")).unwrap();
+    std::fs::write(
+        dir.join("pyvenv.cfg"),
+        "home = /usr/bin\ninclude-system-site-packages = false\n",
+    )
+    .unwrap();
+    let python = dir.join("bin/python3");
+    if !python.is_symlink() {
+        std::os::unix::fs::symlink("/usr/bin/python3", python).unwrap();
+    }
+    for (name, v) in dists {
+        let d = dir.join(format!(
+            "lib/python3.12/site-packages/{}-{v}.dist-info",
+            name.replace('-', "_")
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(
+            d.join("METADATA"),
+            format!("Metadata-Version: 2.4\nName: {name}\nVersion: {v}\n\n"),
+        )
+        .unwrap();
+    }
+    dir.join("bin")
+}

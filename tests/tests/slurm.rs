@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use gpuarch_tests::slurm::Cluster;
+use gpuarch_tests::slurm::{Cluster, job_venv};
 
 /// One cluster for every case, as a local: dropped (its daemons stopped)
 /// when the test ends, which a static never is.
@@ -84,6 +84,30 @@ fn srun_steps_get_the_plan_of_their_gpus(c: &Cluster) {
         "the user's own value"
     );
     assert_eq!(get(&env, "GPUARCH_DTYPE"), Some("bfloat16"));
+
+    // The task's venv, first on the PATH srun passes on: the TaskProlog
+    // reads it (no flash-attn in it, so none is asked for on the 3090),
+    // and reads it again for the next task (flash-attn added).
+    let venv = c.path("job/.venv");
+    let bin = job_venv(&venv, &[("torch", "2.7.1"), ("transformers", "4.57.1")]);
+    let export = format!(
+        "--export=ALL,PATH={}:/usr/bin:/bin,VIRTUAL_ENV={}",
+        bin.display(),
+        venv.display()
+    );
+    let (env, _) = c.srun_env(&["--gres=gpu:sm_86:1", &export]);
+    assert_eq!(
+        get(&env, "GPUARCH_ATTN_IMPLEMENTATION"),
+        Some("sdpa"),
+        "{env:?}\n{}",
+        c.logs()
+    );
+    job_venv(&venv, &[("flash-attn", "2.7.4.post1")]);
+    let (env, _) = c.srun_env(&["--gres=gpu:sm_86:1", &export]);
+    assert_eq!(
+        get(&env, "GPUARCH_ATTN_IMPLEMENTATION"),
+        Some("flash_attention_2")
+    );
 }
 
 /// A batch job: its steps see SLURM_JOB_GPUS, and the same Plan.

@@ -229,6 +229,26 @@ pub fn read(root: &Root, view: &ContainerView, cache: Option<&Path>) -> (Softwar
     read_within(root, view, cache, MAX_ENTRIES, DEADLINE, WAIT)
 }
 
+/// A Slurm task as its TaskProlog sees it (Slurm runs the prolog as the
+/// job's owner, with the task's env): its env and user, and what the
+/// host's root holds for that process ([`read`], as that user; not cached,
+/// the cache being root's). The notes say what could not be read.
+pub fn read_task() -> (ContainerView, Vec<String>) {
+    let env = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
+    let mut view = ContainerView::with_env(env);
+    view.user = Some((
+        nix::unistd::getuid().as_raw(),
+        nix::unistd::getgid().as_raw(),
+    ));
+    let (software, notes) = match Root::open(Path::new("/")) {
+        Ok(root) => read(&root, &view, None),
+        Err(e) => not_read(e),
+    };
+    view.software = software;
+    (view, notes)
+}
+
 /// [`read`] for an image given as its layers (gpuarchd's NRI path).
 pub fn read_layers(
     layers: &Layers,

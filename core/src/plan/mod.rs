@@ -210,6 +210,17 @@ pub fn plan_devices(
     inv: &Snapshot,
     cfg: &EnvConfig,
 ) -> Result<Plan, DeviceListError> {
+    plan_devices_for(devices, &ContainerView::default(), inv, cfg)
+}
+
+/// [`plan_devices`] for the process of `view`, its env and what its
+/// environments hold: a Slurm task's, whose GPUs Slurm lists.
+pub fn plan_devices_for(
+    devices: &[&str],
+    view: &ContainerView,
+    inv: &Snapshot,
+    cfg: &EnvConfig,
+) -> Result<Plan, DeviceListError> {
     if devices.len() > MAX_PLAN_DEVICES {
         return Err(DeviceListError::TooMany(devices.len()));
     }
@@ -223,7 +234,7 @@ pub fn plan_devices(
             name: name.to_owned(),
             error,
         })?;
-    Ok(plan_with(&ContainerView::default(), inv, cfg, || selection))
+    Ok(plan_with(view, inv, cfg, || selection))
 }
 
 /// Check the image's `NVIDIA_REQUIRE_*` on each assigned GPU; a note for

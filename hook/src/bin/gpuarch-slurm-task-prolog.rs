@@ -3,8 +3,9 @@
 //! Plan for the step's GPUs, on stdout, where Slurm reads them.
 //!
 //! Slurm runs it as the job's owner before every task, so it is kept to
-//! what the hook does: the config and gpuarchd's snapshot, read here, no
-//! arguments, no D-Bus. Where the snapshot gives no Plan (none yet, or a
+//! what the hook does: the config and gpuarchd's snapshot, read here, and
+//! the task's Python environments (those its env finds, read as the
+//! job's owner, as the hook reads an image); no arguments, no D-Bus. Where the snapshot gives no Plan (none yet, or a
 //! GPU it does not list) it runs `gpuarchctl slurm task-prolog`, which asks
 //! gpuarchd. It never fails a job: any error is logged and the task starts
 //! unchanged.
@@ -23,10 +24,12 @@ fn main() -> ExitCode {
     let Some((gpus, from)) = task_prolog::step_gpus() else {
         return ExitCode::SUCCESS;
     };
+    let task = read_task();
     let planned = gpuarch_fs::config::read_config()
         .map_err(|e| format!("the config: {e}"))
         .and_then(|config| {
-            let env = task_prolog::plan_from_snapshot(&gpus, &config).map_err(|e| e.to_string())?;
+            let env = task_prolog::plan_from_snapshot(&gpus, &task, &config)
+                .map_err(|e| e.to_string())?;
             Ok((env, config.env.override_existing))
         });
     let (env, override_existing) = match planned {
@@ -51,6 +54,16 @@ fn main() -> ExitCode {
         log(&format!("cannot write the export lines: {e}"));
     }
     ExitCode::SUCCESS
+}
+
+/// The task's process and what its Python environments hold; what could
+/// not be read is logged (the Plan is then that for software not known).
+fn read_task() -> gpuarch_core::oci::ContainerView {
+    let (task, notes) = gpuarch_container::image::read_task();
+    for n in notes.iter().filter(|n| n.contains("not read")) {
+        log(n);
+    }
+    task
 }
 
 /// Become `gpuarchctl slurm task-prolog` (the one beside this program, a

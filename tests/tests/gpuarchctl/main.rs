@@ -518,6 +518,78 @@ fn the_task_prolog_plans_from_the_snapshot_as_gpuarchctl_does() {
     assert_eq!(stdout(&none), "");
 }
 
+/// The TaskProlog reads the task's Python environments, as the hook reads
+/// an image: a job whose venv (on its `PATH`) has no flash-attn is not
+/// told to use it on the 3090; one whose venv has it is. gpuarchctl,
+/// planning from the snapshot, says the same.
+#[test]
+fn the_task_prolog_reads_the_tasks_venv() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_with_snapshot(dir.path(), "config.yaml", &fixture("2080ti-3090"));
+    let nobus = format!("unix:path={}", dir.path().join("nobus").display());
+    let venv = dir.path().join("job/.venv");
+    let torch = [("torch", "2.7.1"), ("transformers", "4.57.1")];
+    gpuarch_tests::slurm::job_venv(&venv, &torch);
+    let path = format!("{}:/usr/bin:/bin", venv.join("bin").display());
+    let env = [
+        ("SLURM_STEP_GPUS", "1"),
+        ("GPUARCH_CONFIG", config.to_str().unwrap()),
+        ("DBUS_SYSTEM_BUS_ADDRESS", nobus.as_str()),
+        ("PATH", path.as_str()),
+        ("VIRTUAL_ENV", venv.to_str().unwrap()),
+    ];
+    let attn = |want: &str| {
+        let lean = task_prolog(&env);
+        let lines = stdout(&lean);
+        assert!(
+            lines.contains(&format!("export GPUARCH_ATTN_IMPLEMENTATION={want}\n")),
+            "{lines}{}",
+            stderr(&lean)
+        );
+        let mut c = Command::new(&artifacts().gpuarchctl);
+        c.args(["slurm", "task-prolog"]).env_clear().envs(env);
+        assert_eq!(ok(&c.output().unwrap()), lines);
+    };
+    attn("sdpa");
+    gpuarch_tests::slurm::job_venv(&venv, &[("flash-attn", "2.7.4.post1")]);
+    attn("flash_attention_2");
+
+    // A task whose env leads the read astray (a FIFO for a venv's
+    // pyvenv.cfg and for PYTHONPATH, a PATH entry that loops) still gets
+    // its Plan at once, and the prolog never fails it.
+    let bad = dir.path().join("bad");
+    std::fs::create_dir_all(bad.join("bin")).unwrap();
+    let fifo = nix::sys::stat::Mode::from_bits_truncate(0o600);
+    nix::unistd::mkfifo(&bad.join("pyvenv.cfg"), fifo).unwrap();
+    nix::unistd::mkfifo(&bad.join("pp"), fifo).unwrap();
+    std::os::unix::fs::symlink("/usr/bin/python3", bad.join("bin/python3")).unwrap();
+    std::os::unix::fs::symlink("loop", bad.join("loop")).unwrap();
+    let path = format!(
+        "{}:{}:/usr/bin:/bin",
+        bad.join("bin").display(),
+        bad.join("loop").display()
+    );
+    let pp = bad.join("pp");
+    let t = std::time::Instant::now();
+    let o = task_prolog(&[
+        ("SLURM_STEP_GPUS", "1"),
+        ("GPUARCH_CONFIG", config.to_str().unwrap()),
+        ("PATH", path.as_str()),
+        ("PYTHONPATH", pp.to_str().unwrap()),
+        ("HOME", "/proc/self/fd/0"),
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        stdout(&o).starts_with("export TORCH_CUDA_ARCH_LIST=8.6\n"),
+        "{o:?}"
+    );
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(2),
+        "{:?}",
+        t.elapsed()
+    );
+}
+
 /// Where the snapshot gives no Plan, the TaskProlog hands over to
 /// `gpuarchctl slurm task-prolog` (gpuarchd, then the snapshot); with
 /// neither, the task starts unchanged: nothing printed, exit 0.
