@@ -516,6 +516,14 @@ fn the_task_prolog_plans_from_the_snapshot_as_gpuarchctl_does() {
     let none = task_prolog(&[("GPUARCH_CONFIG", config)]);
     assert!(none.status.success());
     assert_eq!(stdout(&none), "");
+    // A task that opts out, as a container does, gets nothing.
+    let out = task_prolog(&[
+        ("SLURM_JOB_GPUS", "1"),
+        ("GPUARCH_CONFIG", config),
+        ("GPUARCH_DISABLE", "1"),
+    ]);
+    assert!(out.status.success());
+    assert_eq!(stdout(&out), "");
 }
 
 /// The TaskProlog reads the task's Python environments, as the hook reads
