@@ -231,8 +231,10 @@ pub fn read(root: &Root, view: &ContainerView, cache: Option<&Path>) -> (Softwar
 
 /// A Slurm task as its TaskProlog sees it (Slurm runs the prolog as the
 /// job's owner, with the task's env): its env and user, and what the
-/// host's root holds for that process ([`read`], as that user; not cached,
-/// the cache being root's). The notes say what could not be read.
+/// node's root holds for that process ([`read`], as that user; not cached,
+/// the cache being root's), where its env names a Python environment of
+/// its own ([`names_an_environment`]). The notes say what could not be
+/// read, or why nothing was.
 pub fn read_task() -> (ContainerView, Vec<String>) {
     let env = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
@@ -241,12 +243,55 @@ pub fn read_task() -> (ContainerView, Vec<String>) {
         nix::unistd::getuid().as_raw(),
         nix::unistd::getgid().as_raw(),
     ));
+    if !names_an_environment(&view) {
+        return (view, vec![NO_ENVIRONMENT.to_owned()]);
+    }
     let (software, notes) = match Root::open(Path::new("/")) {
         Ok(root) => read(&root, &view, None),
         Err(e) => not_read(e),
     };
     view.software = software;
     (view, notes)
+}
+
+/// Why a task's environments were not read.
+pub const NO_ENVIRONMENT: &str = "the task's env names no Python environment of its own (no VIRTUAL_ENV or CONDA_PREFIX, no python on PATH outside the system's directories): it may run in a container, so the node's Python is not taken for its own";
+
+/// The directories of the node's own interpreters: a task whose only
+/// python is there may run an image's (Apptainer, pyxis), which the
+/// prolog cannot see.
+const SYSTEM_BINS: [&str; 6] = [
+    "/usr/bin",
+    "/bin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/sbin",
+    "/usr/local/sbin",
+];
+
+/// Whether the task of `view` names a Python environment of its own: a
+/// `VIRTUAL_ENV` or `CONDA_PREFIX` that is a directory, or a `python3` or
+/// `python` on its `PATH` outside [`SYSTEM_BINS`] (a venv's, conda's, a
+/// module's). Only then is what the node holds what the task imports;
+/// the values made for a Python read elsewhere could break another one
+/// (an arch name an older torch does not know).
+pub fn names_an_environment(view: &ContainerView) -> bool {
+    let activated = ["VIRTUAL_ENV", "CONDA_PREFIX"]
+        .iter()
+        .filter_map(|k| view.env_get(k))
+        .any(|v| Path::new(v).is_absolute() && Path::new(v).is_dir());
+    activated
+        || view
+            .env_get("PATH")
+            .unwrap_or_default()
+            .split(':')
+            .take(32)
+            .filter(|d| d.starts_with('/') && !SYSTEM_BINS.contains(&d.trim_end_matches('/')))
+            .any(|d| {
+                ["python3", "python"]
+                    .iter()
+                    .any(|p| Path::new(d).join(p).exists())
+            })
 }
 
 /// [`read`] for an image given as its layers (gpuarchd's NRI path).

@@ -561,6 +561,24 @@ fn the_task_prolog_reads_the_tasks_venv() {
     attn("sdpa");
     gpuarch_tests::slurm::job_venv(&venv, &[("flash-attn", "2.7.4.post1")]);
     attn("flash_attention_2");
+    std::fs::remove_dir_all(
+        venv.join("lib/python3.12/site-packages/flash_attn-2.7.4.post1.dist-info"),
+    )
+    .unwrap();
+    attn("sdpa");
+
+    // A task whose only python is the system's may run an image's
+    // (Apptainer, pyxis): the node's Python is not taken for its own, and
+    // it is planned as before, for software not known.
+    let plain = task_prolog(&[
+        ("SLURM_STEP_GPUS", "1"),
+        ("GPUARCH_CONFIG", config.to_str().unwrap()),
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+    ]);
+    assert!(
+        stdout(&plain).contains("export GPUARCH_ATTN_IMPLEMENTATION=flash_attention_2\n"),
+        "{plain:?}"
+    );
 
     // A task whose env leads the read astray (a FIFO for a venv's
     // pyvenv.cfg and for PYTHONPATH, a PATH entry that loops) still gets
