@@ -250,6 +250,18 @@ pub fn read_task() -> (ContainerView, Vec<String>) {
         Ok(root) => read(&root, &view, None),
         Err(e) => not_read(e),
     };
+    // An interpreter the read could not follow (a pyenv shim, a wrapper
+    // script) may import another torch than the one found: for a task,
+    // whose command is not known, nothing read is then taken.
+    if !software.unread.is_empty() {
+        let why = software.unread.join("; ");
+        return (
+            view,
+            vec![format!(
+                "the task's Python environments were not read whole ({why:.300}): it is planned for software not known"
+            )],
+        );
+    }
     view.software = software;
     (view, notes)
 }

@@ -616,6 +616,39 @@ fn the_task_prolog_reads_the_tasks_venv() {
     );
 }
 
+/// On an RTX 5090 the list for a torch not known is `9.0+PTX` (every torch
+/// since 2.4 takes it); the venv's torch 2.12 takes `12.0`, native code.
+/// A python on `PATH` the read cannot follow (a pyenv shim) may import
+/// another torch: then nothing read is taken, and the task gets the list
+/// for a torch not known.
+#[test]
+fn the_task_prolog_takes_the_venvs_torch_unless_a_python_is_not_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_with_snapshot(dir.path(), "config.yaml", &fixture("4090-5090"));
+    let venv = dir.path().join("job/.venv");
+    let bin = gpuarch_tests::slurm::job_venv(&venv, &[("torch", "2.12.0")]);
+    let shim = dir.path().join("pyenv/shims");
+    std::fs::create_dir_all(&shim).unwrap();
+    std::fs::write(shim.join("python3"), "#!/bin/sh\nexec python3 \"$@\"\n").unwrap();
+    for (path, want) in [
+        (format!("{}:/usr/bin:/bin", bin.display()), "12.0"),
+        (
+            format!("{}:{}:/usr/bin:/bin", shim.display(), bin.display()),
+            "9.0+PTX",
+        ),
+    ] {
+        let o = task_prolog(&[
+            ("SLURM_STEP_GPUS", "1"),
+            ("GPUARCH_CONFIG", config.to_str().unwrap()),
+            ("PATH", &path),
+        ]);
+        assert!(
+            stdout(&o).starts_with(&format!("export TORCH_CUDA_ARCH_LIST={want}\n")),
+            "{path}: {o:?}"
+        );
+    }
+}
+
 /// Where the snapshot gives no Plan, the TaskProlog hands over to
 /// `gpuarchctl slurm task-prolog` (gpuarchd, then the snapshot); with
 /// neither, the task starts unchanged: nothing printed, exit 0.
