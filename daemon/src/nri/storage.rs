@@ -127,39 +127,59 @@ impl Storage {
         }
     }
 
+    /// The root, then each additional image store, as containers/storage
+    /// looks a layer up.
+    fn stores(&self) -> impl Iterator<Item = &PathBuf> {
+        std::iter::once(&self.root).chain(&self.image_stores)
+    }
+
+    /// `field` of entry `id` in the first of the store's lists `kind`
+    /// (`overlay-containers`, `vfs-layers`) that names it: the root's
+    /// `<name>.json` and `volatile-<name>.json`, and a transient store's
+    /// `volatile-<name>.json` in the runroot.
+    fn find_in(
+        &self,
+        kind: &str,
+        name: &str,
+        id: &str,
+        field: Field,
+    ) -> Result<Option<Option<String>>, StorageError> {
+        let lists = [
+            self.root.join(kind).join(format!("{name}.json")),
+            self.root.join(kind).join(format!("volatile-{name}.json")),
+            self.runroot
+                .join(kind)
+                .join(format!("volatile-{name}.json")),
+        ];
+        for list in &lists {
+            if let Some(found) = find(list, id, field)? {
+                return Ok(Some(found));
+            }
+        }
+        Ok(None)
+    }
+
     /// The layer directories of container `id`'s image, the top one first.
     pub fn layers(&self, id: &str) -> Result<Vec<PathBuf>, StorageError> {
-        if let Some(p) = std::iter::once(&self.root)
-            .chain(&self.image_stores)
-            .find(|p| !p.is_absolute())
-        {
+        if let Some(p) = self.stores().find(|p| !p.is_absolute()) {
             return Err(StorageError::Relative(p.clone()));
         }
         let mut stores = 0;
         for driver in STORAGE_DRIVERS {
-            let dir = self.root.join(format!("{driver}-containers"));
-            if !dir.is_dir() {
+            let kind = format!("{driver}-containers");
+            if !self.root.join(&kind).is_dir() {
                 continue;
             }
             stores += 1;
-            let lists = [
-                dir.join("containers.json"),
-                dir.join("volatile-containers.json"),
-                self.runroot
-                    .join(format!("{driver}-containers"))
-                    .join("volatile-containers.json"),
-            ];
-            for list in &lists {
-                if let Some(layer) = find(list, id, Field::Layer)? {
-                    let layer = layer.unwrap_or_default();
-                    if !is_id(&layer) {
-                        return Err(StorageError::LayerId(layer));
-                    }
-                    return match driver {
-                        "overlay" => self.overlay_lowers(&layer),
-                        _ => self.vfs_image(&layer),
-                    };
+            if let Some(layer) = self.find_in(&kind, "containers", id, Field::Layer)? {
+                let layer = layer.unwrap_or_default();
+                if !is_id(&layer) {
+                    return Err(StorageError::LayerId(layer));
                 }
+                return match driver {
+                    "overlay" => self.overlay_lowers(&layer),
+                    _ => self.vfs_image(&layer),
+                };
             }
         }
         if stores == 0 {
@@ -175,29 +195,18 @@ impl Storage {
     /// parent's copy, in the root or an additional image store; the
     /// container's own where no parent is recorded.
     fn vfs_image(&self, layer: &str) -> Result<Vec<PathBuf>, StorageError> {
-        let lists = [
-            self.root.join("vfs-layers/layers.json"),
-            self.root.join("vfs-layers/volatile-layers.json"),
-            self.runroot.join("vfs-layers/volatile-layers.json"),
-        ];
-        for list in &lists {
-            let Some(parent) = find(list, layer, Field::Parent)? else {
-                continue;
-            };
-            match parent.filter(|p| !p.is_empty()) {
-                Some(p) if !is_id(&p) => return Err(StorageError::LayerId(p)),
-                Some(p) => {
-                    let stores = std::iter::once(&self.root).chain(&self.image_stores);
-                    if let Some(dir) = stores
-                        .map(|s| s.join("vfs/dir").join(&p))
-                        .find(|d| d.is_dir())
-                    {
-                        return Ok(vec![dir]);
-                    }
-                }
-                None => {}
+        let parent = self.find_in("vfs-layers", "layers", layer, Field::Parent)?;
+        if let Some(p) = parent.flatten().filter(|p| !p.is_empty()) {
+            if !is_id(&p) {
+                return Err(StorageError::LayerId(p));
             }
-            break;
+            if let Some(dir) = self
+                .stores()
+                .map(|s| s.join("vfs/dir").join(&p))
+                .find(|d| d.is_dir())
+            {
+                return Ok(vec![dir]);
+            }
         }
         Ok(vec![self.root.join("vfs/dir").join(layer)])
     }
@@ -229,9 +238,7 @@ impl Storage {
                         entry: (*entry).to_owned(),
                     })?;
                 // The root's own links first, then each image store's.
-                let homes = std::iter::once(home.clone())
-                    .chain(self.image_stores.iter().map(|s| s.join("overlay")));
-                for h in homes {
+                for h in self.stores().map(|s| s.join("overlay")) {
                     let at = h.join("l").join(link);
                     let target = match std::fs::read_link(&at) {
                         Ok(t) => t.to_string_lossy().into_owned(),
