@@ -386,17 +386,9 @@ pub fn job_venv(dir: &Path, dists: &[(&str, &str)]) -> PathBuf {
     if !python.is_symlink() {
         std::os::unix::fs::symlink("/usr/bin/python3", python).unwrap();
     }
+    let site = dir.join("lib/python3.12/site-packages");
     for (name, v) in dists {
-        let d = dir.join(format!(
-            "lib/python3.12/site-packages/{}-{v}.dist-info",
-            name.replace('-', "_")
-        ));
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(
-            d.join("METADATA"),
-            format!("Metadata-Version: 2.4\nName: {name}\nVersion: {v}\n\n"),
-        )
-        .unwrap();
+        crate::stack::dist_info(&site, name, v);
     }
     dir.join("bin")
 }

@@ -376,6 +376,19 @@ pub fn python_image(c: &Containerd) {
     c.import(&python_image_archive(&c.dir.join("python-image")));
 }
 
+/// Distribution `name` at release `v` installed in site directory `site`,
+/// as pip leaves it: `<name>-<v>.dist-info/METADATA` (the name's `-` as
+/// `_`).
+pub fn dist_info(site: &Path, name: &str, v: &str) {
+    let d = site.join(format!("{}-{v}.dist-info", name.replace('-', "_")));
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(
+        d.join("METADATA"),
+        format!("Metadata-Version: 2.4\nName: {name}\nVersion: {v}\n\n"),
+    )
+    .unwrap();
+}
+
 /// [`PY_IMAGE`] as an OCI image archive, built in `work`.
 pub fn python_image_archive(work: &Path) -> PathBuf {
     let l: Vec<PathBuf> = (0..3).map(|i| work.join(format!("layer{i}"))).collect();
@@ -384,13 +397,7 @@ pub fn python_image_archive(work: &Path) -> PathBuf {
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, text).unwrap();
     };
-    let dist = |l: &Path, site: &str, name: &str, v: &str| {
-        write(
-            l,
-            &format!("{site}/{}-{v}.dist-info/METADATA", name.replace('-', "_")),
-            &format!("Metadata-Version: 2.4\nName: {name}\nVersion: {v}\n\n"),
-        );
-    };
+    let dist = |l: &Path, site: &str, name: &str, v: &str| dist_info(&l.join(site), name, v);
     crate::containers::make_rootfs(&l[0]);
     let site = "usr/lib/python3.12/site-packages";
     write(&l[0], "usr/bin/python3.12", "ELF");

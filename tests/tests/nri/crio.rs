@@ -243,13 +243,8 @@ fn cases(root: Option<PathBuf>, label: &str) -> tempfile::TempDir {
     };
     let id = vfs.create(transient, &vfs.pull(&archive));
     let own = vfs.dir.join("storage/vfs/dir").join(vfs.layer_of(&id));
-    let dist = own.join("usr/lib/python3.12/site-packages/flash_attn-2.7.4.post1.dist-info");
-    std::fs::create_dir_all(&dist).unwrap();
-    std::fs::write(
-        dist.join("METADATA"),
-        "Metadata-Version: 2.4\nName: flash-attn\nVersion: 2.7.4.post1\n\n",
-    )
-    .unwrap();
+    let site = own.join("usr/lib/python3.12/site-packages");
+    gpuarch_tests::stack::dist_info(&site, "flash-attn", "2.7.4.post1");
     let got = answers(&vfs, &[], &[("vfs", &id)]);
     assert_eq!(
         var(&got[0].0, "GPUARCH_ATTN_IMPLEMENTATION").as_deref(),
