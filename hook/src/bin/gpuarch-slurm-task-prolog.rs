@@ -4,10 +4,10 @@
 //!
 //! Slurm runs it as the job's owner before every task, so it is kept to
 //! what the hook does: the config and gpuarchd's snapshot, read here, and
-//! the task's Python environments (those its env finds, read as the
-//! job's owner, as the hook reads an image); no arguments, no D-Bus. Where the snapshot gives no Plan (none yet, or a
-//! GPU it does not list) it runs `gpuarchctl slurm task-prolog`, which asks
-//! gpuarchd. It never fails a job: any error is logged and the task starts
+//! the task's Python environments (those its env finds, read as the job's
+//! owner, as the hook reads an image); no arguments, no D-Bus. Where the
+//! snapshot gives no Plan (none yet, or a GPU it does not list) it runs
+//! `gpuarchctl slurm task-prolog`, which asks gpuarchd. It never fails a job: any error is logged and the task starts
 //! unchanged.
 
 use std::io::Write;
@@ -24,11 +24,12 @@ fn main() -> ExitCode {
     let Some((gpus, from)) = task_prolog::step_gpus() else {
         return ExitCode::SUCCESS;
     };
-    let task = read_task();
     let planned = gpuarch_fs::config::read_config()
         .map_err(|e| format!("the config: {e}"))
         .and_then(|config| {
-            let env = task_prolog::plan_from_snapshot(&gpus, &task, &config)
+            // Read only once there is a config to plan with: without one
+            // gpuarchctl takes over, and reads the task itself if it must.
+            let env = task_prolog::plan_from_snapshot(&gpus, &read_task(), &config)
                 .map_err(|e| e.to_string())?;
             Ok((env, config.env.override_existing))
         });
