@@ -396,12 +396,19 @@ impl TorchNames {
                 names: torch_names(r),
                 runs_from: None,
             },
-            None => Self::common(torch_releases()).unwrap_or_else(|| Self {
-                release: None,
-                names: Vec::new(),
-                runs_from: None,
-            }),
+            None => Self::every(),
         }
+    }
+
+    /// The names every torch of the table takes, whatever the image's is:
+    /// what another reader of the list that parses less (DeepSpeed before
+    /// 0.16.9) is sure to parse as torch does.
+    pub fn every() -> Self {
+        Self::common(torch_releases()).unwrap_or_else(|| Self {
+            release: None,
+            names: Vec::new(),
+            runs_from: None,
+        })
     }
 
     /// The names every one of `releases` takes; None for no release.

@@ -36,10 +36,12 @@ def majors_inventory(caps):
                          "memory_bytes": 1 << 34, "mig": []} for i, c in enumerate(caps)]}
 
 
-def plan(fixture, devices, cuda, software=()):
+def plan(fixture, devices, cuda, software=(), env=()):
     args = ["plan", "--inventory", fixture, "--devices", devices, "--json"]
     if cuda is not None:
         args += ["-e", f"CUDA_VERSION={cuda}.0"]
+    for e in env:
+        args += ["-e", e]
     for s in software:
         args += ["--software", s]
     env = ctl(*args)["env"]
@@ -105,6 +107,31 @@ def main():
                         torch_list, caps, cuda, builds, base, newest)
                     failures += check_deepspeed_ops(
                         f"{where}, DeepSpeed {version}", env, caps, cuda, builds, ops)
+                # An image not read whose env names its torch (NGC's
+                # PYTORCH_VERSION): the Plan made for that torch, given to
+                # it and, as any DeepSpeed may be there, to every DeepSpeed
+                # (each list once).
+                named = {}
+                for version in torches:
+                    got = plan(fixture, ",".join(map(str, subset)), cuda,
+                               env=[f"PYTORCH_VERSION={version}"])[0]
+                    named.setdefault(got, version)
+                    if fixture != majors:
+                        run, supported = torches[version]
+                        cases += 1
+                        failures += check_torch(
+                            f"{where}, torch {version} named by PYTORCH_VERSION (image not read): "
+                            f"TORCH_CUDA_ARCH_LIST={got!r}",
+                            got, caps, cuda, builds, run, supported, version)
+                for got, version in named.items():
+                    if got == torch_list:
+                        continue
+                    for ds, (base, _) in deepspeeds.items():
+                        cases += 1
+                        failures += check_deepspeed(
+                            f"{where}, DeepSpeed {ds} beside torch {version} named by "
+                            f"PYTORCH_VERSION (image not read): TORCH_CUDA_ARCH_LIST={got!r}",
+                            got, caps, cuda, builds, base, torches[version][0])
                 if fixture == majors:
                     continue
                 # An image whose torch is not known: the one Plan, given to
@@ -190,7 +217,8 @@ def main():
     outcomes = dict(OUTCOMES)
     print(f"consumers: {cases} cases over {len(FIXTURES)} fixtures and one GPU of each major "
           f"(DeepSpeed), toolkits {', '.join(t or 'unknown' for t in toolkits)}; torch (each "
-          f"image-unknown and image-known) {dict(pairs)}; FlashInfer {', '.join(FLASHINFERS)}; "
+          f"image-unknown and image-known, and named by PYTORCH_VERSION in an image not read, "
+          f"that Plan given to every DeepSpeed too) {dict(pairs)}; FlashInfer {', '.join(FLASHINFERS)}; "
           f"flash-attn {', '.join(FLASH_ATTNS)} (before 2.7 it does not read FLASH_ATTN_CUDA_ARCHS); "
           f"accelerate {', '.join(ACCELERATES)}; DeepSpeed {', '.join(DEEPSPEEDS)} (base builder, "
           f"and the ops that filter: {', '.join(sorted({v for _, ops in deepspeeds.values() for v, _ in ops}))})")

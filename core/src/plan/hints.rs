@@ -90,9 +90,13 @@ fn arch_lists(
             arch_specific: false,
             ptx,
         };
-        // Why the torch entry is not the GPU's own name.
-        let torch_names = if native_ok {
-            torch_names.for_gpu(named)
+        // The names the list may use for this GPU: where a DeepSpeed that
+        // parses less than torch may be there, only those every torch
+        // takes, whichever torch the image holds.
+        let (torch_names, taker) = if native_ok {
+            let names = torch_names.for_gpu(named);
+            let who = names.who();
+            (names, who)
         } else {
             if named.major >= 10 {
                 notes.push(format!(
@@ -100,11 +104,16 @@ fn arch_lists(
                     software::DEEPSPEED_TWO_DIGIT
                 ));
             }
-            torch_names.clone()
+            let who = match torch_names.release {
+                Some(_) => "a DeepSpeed that may be in the image".to_owned(),
+                None => torch_names.who(),
+            };
+            (TorchNames::every(), who)
         };
+        // Why the torch entry is not the GPU's own name.
         let why = match (&from, builds(named)) {
             (Some(from), false) => format!("{from} cannot build sm_{}", named.digits()),
-            _ => format!("{} does not take {named}", torch_names.who()),
+            _ => format!("{taker} does not take {named}"),
         };
         match toolkit::best_where(cap, named, |c| builds(c) && torch_names.accepts(c, false)) {
             toolkit::Build::Exact(c) => torch.push(entry(c, false)),
@@ -159,11 +168,12 @@ fn arch_lists(
 
 /// Whether every DeepSpeed the image may hold parses a two-digit major
 /// (`10.0`) in `TORCH_CUDA_ARCH_LIST`: none is there, or the one there is
-/// new enough. Releases 0.12 to 0.15 read `10.0` as major `1`, minor `.`,
+/// new enough and every environment was read (one not read may hold
+/// another). Releases 0.12 to 0.15 read `10.0` as major `1`, minor `.`,
 /// and an ahead-of-time build raises, where unset it builds.
 fn deepspeed_parses_two_digits(sw: &Software) -> bool {
     match sw.get(Dist::DeepSpeed) {
-        Some(r) => r >= software::DEEPSPEED_TWO_DIGIT,
+        Some(r) => r >= software::DEEPSPEED_TWO_DIGIT && sw.absence_proven(),
         None => !sw.may_have(Dist::DeepSpeed),
     }
 }

@@ -31,12 +31,15 @@ fn blackwell_host() -> Snapshot {
 
 /// The arch lists, FLASH_ATTN_CUDA_ARCHS and the notes for a container
 /// of `blackwell_host` with env `env` (CUDA_VERSION, PYTORCH_VERSION).
+/// With `PYTORCH_VERSION`, the image was read and holds no DeepSpeed, its
+/// torch the release that variable names; without it, nothing is known
+/// of the image.
 fn lists(env: &[(&str, &str)], cfg: &EnvConfig) -> [Option<String>; 3] {
-    let p = plan(
-        &ContainerView::with_env(env.to_vec()),
-        &blackwell_host(),
-        cfg,
-    );
+    let mut view = ContainerView::with_env(env.to_vec());
+    if view.env_get(crate::software::PYTORCH_VERSION).is_some() {
+        view.software.read = vec!["/usr/local/lib/python3.12/dist-packages".into()];
+    }
+    let p = plan(&view, &blackwell_host(), cfg);
     let get = |k: &str| p.env_get(k).map(str::to_owned);
     [
         get("TORCH_CUDA_ARCH_LIST"),

@@ -160,6 +160,39 @@ fn an_absence_not_proven_never_makes_a_value_a_release_might_reject() {
 }
 
 #[test]
+fn a_new_deepspeed_found_does_not_vouch_for_an_environment_not_read() {
+    // DeepSpeed 0.17 parses `10.0`; all read, a B200 gets its own name.
+    let dists = [(Dist::Torch, "2.9.1"), (Dist::DeepSpeed, "0.17.0")];
+    let p = one_gpu("10.0", &dists, true);
+    assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("10.0"));
+    // DeepSpeed 0.15 beside a torch that names `10.0`: the torch's names
+    // are not the DeepSpeed's.
+    let old = [(Dist::Torch, "2.9.1"), (Dist::DeepSpeed, "0.15.4")];
+    let p = one_gpu("10.0", &old, true);
+    assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("9.0+PTX"));
+    assert!(
+        p.notes.iter().any(|n| n.starts_with(
+            "a DeepSpeed that may be in the image does not take 10.0: TORCH_CUDA_ARCH_LIST has 9.0+PTX for 10.0"
+        )),
+        "{:?}",
+        p.notes
+    );
+    // Torch known (PYTORCH_VERSION), the image not read: any DeepSpeed
+    // may be there.
+    let p = one_gpu("10.0", &[(Dist::Torch, "2.9.1")], false);
+    assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("9.0+PTX"));
+    // An environment not read may hold a DeepSpeed from 0.12 to 0.15,
+    // whose op builder raises on `10.0` where unset it builds.
+    let p = one_gpu_partly_read("10.0", &dists);
+    assert_eq!(p.env_get("TORCH_CUDA_ARCH_LIST"), Some("9.0+PTX"));
+    let notes = p.notes.join("\n");
+    assert!(
+        notes.contains("TORCH_CUDA_ARCH_LIST does not name 10.0: a DeepSpeed may be in the image"),
+        "{notes}"
+    );
+}
+
+#[test]
 fn the_attention_hint_follows_the_images_flash_attn() {
     let attn = |p: &Plan| p.env_get("GPUARCH_ATTN_IMPLEMENTATION").map(str::to_owned);
     // Read, and no flash-attn: sdpa, and the note says why.
