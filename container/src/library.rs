@@ -103,6 +103,13 @@ pub fn plan(
             note(format!("the image has its own {} {own}", kind.dist));
             continue;
         }
+        if !view.software.unread.is_empty() {
+            note(format!(
+                "not every environment of the image was read, and one not read may hold another {} or its own {}",
+                kind.reader, kind.dist
+            ));
+            continue;
+        }
         let clash = existing_mounts.iter().find(|d| {
             let d = d.trim_end_matches('/');
             d == kind.mount

@@ -111,8 +111,9 @@ impl Budget {
 /// change times, and what was not read.
 fn key<T: Tree>(tree: &T, sites: &[Site<T::Dir>], unread: &[String]) -> String {
     let mut h = Sha256::new();
-    // 4: a site may be made of several layers' directories.
-    h.update(b"gpuarch-image-software-4\0");
+    // 4: a site may be made of several layers' directories; 5: of a
+    // consumer in two releases the oldest is kept, not the first found.
+    h.update(b"gpuarch-image-software-5\0");
     for e in sites {
         h.update(e.rel.as_bytes());
         h.update(b"\0");
@@ -164,7 +165,11 @@ fn read_version<T: Tree>(root: &T, rel: &str) -> Option<Release> {
     metadata_version(&root.read_regular(rel, MAX_METADATA).ok()?)
 }
 
-/// The consumers in these sites, under the budget.
+/// The consumers in these sites, under the budget. Where the sites hold a
+/// consumer in two releases, which one a process imports depends on the
+/// interpreter it runs: two torches make torch not known, of another
+/// consumer the oldest is kept, and a library's reader in two versions
+/// (`Software::exact`) gets no library. The notes say which.
 fn scan<T: Tree>(
     root: &T,
     sites: &[Site<T::Dir>],
@@ -172,7 +177,11 @@ fn scan<T: Tree>(
     notes: &mut Vec<String>,
 ) -> Result<Software, Stop> {
     let mut sw = Software::default();
-    let mut torches: Vec<(Release, String)> = Vec::new();
+    // Every release of each consumer, with where: the image may hold one
+    // in each of several environments, and which a process imports
+    // depends on the interpreter it runs.
+    let mut all: Vec<(Dist, Release, String)> = Vec::new();
+    let mut gated: Vec<(String, String)> = Vec::new();
     let mut metadata_reads = 0;
     for site in sites {
         let mut found = Vec::new();
@@ -180,8 +189,8 @@ fn scan<T: Tree>(
             if let Some(d) = software::dist_info(n) {
                 found.push((d, n.to_owned()));
             }
-            if let Some((dist, version)) = gpuarch_core::library::gated_dist_info(n) {
-                sw.exact.entry(dist).or_insert(version);
+            if let Some(gate) = gpuarch_core::library::gated_dist_info(n) {
+                gated.push(gate);
             }
         })?;
         sw.read.push(format!("/{}", site.rel));
@@ -198,24 +207,54 @@ fn scan<T: Tree>(
             } else {
                 by_name
             };
-            if dist == Dist::Torch {
-                torches.push((release, format!("/{}/{entry}", site.rel)));
-            }
-            sw.dists.entry(dist).or_insert(release);
+            all.push((dist, release, format!("/{}/{entry}", site.rel)));
         }
     }
-    torches.sort();
-    torches.dedup_by(|a, b| a.0 == b.0);
-    if torches.len() > 1 {
-        sw.dists.remove(&Dist::Torch);
-        notes.push(format!(
-            "the image holds torch {}: the arch lists suit every torch release",
-            torches
-                .iter()
-                .map(|(r, at)| format!("{r} ({at:?})"))
-                .collect::<Vec<_>>()
-                .join(" and ")
-        ));
+    all.sort();
+    all.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
+    for (dist, release, _) in &all {
+        sw.dists.entry(*dist).or_insert(*release);
+    }
+    for d in Dist::ALL {
+        let of: Vec<String> = all
+            .iter()
+            .filter(|(dist, ..)| *dist == d)
+            .map(|(_, r, at)| format!("{r} ({at:?})"))
+            .collect();
+        if of.len() < 2 {
+            continue;
+        }
+        // Torch's names grow with its releases: a list for one may be
+        // refused by the other. Another consumer's release only ever
+        // narrows what is given (DeepSpeed's parser): the oldest decides.
+        let taken = if d == Dist::Torch {
+            sw.dists.remove(&d);
+            "the arch lists suit every torch release"
+        } else {
+            "the oldest decides"
+        };
+        notes.push(format!("the image holds {d} {}: {taken}", of.join(" and ")));
+    }
+    gated.sort();
+    gated.dedup();
+    for (dist, version) in &gated {
+        sw.exact.entry(dist.clone()).or_insert(version.clone());
+    }
+    // A library is served for its reader's very version: where the image
+    // holds two of a reader, neither is known to be the one imported.
+    for reader in gpuarch_core::library::ALL.iter().map(|k| k.reader.name()) {
+        let versions: Vec<&str> = gated
+            .iter()
+            .filter(|(d, _)| d == reader)
+            .map(|(_, v)| v.as_str())
+            .collect();
+        if versions.len() > 1 {
+            sw.exact.remove(reader);
+            notes.push(format!(
+                "the image holds {reader} {}: no library is served for it",
+                versions.join(" and ")
+            ));
+        }
     }
     Ok(sw)
 }

@@ -102,6 +102,39 @@ fn two_torches_make_torch_unknown_and_no_environment_is_known_absence() {
 }
 
 #[test]
+fn of_two_releases_in_two_environments_the_oldest_decides_and_no_library_is_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path();
+    for (env, ds, fi) in [
+        ("usr/local/lib/python3.12/dist-packages", "0.17.6", "0.6.13"),
+        ("opt/venv/lib/python3.12/site-packages", "0.14.5", "0.6.12"),
+    ] {
+        write(
+            r,
+            &format!("{env}/deepspeed-{ds}.dist-info/METADATA"),
+            &format!("Version: {ds}\n"),
+        );
+        write(
+            r,
+            &format!("{env}/flashinfer_python-{fi}.dist-info/METADATA"),
+            &format!("Version: {fi}\n"),
+        );
+    }
+    let (sw, notes) = read(&Root::open(r).unwrap(), &plain(), None);
+    // DeepSpeed 0.14 cannot parse `10.0`: it must not be hidden by 0.17.
+    assert_eq!(sw.get(Dist::DeepSpeed), Release::parse("0.14.5"));
+    assert_eq!(sw.get(Dist::FlashInfer), Release::parse("0.6.12"));
+    assert!(sw.exact.is_empty(), "{:?}", sw.exact);
+    let notes = notes.join("\n");
+    assert!(
+        notes.contains("the image holds deepspeed 0.14.5 (\"/opt/venv/lib/python3.12/site-packages/deepspeed-0.14.5.dist-info\") and 0.17.6")
+            && notes.contains("the oldest decides")
+            && notes.contains("the image holds flashinfer-python 0.6.12 and 0.6.13: no library is served for it"),
+        "{notes}"
+    );
+}
+
+#[test]
 fn a_hostile_image_neither_blocks_nor_leads_outside_nor_costs_without_bound() {
     let dir = tempfile::tempdir().unwrap();
     let r = dir.path().join("rootfs");

@@ -193,6 +193,19 @@ fn anything_else_leaves_the_variable_unset_and_says_why() {
         assert!(noted(&plan, why), "{what}: {:?}", plan.notes);
     }
 
+    // An environment not read may hold another FlashInfer, or its own
+    // flashinfer-cubin: the version found is not known to be imported.
+    let partly = node("0.6.13", &complete);
+    let (mut plan, mut view) = container(&[("flashinfer-python", "0.6.13")], &[]);
+    view.software.unread = vec!["\"/opt/x/bin/python3\": no lib/python3.* under \"/opt/x\"".into()];
+    assert!(run(partly.path(), &mut plan, &view, &[]).is_empty());
+    assert_eq!(cubin_dir(&plan), None);
+    assert!(
+        noted(&plan, "not every environment of the image was read"),
+        "{:?}",
+        plan.notes
+    );
+
     // The container's own value is left alone (the Plan's usual rule).
     let node = node("0.6.13", &complete);
     let (mut plan, view) = container(
