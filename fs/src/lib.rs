@@ -2,6 +2,7 @@
 //!
 //! - [`trust`]: whether another user could have put a file there or changed it;
 //! - [`config`]: the config file, read through [`trust`];
+//! - [`crio`]: where CRI-O keeps its containers/storage, from its own config;
 //! - [`record`]: what each container got, kept for `gpuarchctl why`;
 //! - [`write_atomic`]: replace a file whole or not at all.
 //! - [`rewrite_atomic`]: the same for a file that exists, keeping its mode and owner.
@@ -12,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod crio;
 pub mod record;
 pub mod trust;
 

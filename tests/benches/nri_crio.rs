@@ -87,8 +87,8 @@ fn main() {
     assert!(entries.starts_with(r#"{"id":""#), "{real}");
 
     let shared = gpuarch_tests::nri::shared(dir.path(), |n| {
-        n.storage_root = dir.path().join("storage");
-        n.storage_runroot = dir.path().join("run");
+        n.storage_root = Some(dir.path().join("storage"));
+        n.storage_runroot = Some(dir.path().join("run"));
     });
     let rt = runtime();
     rt.block_on(async {
@@ -196,8 +196,8 @@ fn vfs(n: usize, pull: &str, podman: impl Fn(&[&str]) -> String, dir: &std::path
             .join(e["layer"].as_str().unwrap())
     };
     let shared = gpuarch_tests::nri::shared(dir, |c| {
-        c.storage_root = dir.join("storage");
-        c.storage_runroot = dir.join("run");
+        c.storage_root = Some(dir.join("storage"));
+        c.storage_runroot = Some(dir.join("run"));
     });
     let env = gpuarch_tests::nri::PY_ENV;
     let view =

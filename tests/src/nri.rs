@@ -29,6 +29,9 @@ pub fn shared(dir: &Path, nri: impl FnOnce(&mut NriConfig)) -> Arc<Shared> {
     cfg.nri.enable = true;
     cfg.nri.socket = dir.join("nri.sock");
     cfg.nri.containerd = dir.join("no-containerd.sock");
+    // CRI-O's config files are the test's, not the host's.
+    cfg.nri.crio_config = dir.join("crio.conf");
+    cfg.nri.storage_conf = dir.join("storage.conf");
     nri(&mut cfg.nri);
     cfg.hook.record_dir = dir.join("records");
     cfg.hook.image_cache = dir.join("images");

@@ -78,7 +78,10 @@ pub use hook::{DEFAULT_IMAGE_CACHE, DEFAULT_RECORD_DIR, HookConfig, RuntimeConfi
 pub use jit_cache::{DEFAULT_JIT_DIR, JitCacheConfig, JitScope};
 pub use kernels::{DEFAULT_MOUNT_ROOT, KernelsConfig, RemoteConfig, valid_package_name};
 pub use log::{DEFAULT_LOG_FILE, LogConfig, LogLevel, LogTarget};
-pub use nri::{DEFAULT_NRI_SOCKET, NriConfig, STORAGE_DRIVERS};
+pub use nri::{
+    DEFAULT_CRIO_CONFIG, DEFAULT_NRI_SOCKET, DEFAULT_STORAGE_CONF, DEFAULT_STORAGE_ROOT,
+    DEFAULT_STORAGE_RUNROOT, NriConfig, STORAGE_DRIVERS,
+};
 
 /// The whole config file.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

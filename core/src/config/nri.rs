@@ -30,16 +30,37 @@ pub struct NriConfig {
     pub snapshotters: Vec<String>,
     /// CRI-O's containers/storage (its `root`, storage.conf's
     /// `graphroot`): each container's image layers are read from there.
-    /// Default [`DEFAULT_STORAGE_ROOT`].
-    pub storage_root: PathBuf,
+    /// Default: CRI-O's own, from [`NriConfig::crio_config`] and
+    /// [`NriConfig::storage_conf`], else [`DEFAULT_STORAGE_ROOT`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub storage_root: Option<PathBuf>,
     /// containers/storage's `runroot`, where a transient store keeps its
-    /// containers. Default [`DEFAULT_STORAGE_RUNROOT`].
-    pub storage_runroot: PathBuf,
+    /// containers. Default: CRI-O's own, else [`DEFAULT_STORAGE_RUNROOT`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub storage_runroot: Option<PathBuf>,
     /// containers/storage's additional image stores (storage.conf's
     /// `additionalimagestores`): read-only stores whose layers a
-    /// container's may stand on. Default none.
+    /// container's may stand on. Those CRI-O's own settings name are
+    /// added. Default none.
     pub storage_image_stores: Vec<PathBuf>,
+    /// CRI-O's config file (`crio --config`), whose `[crio]` `root`,
+    /// `runroot` and `storage_option` gpuarchd takes where `storage_root`
+    /// and `storage_runroot` are not set; its drop-ins are in the directory
+    /// of the same name with `.d` added, later files winning. Default
+    /// [`DEFAULT_CRIO_CONFIG`].
+    pub crio_config: PathBuf,
+    /// containers/storage's config (`CONTAINERS_STORAGE_CONF`), under
+    /// crio.conf: `graphroot`, `runroot`, `additionalimagestores`. Default
+    /// [`DEFAULT_STORAGE_CONF`], and where that is absent
+    /// `/usr/share/containers/storage.conf`.
+    pub storage_conf: PathBuf,
 }
+
+/// Default of `nri.crio_config`.
+pub const DEFAULT_CRIO_CONFIG: &str = "/etc/crio/crio.conf";
+
+/// Default of `nri.storage_conf`.
+pub const DEFAULT_STORAGE_CONF: &str = "/etc/containers/storage.conf";
 
 /// Default of `nri.containerd`.
 pub const DEFAULT_CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
@@ -67,9 +88,11 @@ impl Default for NriConfig {
             skip_handlers: vec!["gpuarch".to_owned()],
             containerd: PathBuf::from(DEFAULT_CONTAINERD_SOCKET),
             snapshotters: vec!["overlayfs".to_owned(), "native".to_owned()],
-            storage_root: PathBuf::from(DEFAULT_STORAGE_ROOT),
-            storage_runroot: PathBuf::from(DEFAULT_STORAGE_RUNROOT),
+            storage_root: None,
+            storage_runroot: None,
             storage_image_stores: Vec::new(),
+            crio_config: PathBuf::from(DEFAULT_CRIO_CONFIG),
+            storage_conf: PathBuf::from(DEFAULT_STORAGE_CONF),
         }
     }
 }

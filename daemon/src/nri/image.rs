@@ -23,9 +23,11 @@ use gpuarch_container::image::{self, Layers};
 use gpuarch_core::config::NriConfig;
 use gpuarch_core::oci::ContainerView;
 use gpuarch_core::software::Software;
+use gpuarch_fs::crio::CrioStorage;
 use hyper_util::rt::TokioIo;
 use sha2::{Digest, Sha256};
 use tonic::transport::{Channel, Endpoint, Uri};
+use tracing::{debug, warn};
 
 /// The namespace of CRI's containers.
 const NAMESPACE: &str = "k8s.io";
@@ -155,15 +157,28 @@ pub struct Images {
 impl Images {
     /// containerd at `nri.containerd`, its containers' snapshots in one
     /// of `nri.snapshotters` (tried in order); CRI-O's containers/storage
-    /// at `nri.storage_root`.
+    /// where CRI-O's own config puts it, or `nri.storage_root`
+    /// ([`CrioStorage`]), read again at each registration.
     pub fn new(nri: &NriConfig) -> Self {
+        let crio = CrioStorage::of(nri);
+        for p in &crio.problems {
+            warn!("NRI: CRI-O's storage settings: {p}");
+        }
+        debug!(
+            "NRI: CRI-O's containers/storage at {} (from {}), runroot {} (from {}), additional image stores {:?}",
+            crio.root.value.display(),
+            crio.root.from,
+            crio.runroot.value.display(),
+            crio.runroot.from,
+            crio.image_stores
+        );
         Self {
             socket: nri.containerd.clone(),
             snapshotters: nri.snapshotters.clone(),
             storage: super::storage::Storage::new(
-                &nri.storage_root,
-                &nri.storage_runroot,
-                &nri.storage_image_stores,
+                &crio.root.value,
+                &crio.runroot.value,
+                &crio.image_stores,
             ),
             channel: Mutex::new(None),
             kept: Mutex::new(HashMap::new()),
@@ -353,6 +368,8 @@ mod tests {
         let images = Images::new(&NriConfig {
             containerd: dir.path().join("none.sock"),
             snapshotters: Vec::new(),
+            crio_config: dir.path().join("crio.conf"),
+            storage_conf: dir.path().join("storage.conf"),
             ..NriConfig::default()
         });
         let dirs = Ok(vec![layer.clone()]);

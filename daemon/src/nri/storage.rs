@@ -49,9 +49,9 @@ const MAX_LOWERS: usize = 500;
 pub enum StorageError {
     #[error("{0:?} (nri.storage_root, nri.storage_image_stores) is not an absolute path")]
     Relative(PathBuf),
-    #[error("no containers/storage at {} (nri.storage_root): no overlay-containers or vfs-containers in it", .0.display())]
+    #[error("no containers/storage at {} (CRI-O's root: nri.storage_root, else crio.conf's root, else storage.conf's graphroot): no overlay-containers or vfs-containers in it", .0.display())]
     NoStore(PathBuf),
-    #[error("no container {id:.80?} in containers/storage at {} (nri.storage_root)", .root.display())]
+    #[error("no container {id:.80?} in containers/storage at {} (CRI-O's root)", .root.display())]
     NoContainer { id: String, root: PathBuf },
     #[error("{}: {error}", .path.display())]
     Io {
@@ -73,7 +73,7 @@ pub enum StorageError {
     TooManyLayers(PathBuf),
     #[error("the container's layer has no image layers below it ({} is missing)", .0.display())]
     NoLower(PathBuf),
-    #[error("{} is missing, and in no store of nri.storage_image_stores: the layer is in an additional image store gpuarchd is not told of", .0.display())]
+    #[error("{} is missing, and in no additional image store (nri.storage_image_stores, storage.conf's additionalimagestores, crio.conf's storage_option): the layer is in a store gpuarchd is not told of", .0.display())]
     NoLink(PathBuf),
     #[error("{}: links to {target:.200?}, not to ../<layer>/diff", .link.display())]
     LinkTarget { link: PathBuf, target: String },
@@ -494,7 +494,7 @@ mod tests {
             .unwrap_err();
         assert!(
             e.to_string()
-                .contains("in no store of nri.storage_image_stores"),
+                .contains("in no additional image store (nri.storage_image_stores"),
             "{e}"
         );
         let e = Storage::new(dir.path(), dir.path(), &[PathBuf::from("ro")]).layers("c1");
@@ -539,7 +539,7 @@ mod tests {
             ("/etc", "is not a layer link"),
             ("l/../../etc", "is not a layer link"),
             ("l/TOP:../x", "is not a layer link"),
-            ("l/GONE", "in an additional image store"),
+            ("l/GONE", "in no additional image store"),
         ] {
             std::fs::write(rw.join("lower"), lower).unwrap();
             let e = s.layers("c1").unwrap_err().to_string();

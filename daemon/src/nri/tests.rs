@@ -17,6 +17,8 @@ fn shared(dir: &std::path::Path, strict: bool) -> Arc<Shared> {
     cfg.nri.enable = true;
     cfg.nri.socket = dir.join("nri.sock");
     cfg.nri.containerd = dir.join("containerd.sock");
+    cfg.nri.crio_config = dir.join("crio.conf");
+    cfg.nri.storage_conf = dir.join("storage.conf");
     cfg.hook.record_dir = dir.join("records");
     cfg.hook.image_cache = dir.join("images");
     cfg.kernels.mount_root = dir.join("kernels");

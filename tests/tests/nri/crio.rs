@@ -100,7 +100,10 @@ impl Podman {
     }
 }
 
-/// What gpuarchd answers for the containers of podman's store.
+/// What gpuarchd answers for the containers of podman's store, which it
+/// finds as CRI-O would: the root and runroot from a drop-in of
+/// crio.conf, the additional image stores from storage.conf, gpuarch's
+/// own config naming none of them.
 fn answers(
     podman: &Podman,
     image_stores: &[PathBuf],
@@ -108,11 +111,32 @@ fn answers(
 ) -> Vec<(CreateContainerResponse, String)> {
     let dir = &podman.dir;
     std::fs::create_dir_all(dir.join("records")).unwrap();
-    let shared = nri::shared(dir, |n| {
-        n.storage_root = dir.join("storage");
-        n.storage_runroot = dir.join("run");
-        n.storage_image_stores = image_stores.to_vec();
-    });
+    let toml = |p: &Path| format!("{:?}", p.to_str().unwrap());
+    std::fs::create_dir_all(dir.join("crio.conf.d")).unwrap();
+    std::fs::write(
+        dir.join("crio.conf"),
+        "[crio]\nroot = \"/var/lib/not-here\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("crio.conf.d/10-storage.conf"),
+        format!(
+            "[crio]\nroot = {}\nrunroot = {}\n",
+            toml(&dir.join("storage")),
+            toml(&dir.join("run"))
+        ),
+    )
+    .unwrap();
+    let stores: Vec<String> = image_stores.iter().map(|p| toml(p)).collect();
+    std::fs::write(
+        dir.join("storage.conf"),
+        format!(
+            "[storage]\ndriver = \"overlay\"\n[storage.options]\nadditionalimagestores = [{}]\n",
+            stores.join(", ")
+        ),
+    )
+    .unwrap();
+    let shared = nri::shared(dir, |_| {});
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -226,7 +250,9 @@ fn cases(root: Option<PathBuf>, label: &str) -> tempfile::TempDir {
     );
     let got = answers(&on_store, &[], &[("unnamed-store", &id)]);
     assert!(
-        got[0].1.contains("in no store of nri.storage_image_stores"),
+        got[0]
+            .1
+            .contains("in no additional image store (nri.storage_image_stores"),
         "{label}: {}",
         got[0].1
     );
@@ -280,11 +306,25 @@ async fn under_crio(
 }
 
 /// What `gpuarchctl doctor` says of NRI when gpuarchd is registered with
-/// CRI-O and `nri.storage_root` is `store`.
-fn doctor_under_crio(dir: &Path, store: &Path) -> String {
+/// CRI-O, its store `store`: named by `nri.storage_root`, or by CRI-O's
+/// crio.conf (`from_crio`).
+fn doctor_under_crio(dir: &Path, store: &Path, from_crio: bool) -> String {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let nri = format!("  storage_root: {}\n", store.display());
+        let crio = dir.join("doctor-crio.conf");
+        std::fs::write(
+            &crio,
+            format!("[crio]\nroot = {:?}\n", store.to_str().unwrap()),
+        )
+        .unwrap();
+        let mut nri = format!(
+            "  crio_config: {}\n  storage_conf: {}\n",
+            crio.display(),
+            dir.join("doctor-storage.conf").display()
+        );
+        if !from_crio {
+            nri += &format!("  storage_root: {}\n", store.display());
+        }
         let (node, _runtime, _plugin) =
             under_crio(&dir.join("doctor-nri.sock"), &nri, |_| String::new()).await;
         let o = tokio::task::block_in_place(|| node.ctl(None, &["doctor"]));
@@ -389,16 +429,30 @@ fn nri_under_crio_reads_containers_storage_podman_4_3() {
     let store = cases(None, "podman 4.3");
     // An operator is told when gpuarchd looks for CRI-O's images where
     // there is no store.
-    let line = doctor_under_crio(store.path(), &store.path().join("overlay/storage"));
-    assert!(
-        line.starts_with("ok") && line.contains("registered with cri-o"),
-        "{line}"
-    );
-    let line = doctor_under_crio(store.path(), &store.path().join("elsewhere"));
+    for from_crio in [true, false] {
+        let line = doctor_under_crio(
+            store.path(),
+            &store.path().join("overlay/storage"),
+            from_crio,
+        );
+        assert!(
+            line.starts_with("ok") && line.contains("registered with cri-o"),
+            "{line}"
+        );
+    }
+    let line = doctor_under_crio(store.path(), &store.path().join("elsewhere"), false);
     assert!(
         line.starts_with("WARN")
-            && line.contains("elsewhere holds no containers/storage")
-            && line.contains("set nri.storage_root"),
+            && line.contains("elsewhere (from nri.storage_root) holds no containers/storage")
+            && line.contains(
+                "fix: set nri.crio_config and nri.storage_conf to the files CRI-O runs with"
+            ),
+        "{line}"
+    );
+    let line = doctor_under_crio(store.path(), &store.path().join("elsewhere"), true);
+    assert!(
+        line.contains("elsewhere (from ")
+            && line.contains("doctor-crio.conf) holds no containers/storage"),
         "{line}"
     );
     for driver in ["overlay", "vfs"] {

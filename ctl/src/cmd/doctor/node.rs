@@ -9,6 +9,7 @@ use anyhow::Result;
 
 use gpuarch_core::config::NriConfig;
 use gpuarch_core::config::STORAGE_DRIVERS;
+use gpuarch_fs::crio::CrioStorage;
 use gpuarch_wire::dbus::{DaemonProxy, InventoryProxy, KernelCacheProxy};
 
 use crate::check::{Check, fail, ok, skip, under, warn};
@@ -103,20 +104,28 @@ pub(super) fn nri(d: Option<&Daemon>, cfg: &NriConfig) -> crate::check::Check {
                 }
             );
             // Under CRI-O the images are read from its containers/storage
-            // (gpuarchd's host's, whatever --root says).
-            let store = &cfg.storage_root;
+            // (gpuarchd's host's, whatever --root says), where CRI-O's own
+            // config puts it unless gpuarch's says otherwise.
+            let crio = CrioStorage::of(cfg);
+            let store = &crio.root.value;
             if state.starts_with("registered with cri-o")
                 && !STORAGE_DRIVERS
                     .iter()
                     .any(|d| store.join(format!("{d}-containers")).is_dir())
             {
+                let problems = if crio.problems.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", crio.problems.join("; "))
+                };
                 return warn(
                     NAME,
                     format!(
-                        "{detail}; but nri.storage_root {} holds no containers/storage: CRI-O's images are not read, and its pods get the lists for an image not known",
-                        store.display()
+                        "{detail}; but {} (from {}) holds no containers/storage: CRI-O's images are not read, and its pods get the lists for an image not known{problems}",
+                        store.display(),
+                        crio.root.from
                     ),
-                    "set nri.storage_root and nri.storage_runroot to CRI-O's root and runroot (crio.conf's [crio] root, runroot)",
+                    "set nri.crio_config and nri.storage_conf to the files CRI-O runs with, or nri.storage_root and nri.storage_runroot to its root and runroot",
                 );
             }
             ok(NAME, detail)
