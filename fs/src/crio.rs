@@ -4,12 +4,17 @@
 //! 1. containers/storage's defaults (`/var/lib/containers/storage`,
 //!    `/run/containers/storage`);
 //! 2. `storage.conf` (`nri.storage_conf`; the default path absent,
-//!    `/usr/share/containers/storage.conf`): `[storage]` `graphroot` and
-//!    `runroot`, `[storage.options]` `additionalimagestores`;
+//!    `/usr/share/containers/storage.conf`): `[storage]` `graphroot`,
+//!    `runroot` and `imagestore`, `[storage.options]`
+//!    `additionalimagestores`;
 //! 3. `crio.conf` (`nri.crio_config`), then each `*.conf` of its `.d`
 //!    directory in name order, later files winning: `[crio]` `root`,
-//!    `runroot`, and the image stores of `storage_option`
+//!    `runroot`, `imagestore`, and the image stores of `storage_option`
 //!    (`overlay.imagestore=PATH`, `overlay.additionalimagestore=PATH`);
+//!
+//! An `imagestore` (images kept apart from the root) is looked in as an
+//! additional image store is: the image's layers and their `l/` links
+//! are there, the container's layer in the root.
 //! 4. gpuarch's own `nri.storage_root` and `nri.storage_runroot` where set,
 //!    and `nri.storage_image_stores` added.
 //!
@@ -122,6 +127,11 @@ impl CrioStorage {
         if let Some(p) = self.path(storage, "runroot", &from) {
             self.runroot = setting(p, &from);
         }
+        // Images kept apart from the root: their layers are found there
+        // as an additional image store's are.
+        if let Some(p) = self.path(storage, "imagestore", &from) {
+            self.image_stores.push(p);
+        }
         let stores = storage
             .get("options")
             .and_then(|o| o.get("additionalimagestores"))
@@ -143,6 +153,9 @@ impl CrioStorage {
         }
         if let Some(p) = self.path(crio, "runroot", &from) {
             self.runroot = setting(p, &from);
+        }
+        if let Some(p) = self.path(crio, "imagestore", &from) {
+            self.image_stores.push(p);
         }
         let options = crio.get("storage_option").and_then(toml::Value::as_array);
         for o in options

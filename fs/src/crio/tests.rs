@@ -29,13 +29,17 @@ fn crio_conf_and_its_drop_ins_win_over_storage_conf_and_gpuarchs_own_over_both()
     write(
         &n.storage_conf,
         "[storage]\ndriver = \"overlay\"\ngraphroot = \"/data/storage\"\nrunroot = \"/run/data\"\n\
+         imagestore = \"/data/images\"\n\
          [storage.options]\nadditionalimagestores = [\"/ro/store\", \"\"]\n",
     );
     let s = CrioStorage::of(&n);
     assert_eq!(s.root.value, Path::new("/data/storage"));
     assert_eq!(s.root.from, n.storage_conf.display().to_string());
     assert_eq!(s.runroot.value, Path::new("/run/data"));
-    assert_eq!(s.image_stores, [PathBuf::from("/ro/store")]);
+    assert_eq!(
+        s.image_stores,
+        [PathBuf::from("/data/images"), PathBuf::from("/ro/store")]
+    );
     // crio.conf's root, then a drop-in's, in name order.
     write(&n.crio_config, "[crio]\nroot = \"/crio/root\"\n");
     let dropins = d.path().join("crio/crio.conf.d");
@@ -58,7 +62,11 @@ fn crio_conf_and_its_drop_ins_win_over_storage_conf_and_gpuarchs_own_over_both()
     assert_eq!(s.runroot.value, Path::new("/run/crio"));
     assert_eq!(
         s.image_stores,
-        [PathBuf::from("/ro/store"), PathBuf::from("/ro/two")]
+        [
+            PathBuf::from("/data/images"),
+            PathBuf::from("/ro/store"),
+            PathBuf::from("/ro/two")
+        ]
     );
     // gpuarch's own settings, where set, win; its stores come first.
     let own = NriConfig {
@@ -74,7 +82,11 @@ fn crio_conf_and_its_drop_ins_win_over_storage_conf_and_gpuarchs_own_over_both()
     assert_eq!(s.runroot.value, Path::new("/run/crio"));
     assert_eq!(
         s.image_stores,
-        [PathBuf::from("/ro/two"), PathBuf::from("/ro/store")]
+        [
+            PathBuf::from("/ro/two"),
+            PathBuf::from("/data/images"),
+            PathBuf::from("/ro/store")
+        ]
     );
 }
 

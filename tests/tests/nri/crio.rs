@@ -25,6 +25,8 @@ struct Podman {
     share: PathBuf,
     dir: PathBuf,
     driver: &'static str,
+    /// containers/storage's `imagestore`: images kept apart from the root.
+    imagestore: Option<PathBuf>,
 }
 
 impl Podman {
@@ -37,6 +39,7 @@ impl Podman {
             share: share.to_owned(),
             dir,
             driver,
+            imagestore: None,
         }
     }
 
@@ -60,6 +63,11 @@ impl Podman {
             .arg(self.dir.join("storage"))
             .arg("--runroot")
             .arg(self.dir.join("run"))
+            .args(
+                self.imagestore
+                    .iter()
+                    .flat_map(|p| [PathBuf::from("--imagestore"), p.clone()]),
+            )
             .args([
                 "--storage-driver",
                 self.driver,
@@ -128,10 +136,14 @@ fn answers(
     )
     .unwrap();
     let stores: Vec<String> = image_stores.iter().map(|p| toml(p)).collect();
+    let imagestore = podman
+        .imagestore
+        .as_deref()
+        .map_or(String::new(), |p| format!("imagestore = {}\n", toml(p)));
     std::fs::write(
         dir.join("storage.conf"),
         format!(
-            "[storage]\ndriver = \"overlay\"\n[storage.options]\nadditionalimagestores = [{}]\n",
+            "[storage]\ndriver = \"overlay\"\n{imagestore}[storage.options]\nadditionalimagestores = [{}]\n",
             stores.join(", ")
         ),
     )
@@ -256,6 +268,22 @@ fn cases(root: Option<PathBuf>, label: &str) -> tempfile::TempDir {
         "{label}: {}",
         got[0].1
     );
+
+    // Images kept apart from the root (storage.conf's `imagestore`,
+    // podman 5's flag): the image's layers and their `l/` links are that
+    // store's, the container's layer the root's.
+    if root.is_some() {
+        let mut apart = Podman::new(root.as_deref(), dir.path(), "imagestore", "overlay");
+        apart.imagestore = Some(apart.dir.join("images"));
+        let id = apart.create(&[], &apart.pull(&archive));
+        let got = answers(&apart, &[], &[("imagestore", &id)]);
+        assert_eq!(
+            var(&got[0].0, "GPUARCH_ATTN_IMPLEMENTATION").as_deref(),
+            Some("sdpa"),
+            "{label} with an imagestore: {}",
+            got[0].1
+        );
+    }
 
     // The vfs driver: the image is its top layer's copy, not the
     // container's own (a new directory per container): flash-attn put back
