@@ -121,17 +121,7 @@ impl CrioStorage {
             return;
         };
         let from = path.display().to_string();
-        if let Some(p) = self.path(storage, "graphroot", &from) {
-            self.root = setting(p, &from);
-        }
-        if let Some(p) = self.path(storage, "runroot", &from) {
-            self.runroot = setting(p, &from);
-        }
-        // Images kept apart from the root: their layers are found there
-        // as an additional image store's are.
-        if let Some(p) = self.path(storage, "imagestore", &from) {
-            self.image_stores.push(p);
-        }
+        self.take_roots(storage, "graphroot", &from);
         let stores = storage
             .get("options")
             .and_then(|o| o.get("additionalimagestores"))
@@ -143,20 +133,27 @@ impl CrioStorage {
         }
     }
 
+    /// The root (`root_key`), `runroot` and `imagestore` of `table`. Images
+    /// kept apart from the root are found there as an additional image
+    /// store's are.
+    fn take_roots(&mut self, table: &toml::Table, root_key: &str, from: &str) {
+        if let Some(p) = self.path(table, root_key, from) {
+            self.root = setting(p, from);
+        }
+        if let Some(p) = self.path(table, "runroot", from) {
+            self.runroot = setting(p, from);
+        }
+        if let Some(p) = self.path(table, "imagestore", from) {
+            self.image_stores.push(p);
+        }
+    }
+
     fn take_crio_conf(&mut self, doc: &toml::Table, path: &Path) {
         let Some(crio) = doc.get("crio").and_then(toml::Value::as_table) else {
             return;
         };
         let from = path.display().to_string();
-        if let Some(p) = self.path(crio, "root", &from) {
-            self.root = setting(p, &from);
-        }
-        if let Some(p) = self.path(crio, "runroot", &from) {
-            self.runroot = setting(p, &from);
-        }
-        if let Some(p) = self.path(crio, "imagestore", &from) {
-            self.image_stores.push(p);
-        }
+        self.take_roots(crio, "root", &from);
         let options = crio.get("storage_option").and_then(toml::Value::as_array);
         for o in options
             .into_iter()
