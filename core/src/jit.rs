@@ -148,9 +148,10 @@ fn annotation<'a>(view: &'a ContainerView, keys: &[&str]) -> Option<&'a str> {
 /// An image whose torch names every architecture (the table's newest), and
 /// that holds nothing else: the cache is named by what the GPUs are, not by
 /// the names the image's own torch takes (an image whose torch is not known
-/// may get `9.0+PTX` for every Blackwell, which must not make them share a
-/// cache), nor by what its other consumers make of the list (a Hopper's is
-/// left unset where xformers and DeepSpeed may both be there).
+/// may get `9.0+PTX` for every Blackwell under a toolkit too old for them,
+/// which must not make them share a cache), nor by what its other consumers
+/// make of the list (left unset where xformers and DeepSpeed, or a DeepSpeed
+/// and a GPU of a two-digit major, may be there).
 fn names_every_gpu() -> crate::software::Software {
     use crate::software::{Dist, Software, torch_releases};
     let mut sw = Software {

@@ -22,7 +22,9 @@ from consumer_check.flashinfer import check_flashinfer, check_flashinfer_cubin_d
 from consumer_check.image_aware import check_image_aware, slow_reads
 from consumer_check.jit import check_jit
 from consumer_check.nvrtc import nvrtc_check
-from consumer_check.torch import TORCH_CANNOT_RUN, check_torch, torch_function, torch_runs
+from consumer_check.torch import (
+    TORCH_CANNOT_RUN, TORCH_LESS_NATIVE, check_torch, torch_function, torch_runs,
+)
 from consumer_check.wheels import fetch, newer_than_the_window
 from consumer_check.xformers import check_xformers, xformers_fa3
 
@@ -214,6 +216,8 @@ def main():
           f"no kernels for it either")
     print(f"torch releases whose own wheels have no kernels for the case's GPUs (fail unset "
           f"as set; not judged): {dict(TORCH_CANNOT_RUN)}")
+    print(f"torch given older code than unset (PTX, or SASS of an older minor; a failure "
+          f"each), by the GPU's major: {dict(sorted(TORCH_LESS_NATIVE.items()))}")
     outcomes = dict(OUTCOMES)
     print(f"consumers: {cases} cases over {len(FIXTURES)} fixtures and one GPU of each major "
           f"(DeepSpeed), toolkits {', '.join(t or 'unknown' for t in toolkits)}; torch (each "

@@ -89,12 +89,48 @@ def torch_function(version):
 
 
 TORCH_CANNOT_RUN = collections.Counter()
+# Cases where torch, given gpuarch's list, builds for a GPU older code (PTX,
+# or SASS of an older minor) than unset, by the GPU's major: each a failure.
+TORCH_LESS_NATIVE = collections.Counter()
+
+
+# The integrated (Tegra) GPUs' architectures: Jetson TX1, TX2, Xavier, Orin,
+# Thor. "Binary compatibility between desktop and Tegra is not supported"
+# (CUDA C++ Programming Guide, Binary Compatibility).
+TEGRA = {(5, 3), (6, 2), (7, 2), (8, 7), (10, 1), (11, 0)}
+
+
+def native(device, targets):
+    """The newest SASS of `targets` that runs on `device`: its major, a
+    minor no newer (arch-specific: exactly its own), and never across
+    desktop and Tegra but its very own; None if none."""
+    def runs(ma, mi, suffix):
+        if (ma, mi) != device and ((ma, mi) in TEGRA or device in TEGRA):
+            return False
+        return ma == device[0] and (mi == device[1] if suffix == "a" else mi <= device[1])
+    return max(((ma, mi) for kind, (ma, mi), suffix in targets
+                if kind == "sm" and runs(ma, mi, suffix)), default=None)
+
+
+def less_native(ours, default, caps, cuda, builds):
+    """The GPUs for which `ours` holds older code than `default` (what
+    the toolkit builds of it): no SASS, or SASS of an older minor."""
+    if cuda is not None:
+        default = [t for t in default if f"{t[1][0]}.{t[1][1]}" in builds]
+    out = []
+    for d in caps:
+        named = as_named(d, cuda)
+        theirs, mine = native(named, default), native(named, ours)
+        if theirs is not None and (mine is None or mine < theirs):
+            out.append(d)
+    return out
 
 
 def check_torch(label, torch_list, caps, cuda, builds, run, supported, version=None):
     """The failures of one torch case (see the module's doc). Where
     `version`'s own kernels do not run on the GPUs, it fails unset as set:
-    the case is counted, never a failure."""
+    the case is counted, never a failure. Older code than unset for a GPU
+    (PTX, or SASS of an older minor) is a failure too."""
     failures = []
     if version is not None and not torch_runs(version, caps, cuda):
         TORCH_CANNOT_RUN[version] += 1
@@ -118,6 +154,10 @@ def check_torch(label, torch_list, caps, cuda, builds, run, supported, version=N
         return [f"{label}: torch raised {e!r}"]
     failures = judge_targets(label, ours, default, caps, cuda, builds, "asks for", "torch")
     tally(unset_ok, not failures)
+    if unset_ok and not failures:
+        for d in less_native(ours, default, caps, cuda, builds):
+            TORCH_LESS_NATIVE[d[0]] += 1
+            failures.append(f"{label}: torch builds older code for {d} than unset ({default})")
     return failures
 
 

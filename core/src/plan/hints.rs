@@ -75,6 +75,10 @@ fn arch_lists(
     let mut torch: Vec<TorchEntry> = Vec::new();
     let mut flashinfer = Vec::new();
     let native_ok = deepspeed_parses_two_digits(sw);
+    // The notes of the torch list, said only where it is set; and why it
+    // is not, where a DeepSpeed would cost a GPU its native code.
+    let mut torch_notes = Vec::new();
+    let mut costs_native: Option<String> = None;
     for &cap in distinct {
         let named = tk.map_or(cap, |t| toolkit::alias(cap, t.version));
         if let Some(from) = &from
@@ -93,13 +97,28 @@ fn arch_lists(
         // The names the list may use for this GPU: where a DeepSpeed that
         // parses less than torch may be there, only those every torch
         // takes, whichever torch the image holds.
+        let pick =
+            |n: &TorchNames| toolkit::best_where(cap, named, |c| builds(c) && n.accepts(c, false));
         let (torch_names, taker) = if native_ok {
             let names = torch_names.for_gpu(named);
             let who = names.who();
             (names, who)
         } else {
+            let safe = TorchNames::every();
+            // What torch itself would take here: where that is newer code
+            // than a name the DeepSpeed parses, no list serves both, and
+            // unset serves both (torch builds the GPUs it sees).
+            if costs_native.is_none()
+                && let Some(own) = sass(pick(&torch_names.for_gpu(named)))
+                && sass(pick(&safe)).is_none_or(|s| s < own)
+            {
+                costs_native = Some(format!(
+                    "TORCH_CUDA_ARCH_LIST not set: a DeepSpeed may be in the image (its absence is not proven, or its release is before {}), whose op builder cannot parse {own}, torch's SASS for {cap}; a list it parses would give {cap} older code than torch builds unset. Unset, torch builds the GPUs it sees and DeepSpeed its own default",
+                    software::DEEPSPEED_TWO_DIGIT
+                ));
+            }
             if named.major >= 10 {
-                notes.push(format!(
+                torch_notes.push(format!(
                     "TORCH_CUDA_ARCH_LIST does not name {named}: a DeepSpeed may be in the image (its absence is not proven, or its release is before {}), and those releases' op builder cannot parse a two-digit major",
                     software::DEEPSPEED_TWO_DIGIT
                 ));
@@ -108,28 +127,28 @@ fn arch_lists(
                 Some(_) => "a DeepSpeed that may be in the image".to_owned(),
                 None => torch_names.who(),
             };
-            (TorchNames::every(), who)
+            (safe, who)
         };
         // Why the torch entry is not the GPU's own name.
         let why = match (&from, builds(named)) {
             (Some(from), false) => format!("{from} cannot build sm_{}", named.digits()),
             _ => format!("{taker} does not take {named}"),
         };
-        match toolkit::best_where(cap, named, |c| builds(c) && torch_names.accepts(c, false)) {
+        match pick(&torch_names) {
             toolkit::Build::Exact(c) => torch.push(entry(c, false)),
             toolkit::Build::Family(c) => {
                 torch.push(entry(c, false));
-                notes.push(format!(
+                torch_notes.push(format!(
                     "{why}: TORCH_CUDA_ARCH_LIST has {c} for {cap} (its SASS runs there)"
                 ));
             }
             toolkit::Build::Ptx(c) => {
                 torch.push(entry(c, true));
-                notes.push(format!(
+                torch_notes.push(format!(
                     "{why}: TORCH_CUDA_ARCH_LIST has {c}+PTX for {cap}, which the driver JIT-compiles there"
                 ));
             }
-            toolkit::Build::None => notes.push(format!(
+            toolkit::Build::None => torch_notes.push(format!(
                 "{why}, and nothing that runs on {cap} is both built and taken: TORCH_CUDA_ARCH_LIST leaves it out"
             )),
         }
@@ -151,6 +170,12 @@ fn arch_lists(
             ));
         }
     }
+    if let Some(why) = costs_native {
+        notes.push(why);
+        let flashinfer = flashinfer.into_iter().map(|(_, e)| e).collect();
+        return (None, flashinfer);
+    }
+    notes.append(&mut torch_notes);
     let unset = xformers_hopper(&mut torch, tk, sw, &torch_names, notes);
     torch.sort();
     torch.dedup_by(|b, a| {
@@ -164,6 +189,15 @@ fn arch_lists(
     flashinfer.dedup();
     let flashinfer = flashinfer.into_iter().map(|(_, e)| e).collect();
     ((!unset).then_some(torch), flashinfer)
+}
+
+/// The SASS a build choice gives a GPU (its own, or its family's); None
+/// for PTX or nothing.
+fn sass(b: toolkit::Build) -> Option<ComputeCapability> {
+    match b {
+        toolkit::Build::Exact(c) | toolkit::Build::Family(c) => Some(c),
+        toolkit::Build::Ptx(_) | toolkit::Build::None => None,
+    }
 }
 
 /// Whether every DeepSpeed the image may hold parses a two-digit major

@@ -221,15 +221,16 @@ fn arch_lists_are_built_for_the_containers_own_toolkit_and_torch() {
             ],
         ),
         // Nothing known: a DeepSpeed before 0.16 may be there, which cannot
-        // parse 12.0; a name every torch takes, as PTX.
+        // parse 12.0; a name it parses would give the GB10 PTX where torch
+        // builds SASS unset: not set.
         (
             &[nvd("0"), cuda("12.8.1")],
-            Some("9.0+PTX"),
+            None,
             None,
             &[
-                "TORCH_CUDA_ARCH_LIST has 9.0+PTX for 12.1",
+                "TORCH_CUDA_ARCH_LIST not set: a DeepSpeed may be in the image",
+                "cannot parse 12.0, torch's SASS for 12.1; a list it parses would give 12.1 older code than torch builds unset",
                 "the image's consumers are not known",
-                "a DeepSpeed may be in the image",
             ],
         ),
         (
@@ -240,9 +241,9 @@ fn arch_lists_are_built_for_the_containers_own_toolkit_and_torch() {
         ),
         (
             &[nvd("0,1,2")],
-            Some("9.0+PTX"),
+            None,
             Some("10.3a 11.0a 12.1a"),
-            &["every torch from 2.4.0 (the image's is not known) does not take 10.3"],
+            &["cannot parse 10.0, torch's SASS for 10.3"],
         ),
         // 12.9 names Thor sm_101: torch 2.8 takes that name...
         (
@@ -282,6 +283,7 @@ fn arch_lists_are_built_for_the_containers_own_toolkit_and_torch() {
             &[
                 nvd("0"),
                 cuda("12.8.1"),
+                torch("2.7.1"),
                 ("TORCH_CUDA_ARCH_LIST", "12.0+PTX"),
             ],
             None,
@@ -337,18 +339,23 @@ fn arch_lists_are_built_for_the_containers_own_toolkit_and_torch() {
             Some("10.0"),
             "{env:?}"
         );
-        let (list, notes) = b200(env, Some("0.15.4"), true);
-        assert_eq!(list.as_deref(), Some("9.0+PTX"), "{env:?}");
-        assert!(notes.contains("cannot parse a two-digit major"), "{notes}");
-        assert_eq!(
-            b200(env, None, false).0.as_deref(),
-            Some("9.0+PTX"),
-            "{env:?}"
-        );
+        // A DeepSpeed that cannot parse 10.0, there or maybe there: no
+        // list serves it and torch's native code both; unset does.
+        for (ds, read) in [(Some("0.15.4"), true), (None, false)] {
+            let (list, notes) = b200(env, ds, read);
+            assert_eq!(list, None, "{env:?} {ds:?}");
+            assert!(
+                notes.contains("whose op builder cannot parse 10.0, torch's SASS for 10.0"),
+                "{notes}"
+            );
+        }
     }
-    // Under a toolkit that cannot build it, as before: Hopper PTX.
-    let (list, _) = b200(&[nvd("0,1"), cuda("12.6.3")], None, true);
-    assert_eq!(list.as_deref(), Some("9.0+PTX"));
+    // Under a toolkit that cannot build it, as before: Hopper PTX; beside
+    // a DeepSpeed 0.15 too, as torch could have no SASS there either.
+    for ds in [None, Some("0.15.4")] {
+        let (list, _) = b200(&[nvd("0,1"), cuda("12.6.3")], ds, true);
+        assert_eq!(list.as_deref(), Some("9.0+PTX"), "{ds:?}");
+    }
     // CUDA 13 dropped Volta: left out, the rest kept; from the config.
     let with_default = EnvConfig {
         cuda_version: Some(crate::arch::CudaVersion::new(13, 0)),

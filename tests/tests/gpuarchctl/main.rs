@@ -350,10 +350,11 @@ fn a_gb10_under_cuda_12_8_gets_12_0_and_the_reason() {
     let p = gb10(&["torch==2.9.1"]);
     assert_eq!(p["env"]["TORCH_CUDA_ARCH_LIST"], "12.1", "{p}");
     assert_eq!(p["env"]["FLASHINFER_CUDA_ARCH_LIST"], "12.1a", "{p}");
-    // Neither known: a DeepSpeed that cannot parse 12.x may be there; what
-    // torch 2.4's own default gives there too.
+    // Neither known: a DeepSpeed that cannot parse 12.x may be there, and
+    // a name it parses would give the GB10 older code than torch's own
+    // default: not set.
     let p = gb10(&[]);
-    assert_eq!(p["env"]["TORCH_CUDA_ARCH_LIST"], "9.0+PTX", "{p}");
+    assert!(p["env"].get("TORCH_CUDA_ARCH_LIST").is_none(), "{p}");
     // An image known to hold flash-attn and no DeepSpeed, its torch not
     // known: what every torch whose own kernels run on a GB10 takes (2.7
     // on, which names 12.0, not 12.1).
@@ -616,11 +617,11 @@ fn the_task_prolog_reads_the_tasks_venv() {
     );
 }
 
-/// On an RTX 5090 the list for a torch not known is `9.0+PTX` (every torch
-/// since 2.4 takes it); the venv's torch 2.12 takes `12.0`, native code.
-/// A python on `PATH` the read cannot follow (a pyenv shim) may import
-/// another torch: then nothing read is taken, and the task gets the list
-/// for a torch not known.
+/// On an RTX 5090 the venv's torch 2.12 takes `12.0`, native code. A
+/// python on `PATH` the read cannot follow (a pyenv shim) may import
+/// another torch, and a DeepSpeed that cannot parse `12.0`: then nothing
+/// read is taken, and the list is not set (a name that DeepSpeed parses
+/// would give the 5090 older code than torch builds unset).
 #[test]
 fn the_task_prolog_takes_the_venvs_torch_unless_a_python_is_not_followed() {
     let dir = tempfile::tempdir().unwrap();
@@ -631,10 +632,10 @@ fn the_task_prolog_takes_the_venvs_torch_unless_a_python_is_not_followed() {
     std::fs::create_dir_all(&shim).unwrap();
     std::fs::write(shim.join("python3"), "#!/bin/sh\nexec python3 \"$@\"\n").unwrap();
     for (path, want) in [
-        (format!("{}:/usr/bin:/bin", bin.display()), "12.0"),
+        (format!("{}:/usr/bin:/bin", bin.display()), Some("12.0")),
         (
             format!("{}:{}:/usr/bin:/bin", shim.display(), bin.display()),
-            "9.0+PTX",
+            None,
         ),
     ] {
         let o = task_prolog(&[
@@ -642,10 +643,15 @@ fn the_task_prolog_takes_the_venvs_torch_unless_a_python_is_not_followed() {
             ("GPUARCH_CONFIG", config.to_str().unwrap()),
             ("PATH", &path),
         ]);
+        let list = stdout(&o)
+            .lines()
+            .find_map(|l| l.strip_prefix("export TORCH_CUDA_ARCH_LIST="))
+            .map(str::to_owned);
         assert!(
-            stdout(&o).starts_with(&format!("export TORCH_CUDA_ARCH_LIST={want}\n")),
-            "{path}: {o:?}"
+            stdout(&o).contains("export GPUARCH_COMPUTE_CAPABILITIES=12.0\n"),
+            "{o:?}"
         );
+        assert_eq!(list.as_deref(), want, "{path}: {o:?}");
     }
 }
 
