@@ -212,49 +212,49 @@ fn scan<T: Tree>(
     }
     all.sort();
     all.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
-    for (dist, release, _) in &all {
-        sw.dists.entry(*dist).or_insert(*release);
-    }
-    for d in Dist::ALL {
-        let of: Vec<String> = all
-            .iter()
-            .filter(|(dist, ..)| *dist == d)
-            .map(|(_, r, at)| format!("{r} ({at:?})"))
-            .collect();
-        if of.len() < 2 {
+    for same in all.chunk_by(|a, b| a.0 == b.0) {
+        let (dist, oldest, _) = &same[0];
+        sw.dists.insert(*dist, *oldest);
+        if same.len() < 2 {
             continue;
         }
         // Torch's names grow with its releases: a list for one may be
         // refused by the other. Another consumer's release only ever
         // narrows what is given (DeepSpeed's parser): the oldest decides.
-        let taken = if d == Dist::Torch {
-            sw.dists.remove(&d);
+        let taken = if *dist == Dist::Torch {
+            sw.dists.remove(dist);
             "the arch lists suit every torch release"
         } else {
             "the oldest decides"
         };
-        notes.push(format!("the image holds {d} {}: {taken}", of.join(" and ")));
-    }
-    gated.sort();
-    gated.dedup();
-    for (dist, version) in &gated {
-        sw.exact.entry(dist.clone()).or_insert(version.clone());
+        let of: Vec<String> = same
+            .iter()
+            .map(|(_, r, at)| format!("{r} ({at:?})"))
+            .collect();
+        notes.push(format!(
+            "the image holds {dist} {}: {taken}",
+            of.join(" and ")
+        ));
     }
     // A library is served for its reader's very version: where the image
     // holds two of a reader, neither is known to be the one imported.
-    for reader in gpuarch_core::library::ALL.iter().map(|k| k.reader.name()) {
-        let versions: Vec<&str> = gated
-            .iter()
-            .filter(|(d, _)| d == reader)
-            .map(|(_, v)| v.as_str())
-            .collect();
-        if versions.len() > 1 {
-            sw.exact.remove(reader);
+    gated.sort();
+    gated.dedup();
+    let readers: Vec<&str> = gpuarch_core::library::ALL
+        .iter()
+        .map(|k| k.reader.name())
+        .collect();
+    for same in gated.chunk_by(|a, b| a.0 == b.0) {
+        let (dist, version) = &same[0];
+        if same.len() > 1 && readers.contains(&dist.as_str()) {
+            let versions: Vec<&str> = same.iter().map(|(_, v)| v.as_str()).collect();
             notes.push(format!(
-                "the image holds {reader} {}: no library is served for it",
+                "the image holds {dist} {}: no library is served for it",
                 versions.join(" and ")
             ));
+            continue;
         }
+        sw.exact.insert(dist.clone(), version.clone());
     }
     Ok(sw)
 }
