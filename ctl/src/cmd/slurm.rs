@@ -91,9 +91,9 @@ fn task_prolog_lines(out: &mut String) -> u8 {
             log(&format!(
                 "gpuarchd did not answer ({why}); planning from the snapshot"
             ));
-            let (task, _) = gpuarch_container::image::read_task();
             let planned = match &config {
                 Ok(c) => {
+                    let (task, _) = gpuarch_container::image::read_task();
                     task_prolog::plan_from_snapshot(&gpus, &task, c).map_err(|e| e.to_string())
                 }
                 Err(e) => Err(format!("the config: {e}")),
