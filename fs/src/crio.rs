@@ -208,8 +208,9 @@ fn setting(value: PathBuf, from: &str) -> Setting<PathBuf> {
 }
 
 /// `crio.conf`, then its drop-ins (`*.conf` of `<crio.conf>.d`) in name
-/// order, at most [`MAX_DROP_INS`] of them.
-fn crio_files(crio_conf: &Path, problems: &mut Vec<String>) -> Vec<PathBuf> {
+/// order, as CRI-O reads them, later files winning; at most
+/// [`MAX_DROP_INS`] of them, the rest said in `problems`.
+pub fn crio_files(crio_conf: &Path, problems: &mut Vec<String>) -> Vec<PathBuf> {
     let mut files = vec![crio_conf.to_owned()];
     let mut dir = crio_conf.as_os_str().to_owned();
     dir.push(".d");

@@ -1,10 +1,10 @@
 //! CRI-O: a runtime handler that runs gpuarch-runtime, and a hooks_dir
 //! its hooks library accepts.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::{EXAMPLES, Engine, HOOK_DIRS, gpuarch_hooks, read_toml, toml_find};
-use crate::check::{Check, fail, ok, under};
+use crate::check::{Check, fail, ok, under, warn};
 
 /// CRI-O, wired by a drop-in in `crio.conf.d`.
 #[derive(Debug)]
@@ -30,16 +30,12 @@ impl Engine for Crio {
 fn wiring(root: &Path) -> Vec<Check> {
     const NAME: &str = "cri-o";
     // crio.conf, then crio.conf.d/*.conf in name order: later settings win.
-    let mut files = vec![under(root, Path::new("/etc/crio/crio.conf"))];
-    if let Ok(entries) = std::fs::read_dir(under(root, Path::new("/etc/crio/crio.conf.d"))) {
-        let mut more: Vec<PathBuf> = entries
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|e| e == "conf"))
-            .collect();
-        more.sort();
-        files.extend(more);
-    }
+    let mut unread = Vec::new();
+    let files = gpuarch_fs::crio::crio_files(
+        &under(root, Path::new(gpuarch_core::config::DEFAULT_CRIO_CONFIG)),
+        &mut unread,
+    );
+
     let mut handler = None;
     let mut hooks_dir: Vec<String> = vec![HOOK_DIRS[0].to_owned()];
     for f in &files {
@@ -91,6 +87,11 @@ fn wiring(root: &Path) -> Vec<Check> {
             "cri-o hooks",
             "the createContainer hook is in its hooks_dir",
         ));
+    }
+    // Past gpuarch's bound on drop-ins: what CRI-O reads there is not
+    // looked at, by this check nor by gpuarchd.
+    for why in unread {
+        checks.push(warn(NAME, why, "merge the drop-ins"));
     }
     checks
 }
