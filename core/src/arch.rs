@@ -171,7 +171,32 @@ impl ComputeCapability {
     pub fn has_family_specific(self) -> bool {
         self >= Self::new(10, 0)
     }
+
+    /// Whether this is an integrated (Tegra) chip's architecture: Jetson
+    /// TX1, TX2, Xavier, Orin and Thor (10.1 to a CUDA 12 driver, 11.0 to
+    /// a CUDA 13 one).
+    pub fn is_tegra(self) -> bool {
+        TEGRA.contains(&(self.major, self.minor))
+    }
+
+    /// Whether SASS built for `self` (generic or family-specific) runs on
+    /// a GPU of `device`: the same major with a minor at least its own,
+    /// and never across desktop and Tegra but on its very own capability.
+    /// The CUDA C++ Programming Guide ("Binary Compatibility"): binary
+    /// compatibility is supported only for the desktop, not for Tegra, nor
+    /// between desktop and Tegra; so sm_86 does not run on an Orin (8.7),
+    /// nor sm_100 on a Thor reporting 10.1.
+    pub fn sass_runs_on(self, device: Self) -> bool {
+        self == device
+            || (self.major == device.major
+                && self.minor <= device.minor
+                && !self.is_tegra()
+                && !device.is_tegra())
+    }
 }
+
+/// The integrated (Tegra) chips' architectures, as (major, minor).
+const TEGRA: &[(u8, u8)] = &[(5, 3), (6, 2), (7, 2), (8, 7), (10, 1), (11, 0)];
 
 fn parse_major(token: &str, s: &str) -> Result<u8, ArchError> {
     if s.is_empty() || s.len() > 2 || !s.bytes().all(|b| b.is_ascii_digit()) {
@@ -350,25 +375,37 @@ impl Target {
         ptx_toolkit: Option<CudaVersion>,
     ) -> Verdict {
         let t = self.cap;
+        // Across desktop and Tegra, SASS runs nowhere but on its own
+        // capability ([`ComputeCapability::sass_runs_on`]).
+        let tegra = |rule: String| {
+            if device.major == t.major && device.minor >= t.minor && !t.sass_runs_on(device) {
+                let which = if device.is_tegra() { device } else { t };
+                format!(
+                    "{rule}, but never across desktop and Tegra ({which} is an integrated Tegra GPU's)"
+                )
+            } else {
+                rule
+            }
+        };
         let (fits, rule) = match self.spec {
             Specificity::ArchSpecific => (
                 device == t,
                 format!("'{}' targets run only on exactly {t}", self.spec.suffix()),
             ),
             Specificity::FamilySpecific => (
-                device.major == t.major && device.minor >= t.minor,
-                format!(
+                t.sass_runs_on(device),
+                tegra(format!(
                     "'f' targets run on the same family: {}.x with minor >= {}",
                     t.major, t.minor
-                ),
+                )),
             ),
             Specificity::Generic => match self.kind {
                 CodeKind::Sass => (
-                    device.major == t.major && device.minor >= t.minor,
-                    format!(
+                    t.sass_runs_on(device),
+                    tegra(format!(
                         "SASS runs on the same major with a minor at least its own: {}.x with minor >= {}",
                         t.major, t.minor
-                    ),
+                    )),
                 ),
                 CodeKind::Ptx => (
                     device >= t,

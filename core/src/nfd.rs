@@ -156,6 +156,7 @@ mod tests {
             "a100-mig",
             "t4",
             "blackwell-mix",
+            "thor-cuda12",
         ] {
             let l = labels(&fixture(name));
             for (k, v) in &l {

@@ -363,15 +363,22 @@ const TORCH_WHEELS: &[(Release, &[&str])] = &[
     ),
 ];
 
-/// Whether torch `release`'s own wheels run on a GPU that its toolkit calls
-/// `cap`: SASS of its major, of a minor no newer.
+/// Whether torch `release`'s own kernels run on a GPU that its toolkit
+/// calls `cap`: its wheels carry SASS that runs there
+/// ([`ComputeCapability::sass_runs_on`]). On an integrated (Tegra) GPU,
+/// which runs no desktop SASS, torch is NVIDIA's build for the chip
+/// (JetPack's wheels), with the chip's own SASS: a release runs there
+/// where it takes the chip's name.
 pub fn torch_runs_on(release: Release, cap: ComputeCapability) -> bool {
+    if cap.is_tegra() {
+        return torch_names(release).contains(&cap.to_string().as_str());
+    }
     let Some((_, sass)) = TORCH_WHEELS.iter().rev().find(|(r, _)| *r <= release) else {
         return true;
     };
     sass.iter()
         .filter_map(|n| ComputeCapability::parse_reported(n).ok())
-        .any(|s| s.major == cap.major && s.minor <= cap.minor)
+        .any(|s| s.sass_runs_on(cap))
 }
 
 /// Which torch releases a Plan's `TORCH_CUDA_ARCH_LIST` must suit: the
@@ -572,6 +579,14 @@ mod tests {
         assert!(
             torch_runs_on(r(2, 4, 1), c(8, 9)),
             "8.6 SASS runs on an Ada"
+        );
+        // A Tegra GPU runs no desktop SASS: torch there is NVIDIA's build
+        // for the chip, of a release that takes its name.
+        assert!(torch_runs_on(r(2, 4, 1), c(8, 7)), "Orin");
+        assert!(torch_runs_on(r(2, 7, 1), c(10, 1)), "Thor to CUDA 12");
+        assert!(
+            !torch_runs_on(r(2, 9, 1), c(10, 1)),
+            "2.9 calls Thor 11.0, and sm_100 does not run on it"
         );
         // Not known: per GPU, the releases whose kernels run there.
         let any = TorchNames::of(&Software::default());

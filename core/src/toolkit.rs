@@ -58,10 +58,6 @@ const TABLE: &[(ComputeCapability, CudaVersion, Option<CudaVersion>)] = &[
     (cc(12, 1), cuda(12, 9), None),
 ];
 
-/// The integrated (Tegra) chips' architectures: Jetson TX1, TX2, Xavier,
-/// Orin and Thor.
-const TEGRA: &[ComputeCapability] = &[cc(5, 3), cc(6, 2), cc(7, 2), cc(8, 7), cc(10, 1), cc(11, 0)];
-
 /// Every toolkit release where the table changes, oldest first: the
 /// releases worth testing against.
 pub fn releases() -> Vec<CudaVersion> {
@@ -131,9 +127,10 @@ pub fn archs() -> impl Iterator<Item = ComputeCapability> {
 /// [`best`] among the architectures `ok` takes (what a toolkit builds and
 /// a consumer names), for a GPU that reports `device` and that the
 /// toolkit calls `named`. SASS of an older minor runs only on the major
-/// the GPU reports: a Thor reporting 11.0 (a CUDA 13 driver) does not run
-/// the sm_100 that a CUDA 12 toolkit, which calls it sm_101, builds as its
-/// family, so that is PTX, which JIT-compiles on either.
+/// the GPU reports, and never across desktop and Tegra
+/// ([`ComputeCapability::sass_runs_on`]): a Thor does not run the sm_100
+/// that a CUDA 12 toolkit, which calls it sm_101, would build as its
+/// family, nor an Orin sm_86, so that is PTX, which JIT-compiles there.
 pub fn best_where(
     device: ComputeCapability,
     named: ComputeCapability,
@@ -144,13 +141,13 @@ pub fn best_where(
     }
     // Another GPU's substitute is never an integrated (Tegra) chip's
     // architecture: an Ada (8.9) under CUDA 11.4 gets 8.6, not Orin's 8.7.
-    let known: Vec<ComputeCapability> = archs().filter(|c| !TEGRA.contains(c) && ok(*c)).collect();
+    let known: Vec<ComputeCapability> = archs().filter(|c| !c.is_tegra() && ok(*c)).collect();
     if let Some(c) = known
         .iter()
         .rev()
         .find(|c| c.major == named.major && c.minor < named.minor)
     {
-        return if c.major == device.major {
+        return if c.sass_runs_on(device) {
             Build::Family(*c)
         } else {
             Build::Ptx(*c)
@@ -160,11 +157,6 @@ pub fn best_where(
         Some(c) => Build::Ptx(*c),
         None => Build::None,
     }
-}
-
-/// Whether `cap` is an integrated (Tegra) chip's architecture.
-pub fn is_tegra(cap: ComputeCapability) -> bool {
-    TEGRA.contains(&cap)
 }
 
 /// Where the container's toolkit version was learnt.
@@ -302,7 +294,15 @@ mod tests {
         assert_eq!(best(c("7.0"), v("13.0")), Build::None);
         assert_eq!(best(c("6.1"), v("12.4")), Build::Exact(c("6.1")));
         assert_eq!(best(c("8.6"), v("11.0")), Build::Family(c("8.0")));
-        // Never a Tegra chip's architecture for another GPU.
+        // Never a Tegra chip's architecture for another GPU, nor a
+        // desktop one's SASS for a Tegra chip: its PTX.
+        assert_eq!(best(c("8.7"), v("11.2")), Build::Ptx(c("8.6")));
+        assert_eq!(
+            best_where(c("10.1"), c("10.1"), |x| x != c("10.1")
+                && accepts(v("12.9"), x)),
+            Build::Ptx(c("10.0")),
+            "a Thor reporting 10.1 where sm_101 is not taken"
+        );
         assert_eq!(best(c("8.9"), v("11.4")), Build::Family(c("8.6")));
         assert_eq!(best(c("8.7"), v("11.4")), Build::Exact(c("8.7")));
         assert_eq!(best(c("9.0"), v("11.4")), Build::Ptx(c("8.6")));

@@ -102,26 +102,37 @@ proptest! {
         let list = p.env_get("TORCH_CUDA_ARCH_LIST").expect("set for any GPU");
         let entries: Vec<ComputeCapability> = list
             .split(';')
-            .map(|s| ComputeCapability::parse_known(s).expect("each entry is a capability"))
+            .map(|s| {
+                let s = s.strip_suffix("+PTX").unwrap_or(s);
+                ComputeCapability::parse_known(s).expect("each entry is a capability")
+            })
             .collect();
         prop_assert!(entries.windows(2).all(|w| w[0] < w[1]), "sorted and distinct: {}", list);
         let mut want: Vec<_> = caps.clone();
         want.sort();
         want.dedup();
         // Each GPU's own capability; a Thor that reports 10.1 (a driver
-        // before CUDA 13) by sm_100, as torch 2.9 on no longer names 10.1
-        // and the toolkit such a driver runs does not build sm_110.
+        // before CUDA 13) by compute_100, which the driver JIT-compiles
+        // there: torch 2.9 on no longer names 10.1, the toolkit such a
+        // driver runs does not build sm_110, and sm_100 does not run on
+        // a Tegra GPU.
         let thor = ComputeCapability::new(10, 1);
+        let b200 = ComputeCapability::new(10, 0);
         let mut torch_want: Vec<_> = want
             .iter()
-            .map(|c| if *c == thor { ComputeCapability::new(10, 0) } else { *c })
+            .map(|c| if *c == thor { b200 } else { *c })
             .collect();
         torch_want.sort();
         torch_want.dedup();
         prop_assert_eq!(&entries, &torch_want);
-        // The parser reads it back as SASS for exactly those capabilities.
+        // The parser reads it back as SASS for exactly those capabilities,
+        // and Thor's PTX.
         let parsed = ArchList::parse(list).expect("parses");
-        prop_assert_eq!(parsed, ArchList::new(torch_want.iter().map(|c| Target::sass(*c))));
+        let ptx = want.contains(&thor).then(|| Target::ptx(b200));
+        prop_assert_eq!(
+            parsed,
+            ArchList::new(torch_want.iter().map(|c| Target::sass(*c)).chain(ptx))
+        );
         // FlashInfer's: the same, arch-specific from Hopper on.
         let fi: Vec<String> = want
             .iter()
@@ -180,11 +191,16 @@ proptest! {
         prop_assert_eq!(p.env_get("GPUARCH_DTYPE") == Some("bfloat16"), all_bf16);
         prop_assert_eq!(p.env_get("GPUARCH_DTYPE") == Some("float16"), !all_bf16);
         // FlashAttention-2 needs 8.0 and a flash-attn build that runs
-        // there, which a Thor (10.1 or 11.0, by its driver) has not.
-        let thor = [ComputeCapability::new(10, 1), ComputeCapability::new(11, 0)];
+        // there, which an Orin (8.7) or a Thor (10.1 or 11.0, by its
+        // driver) has not: desktop SASS does not run on a Tegra GPU.
+        let tegra = [
+            ComputeCapability::new(8, 7),
+            ComputeCapability::new(10, 1),
+            ComputeCapability::new(11, 0),
+        ];
         prop_assert_eq!(
             p.env_get("GPUARCH_ATTN_IMPLEMENTATION") == Some("flash_attention_2"),
-            caps.iter().all(|c| Feature::FlashAttention2.supported_on(*c) && !thor.contains(c))
+            caps.iter().all(|c| Feature::FlashAttention2.supported_on(*c) && !tegra.contains(c))
         );
         prop_assert_eq!(
             p.env_get("GPUARCH_FP8") == Some("1"),

@@ -113,6 +113,23 @@ def targets_of(flags):
     return out
 
 
+# The integrated (Tegra) GPUs' architectures: Jetson TX1, TX2, Xavier, Orin,
+# Thor. "Binary compatibility between desktop and Tegra is not supported"
+# (CUDA C++ Programming Guide, Binary Compatibility).
+TEGRA = {(5, 3), (6, 2), (7, 2), (8, 7), (10, 1), (11, 0)}
+
+
+def sass_runs(built, device):
+    """Whether SASS built for `built` (not arch-specific) runs on `device`:
+    its major, a minor no newer, and never across desktop and Tegra but
+    on its very own capability."""
+    if built == device:
+        return True
+    if built in TEGRA or device in TEGRA:
+        return False
+    return built[0] == device[0] and built[1] <= device[1]
+
+
 def serves(device, targets):
     """Whether some target runs on device: SASS of its family or PTX no
     newer than it."""
@@ -120,7 +137,7 @@ def serves(device, targets):
         if kind == "sm":
             if suffix == "a" and (ma, mi) == device:
                 return True
-            if suffix != "a" and ma == device[0] and mi <= device[1]:
+            if suffix != "a" and sass_runs((ma, mi), device):
                 return True
         elif kind == "compute" and suffix == "" and (ma, mi) <= device:
             return True

@@ -10,7 +10,7 @@ import types
 
 from consumer_check import common
 from consumer_check.common import (
-    CACHE, Env, FLASHINFER, FLASHINFER_CUBINS, Modules, ROOT, as_named, cap, tally,
+    CACHE, Env, FLASHINFER, FLASHINFER_CUBINS, Modules, ROOT, as_named, cap, sass_runs, tally,
 )
 from consumer_check.torch import torch_stub
 
@@ -50,7 +50,7 @@ def fi_serves(device, archs):
         mi = int(m.rstrip("af"))
         if suffix == "a" and (ma, mi) == device:
             return True
-        if suffix in ("f", "") and ma == device[0] and mi <= device[1]:
+        if suffix in ("f", "") and sass_runs((ma, mi), device):
             return True
     return False
 

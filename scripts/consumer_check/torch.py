@@ -8,7 +8,9 @@ import os
 import types
 import typing
 
-from consumer_check.common import CACHE, as_named, cap, serves, tally, targets_of
+from consumer_check.common import (
+    CACHE, TEGRA, as_named, cap, sass_runs, serves, tally, targets_of,
+)
 
 
 class FakeCuda:
@@ -40,12 +42,20 @@ TORCH_WHEELS = [((2, 4), ["3.7", "5.0", "6.0", "7.0", "7.5", "8.0", "8.6", "9.0"
                 ((2, 9), ["5.0", "6.0", "7.0", "7.5", "8.0", "8.6", "9.0", "10.0", "11.0", "12.0"])]
 
 
-def torch_runs(version, caps, cuda):
-    """Whether torch `version`'s own wheels have kernels for every GPU."""
+def torch_runs(version, caps, cuda, supported=None):
+    """Whether torch `version`'s own kernels run on every GPU: its wheels
+    have SASS for it. An integrated (Tegra) GPU runs no desktop SASS;
+    torch there is NVIDIA's build for the chip (JetPack's wheels), with
+    its own SASS, of a release whose `supported` names take the chip's."""
     v = tuple(int(x) for x in version.split(".")[:2])
     sass = [a for since, a in TORCH_WHEELS if since <= v][-1]
     targets = [("sm", cap(a), "") for a in sass]
-    return all(serves(as_named(d, cuda), targets) for d in caps)
+
+    def runs(named):
+        if named in TEGRA and supported is not None:
+            return f"{named[0]}.{named[1]}" in supported
+        return serves(named, targets)
+    return all(runs(as_named(d, cuda)) for d in caps)
 
 
 def torch_stub(caps, arch_list, cuda):
@@ -94,20 +104,12 @@ TORCH_CANNOT_RUN = collections.Counter()
 TORCH_LESS_NATIVE = collections.Counter()
 
 
-# The integrated (Tegra) GPUs' architectures: Jetson TX1, TX2, Xavier, Orin,
-# Thor. "Binary compatibility between desktop and Tegra is not supported"
-# (CUDA C++ Programming Guide, Binary Compatibility).
-TEGRA = {(5, 3), (6, 2), (7, 2), (8, 7), (10, 1), (11, 0)}
-
-
 def native(device, targets):
     """The newest SASS of `targets` that runs on `device`: its major, a
     minor no newer (arch-specific: exactly its own), and never across
     desktop and Tegra but its very own; None if none."""
     def runs(ma, mi, suffix):
-        if (ma, mi) != device and ((ma, mi) in TEGRA or device in TEGRA):
-            return False
-        return ma == device[0] and (mi == device[1] if suffix == "a" else mi <= device[1])
+        return (ma, mi) == device if suffix == "a" else sass_runs((ma, mi), device)
     return max(((ma, mi) for kind, (ma, mi), suffix in targets
                 if kind == "sm" and runs(ma, mi, suffix)), default=None)
 
@@ -132,7 +134,7 @@ def check_torch(label, torch_list, caps, cuda, builds, run, supported, version=N
     the case is counted, never a failure. Older code than unset for a GPU
     (PTX, or SASS of an older minor) is a failure too."""
     failures = []
-    if version is not None and not torch_runs(version, caps, cuda):
+    if version is not None and not torch_runs(version, caps, cuda, supported):
         TORCH_CANNOT_RUN[version] += 1
         tally(False, False)
         return failures

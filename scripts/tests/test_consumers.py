@@ -29,6 +29,12 @@ def test_what_serves_a_gpu():
     assert not common.serves((10, 0), [("sm", (9, 0), "a")]), "an `a` target is exact"
     assert common.serves((12, 0), [("compute", (9, 0), "")]), "PTX JITs forward"
     assert not common.serves((8, 6), [("compute", (9, 0), "")]), "never back"
+    # Never across desktop and Tegra: Orin (8.7), Thor (10.1).
+    assert not common.serves((8, 7), sm86), "desktop SASS on Orin"
+    assert not common.serves((10, 1), [("sm", (10, 0), "")]), "sm_100 on Thor"
+    assert not common.serves((7, 5), [("sm", (7, 2), "")]), "Xavier's SASS on Turing"
+    assert common.serves((8, 7), [("sm", (8, 7), "")])
+    assert common.serves((8, 7), [("compute", (8, 6), "")]), "PTX JITs on Tegra too"
 
 
 def test_thor_is_named_by_its_toolkit():
@@ -67,6 +73,9 @@ def test_torch_wheels_by_release():
     assert not torch.torch_runs("2.4.1", [(10, 0)], "12.8"), "2.4 wheels have no Blackwell"
     assert torch.torch_runs("2.7.1", [(10, 0), (12, 0)], "12.8")
     assert not torch.torch_runs("2.9.1", [(3, 7)], "12.8"), "2.9 dropped Kepler"
+    # On a Tegra GPU, NVIDIA's build of a release that takes its name.
+    assert torch.torch_runs("2.8.0", [(10, 1)], "12.9", ["9.0", "10.0", "10.1"])
+    assert not torch.torch_runs("2.9.1", [(10, 1)], "12.9", ["9.0", "10.0", "11.0"])
 
 
 def test_tally_counts_by_outcome():

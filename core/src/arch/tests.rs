@@ -141,45 +141,96 @@ fn cuda_versions() {
     assert!(CudaVersion::new(12, 10) > CudaVersion::new(12, 9));
 }
 
-/// Devices every compatibility case is checked on.
-const DEVICES: [&str; 9] = [
-    "7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "10.3", "12.0", "12.1",
+/// Devices every compatibility case is checked on: desktop GPUs and
+/// integrated (Tegra) ones, Xavier (7.2), Orin (8.7) and Thor (10.1 to a
+/// CUDA 12 driver, 11.0 to a CUDA 13 one).
+const DEVICES: [&str; 13] = [
+    "7.2", "7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "10.1", "10.3", "11.0", "12.0", "12.1",
 ];
 
-/// Target -> the devices (of `DEVICES`) it runs on.
+/// Target -> the devices (of `DEVICES`) it runs on. SASS never crosses
+/// desktop and Tegra; PTX JIT-compiles on any capability at least its own.
 const TABLE: &[(&str, &[&str])] = &[
+    ("sm_72", &["7.2"]),
     ("sm_75", &["7.5"]),
     ("sm_80", &["8.0", "8.6", "8.9"]),
     ("sm_86", &["8.6", "8.9"]),
+    ("sm_87", &["8.7"]),
     ("sm_89", &["8.9"]),
     ("sm_90", &["9.0"]),
     ("sm_90a", &["9.0"]),
     ("sm_100", &["10.0", "10.3"]),
     ("sm_100a", &["10.0"]),
     ("sm_100f", &["10.0", "10.3"]),
+    ("sm_101", &["10.1"]),
     ("sm_103", &["10.3"]),
     ("sm_103f", &["10.3"]),
+    ("sm_110", &["11.0"]),
     ("sm_120", &["12.0", "12.1"]),
-    ("compute_75", &DEVICES),
+    (
+        "compute_75",
+        &[
+            "7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "10.1", "10.3", "11.0", "12.0",
+            "12.1",
+        ],
+    ),
     (
         "compute_80",
-        &["8.0", "8.6", "8.9", "9.0", "10.0", "10.3", "12.0", "12.1"],
+        &[
+            "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "10.1", "10.3", "11.0", "12.0", "12.1",
+        ],
     ),
     (
         "compute_86",
-        &["8.6", "8.9", "9.0", "10.0", "10.3", "12.0", "12.1"],
+        &[
+            "8.6", "8.7", "8.9", "9.0", "10.0", "10.1", "10.3", "11.0", "12.0", "12.1",
+        ],
     ),
     (
         "compute_89",
-        &["8.9", "9.0", "10.0", "10.3", "12.0", "12.1"],
+        &["8.9", "9.0", "10.0", "10.1", "10.3", "11.0", "12.0", "12.1"],
     ),
-    ("compute_90", &["9.0", "10.0", "10.3", "12.0", "12.1"]),
+    (
+        "compute_90",
+        &["9.0", "10.0", "10.1", "10.3", "11.0", "12.0", "12.1"],
+    ),
     ("compute_90a", &["9.0"]),
-    ("compute_100", &["10.0", "10.3", "12.0", "12.1"]),
+    (
+        "compute_100",
+        &["10.0", "10.1", "10.3", "11.0", "12.0", "12.1"],
+    ),
     ("compute_100f", &["10.0", "10.3"]),
     ("compute_100a", &["10.0"]),
     ("compute_120", &["12.0", "12.1"]),
 ];
+
+#[test]
+fn desktop_sass_on_a_tegra_gpu_is_refused_and_says_why() {
+    let v = t("sm_86").check(cc("8.7"), None, None);
+    assert!(!v.runs);
+    assert!(
+        v.reason
+            .contains("never across desktop and Tegra (8.7 is an integrated Tegra GPU's)"),
+        "{}",
+        v.reason
+    );
+    let v = t("sm_100f").check(cc("10.1"), None, None);
+    assert!(
+        !v.runs && v.reason.contains("10.1 is an integrated Tegra GPU's"),
+        "{}",
+        v.reason
+    );
+    // Tegra SASS on a desktop GPU of its major.
+    let v = t("sm_72").check(cc("7.5"), None, None);
+    assert!(
+        !v.runs && v.reason.contains("7.2 is an integrated Tegra GPU's"),
+        "{}",
+        v.reason
+    );
+    // The plain rule's reason is unchanged where Tegra does not decide.
+    let v = t("sm_86").check(cc("8.0"), None, None);
+    assert!(!v.reason.contains("Tegra"), "{}", v.reason);
+}
 
 #[test]
 fn compatibility_table() {

@@ -280,25 +280,14 @@ const FLASH_ATTN_ARCHS: [(ComputeCapability, Option<(u16, u16)>); 4] = [
 ];
 
 /// The entry of [`FLASH_ATTN_ARCHS`] whose SASS runs on a GPU of `cap`
-/// under every name toolkits give it (a Thor is 10.1 to CUDA 12 and 11.0
-/// to CUDA 13, so sm_100 SASS runs on it under one and not the other: none).
+/// ([`ComputeCapability::sass_runs_on`]): none on an integrated (Tegra)
+/// GPU, whose own SASS flash-attn does not build.
 fn flash_attn_fit(cap: ComputeCapability) -> Option<(ComputeCapability, Option<(u16, u16)>)> {
-    let names = [
-        toolkit::alias(cap, CudaVersion::new(12, 0)),
-        toolkit::alias(cap, CudaVersion::new(13, 0)),
-    ];
-    let fit = |n: ComputeCapability| {
-        FLASH_ATTN_ARCHS
-            .iter()
-            .filter(|(a, _)| a.major == n.major && a.minor <= n.minor)
-            .max_by_key(|(a, _)| *a)
-            .copied()
-    };
-    let first = fit(names[0])?;
-    names
+    FLASH_ATTN_ARCHS
         .iter()
-        .all(|n| fit(*n) == Some(first))
-        .then_some(first)
+        .filter(|(a, _)| a.sass_runs_on(cap))
+        .max_by_key(|(a, _)| *a)
+        .copied()
 }
 
 /// Whether FlashAttention-2 would run on every GPU but the image's
@@ -337,8 +326,8 @@ fn flash_attn_archs(
             (None, _) => {
                 notes.push(format!(
                     "{var} not set: flash-attn builds sm_80, sm_90, sm_100 and sm_120 only, and none runs on {cap}{}",
-                    if toolkit::is_tegra(toolkit::alias(cap, CudaVersion::new(12, 0))) {
-                        " under every name CUDA gives it"
+                    if cap.is_tegra() {
+                        " (an integrated Tegra GPU: desktop SASS does not run there)"
                     } else {
                         ""
                     }

@@ -392,8 +392,8 @@ fn flash_attention_hints_agree_with_what_flash_attn_builds() {
         fa(&[("NVIDIA_VISIBLE_DEVICES", "0,1")]).as_deref(),
         Some("100;120")
     );
-    // Thor: sm_100's SASS runs on it as 10.1 (CUDA 12) and not as 11.0
-    // (CUDA 13), so under neither name; nor FlashAttention-2 hinted.
+    // Thor: desktop SASS runs on a Tegra GPU under neither name (10.1 to
+    // CUDA 12, 11.0 to CUDA 13); nor FlashAttention-2 hinted.
     for cuda in ["12.9", "13.0"] {
         let plan = p(&[("NVIDIA_VISIBLE_DEVICES", "2"), ("CUDA_VERSION", cuda)]);
         assert_eq!(plan.env_get("FLASH_ATTN_CUDA_ARCHS"), None, "{cuda}");
@@ -404,7 +404,7 @@ fn flash_attention_hints_agree_with_what_flash_attn_builds() {
         );
         let notes = plan.notes.join("\n");
         assert!(
-            notes.contains("none runs on 11.0 under every name CUDA gives it")
+            notes.contains("none runs on 11.0 (an integrated Tegra GPU: desktop SASS does not run there)")
                 && notes.contains("GPUARCH_ATTN_IMPLEMENTATION=sdpa: flash-attn builds nothing that runs on GPU 2 (NVIDIA Thor, 11.0)"),
             "{notes}"
         );
