@@ -24,7 +24,6 @@
 //! absolute, is skipped and said in [`CrioStorage::problems`]; what the
 //! other files say still counts.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use gpuarch_core::config::{
@@ -32,7 +31,7 @@ use gpuarch_core::config::{
 };
 
 /// Longest config file read.
-pub const MAX_FILE: u64 = 1 << 20;
+pub const MAX_FILE: u64 = crate::MAX_CONFIG;
 /// Most drop-ins of `crio.conf.d` read.
 pub const MAX_DROP_INS: usize = 64;
 /// Most entries of `crio.conf.d` looked at.
@@ -97,23 +96,10 @@ impl CrioStorage {
     /// The TOML document of `path`; None, the reason kept, where it cannot
     /// be had, and silently where there is no such file.
     fn read(&mut self, path: &Path) -> Option<toml::Table> {
-        let text = match read_text(path) {
-            Ok(Some(t)) => t,
-            Ok(None) => return None,
-            Err(e) => {
-                self.problems.push(format!("{}: {e}", path.display()));
-                return None;
-            }
-        };
-        match text.parse::<toml::Table>() {
-            Ok(t) => Some(t),
-            Err(e) => {
-                let why = e.message().to_owned();
-                self.problems
-                    .push(format!("{}: not TOML: {why:.200}", path.display()));
-                None
-            }
-        }
+        crate::read_toml(path).unwrap_or_else(|e| {
+            self.problems.push(e);
+            None
+        })
     }
 
     fn take_storage_conf(&mut self, doc: &toml::Table, path: &Path) {
@@ -237,25 +223,6 @@ pub fn crio_files(crio_conf: &Path, problems: &mut Vec<String>) -> Vec<PathBuf> 
     }
     files.extend(more);
     files
-}
-
-/// A config file's text: None where there is no such file.
-fn read_text(path: &Path) -> Result<Option<String>, String> {
-    let f = match crate::open_regular(path, true) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.to_string()),
-    };
-    let mut bytes = Vec::new();
-    f.take(MAX_FILE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
-    if bytes.len() as u64 > MAX_FILE {
-        return Err(format!("over {MAX_FILE} bytes; not read"));
-    }
-    String::from_utf8(bytes)
-        .map(Some)
-        .map_err(|_| "not UTF-8".to_owned())
 }
 
 #[cfg(test)]

@@ -7,6 +7,8 @@
 //! - [`write_atomic`]: replace a file whole or not at all.
 //! - [`rewrite_atomic`]: the same for a file that exists, keeping its mode and owner.
 //! - [`open_regular`]: open a regular file, and nothing else, without blocking.
+//! - [`read_toml`]: another program's TOML config (CRI-O's, containerd's),
+//!   read through [`open_regular`] and bounded.
 //!
 //! A crate of its own so that what needs only these (the kernel cache)
 //! does not depend on the inventory and, through it, on NVML.
@@ -18,7 +20,7 @@ pub mod record;
 pub mod trust;
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -124,6 +126,42 @@ pub fn open_regular(path: &Path, follow_links: bool) -> io::Result<File> {
         ));
     }
     Ok(f)
+}
+
+/// Longest config file of another program read ([`read_toml`]).
+pub const MAX_CONFIG: u64 = 1 << 20;
+
+/// Another program's TOML config file (CRI-O's, containerd's), opened only
+/// if regular ([`open_regular`], links followed: a FIFO never blocks) and
+/// read up to [`MAX_CONFIG`]. None where there is no such file; the error
+/// names the file and why.
+pub fn read_toml(path: &Path) -> Result<Option<toml::Table>, String> {
+    let Some(text) = read_text(path).map_err(|e| format!("{}: {e}", path.display()))? else {
+        return Ok(None);
+    };
+    text.parse::<toml::Table>().map(Some).map_err(|e| {
+        let why = e.message().to_owned();
+        format!("{}: not TOML: {why:.200}", path.display())
+    })
+}
+
+/// A config file's text: None where there is no such file.
+fn read_text(path: &Path) -> Result<Option<String>, String> {
+    let f = match open_regular(path, true) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    let mut bytes = Vec::new();
+    f.take(MAX_CONFIG + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_CONFIG {
+        return Err(format!("over {MAX_CONFIG} bytes; not read"));
+    }
+    String::from_utf8(bytes)
+        .map(Some)
+        .map_err(|_| "not UTF-8".to_owned())
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Result, anyhow, bail};
 use toml::{Table, Value};
 
 /// The runtime handler pods name in their RuntimeClass.
@@ -36,10 +36,12 @@ fn cri_id(version: i64) -> Result<&'static str> {
     }
 }
 
+/// Root's own file, read as gpuarchd reads CRI-O's: bounded, and a FIFO
+/// never blocks doctor.
 fn read(path: &Path) -> Result<Table> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
-    text.parse::<Table>()
-        .map_err(|e| anyhow!("{}: not TOML: {}", path.display(), e.message()))
+    gpuarch_fs::read_toml(path)
+        .map_err(|e| anyhow!(e))?
+        .ok_or_else(|| anyhow!("{}: no such file", path.display()))
 }
 
 /// `pattern`'s matches, sorted: a `*` or `?` only in the last component,

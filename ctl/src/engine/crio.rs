@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::{EXAMPLES, Engine, HOOK_DIRS, gpuarch_hooks, read_toml, toml_find};
+use super::{EXAMPLES, Engine, HOOK_DIRS, gpuarch_hooks, toml_find};
 use crate::check::{Check, fail, ok, under, warn};
 
 /// CRI-O, wired by a drop-in in `crio.conf.d`.
@@ -39,10 +39,11 @@ fn wiring(root: &Path) -> Vec<Check> {
     let mut handler = None;
     let mut hooks_dir: Vec<String> = vec![HOOK_DIRS[0].to_owned()];
     for f in &files {
-        let doc = match read_toml(f) {
-            Ok(Some(d)) => d,
+        // Bounded and never blocking, as gpuarchd reads the same files.
+        let doc = match gpuarch_fs::read_toml(f) {
+            Ok(Some(d)) => toml::Value::Table(d),
             Ok(None) => continue,
-            Err(e) => return vec![fail(NAME, format!("{e:#}"), "correct the file")],
+            Err(e) => return vec![fail(NAME, e, "correct the file")],
         };
         let mut found = Vec::new();
         toml_find(&doc, "runtime_path", "gpuarch-runtime", "", &mut found);

@@ -15,7 +15,6 @@ mod podman;
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Result;
 use serde_json::Value;
 
 use crate::check::{Check, skip, under};
@@ -160,16 +159,6 @@ fn toml_find(v: &toml::Value, key: &str, suffix: &str, at: &str, found: &mut Vec
             };
             toml_find(child, key, suffix, &path, found);
         }
-    }
-}
-
-fn read_toml(file: &Path) -> Result<Option<toml::Value>> {
-    match std::fs::read_to_string(file) {
-        Ok(text) => toml::from_str(&text)
-            .map(Some)
-            .map_err(|e| anyhow::anyhow!("{}: not TOML: {}", file.display(), e.message())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(anyhow::Error::new(e).context(file.display().to_string())),
     }
 }
 

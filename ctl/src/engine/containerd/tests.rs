@@ -185,3 +185,37 @@ fn v3_gets_only_the_runtimes_and_v1_is_refused() {
         "{err}"
     );
 }
+
+/// containerd's config is root's, yet doctor and `engine containerd` read
+/// it as gpuarchd reads CRI-O's: a FIFO in its place is named, not waited
+/// on, and so is an import of over a MiB.
+#[test]
+fn a_fifo_or_an_oversized_config_is_named_at_once() {
+    let d = tempfile::tempdir().unwrap();
+    let main = d.path().join("config.toml");
+    nix::unistd::mkfifo(&main, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    let t = std::time::Instant::now();
+    let Err(e) = effective(Path::new("/"), &main, None) else {
+        panic!("read")
+    };
+    assert!(format!("{e:#}").contains("not a regular file"), "{e:#}");
+    std::fs::remove_file(&main).unwrap();
+    let big = write(
+        d.path(),
+        "conf.d/big.toml",
+        &format!("# {}\n", "x".repeat(1 << 20)),
+    );
+    write(
+        d.path(),
+        "config.toml",
+        &format!("version = 2\nimports = [\"{}\"]\n", big.display()),
+    );
+    let Err(e) = effective(Path::new("/"), &main, None) else {
+        panic!("read")
+    };
+    assert!(
+        format!("{e:#}").contains("big.toml: over 1048576 bytes"),
+        "{e:#}"
+    );
+    assert!(t.elapsed() < std::time::Duration::from_secs(2));
+}
