@@ -7,8 +7,9 @@
 //! - [`write_atomic`]: replace a file whole or not at all.
 //! - [`rewrite_atomic`]: the same for a file that exists, keeping its mode and owner.
 //! - [`open_regular`]: open a regular file, and nothing else, without blocking.
-//! - [`read_toml`]: another program's TOML config (CRI-O's, containerd's),
-//!   read through [`open_regular`] and bounded.
+//! - [`read_config`], [`read_toml`]: another program's config (CRI-O's,
+//!   containerd's, Docker's, a unit's drop-in), read through
+//!   [`open_regular`] and bounded.
 //!
 //! A crate of its own so that what needs only these (the kernel cache)
 //! does not depend on the inventory and, through it, on NVML.
@@ -136,7 +137,7 @@ pub const MAX_CONFIG: u64 = 1 << 20;
 /// read up to [`MAX_CONFIG`]. None where there is no such file; the error
 /// names the file and why.
 pub fn read_toml(path: &Path) -> Result<Option<toml::Table>, String> {
-    let Some(text) = read_text(path).map_err(|e| format!("{}: {e}", path.display()))? else {
+    let Some(text) = read_config(path).map_err(|e| format!("{}: {e}", path.display()))? else {
         return Ok(None);
     };
     text.parse::<toml::Table>().map(Some).map_err(|e| {
@@ -145,8 +146,10 @@ pub fn read_toml(path: &Path) -> Result<Option<toml::Table>, String> {
     })
 }
 
-/// A config file's text: None where there is no such file.
-fn read_text(path: &Path) -> Result<Option<String>, String> {
+/// Another program's config file as text, opened only if regular
+/// ([`open_regular`], links followed) and read up to [`MAX_CONFIG`]: None
+/// where there is no such file; the error says why (not the path).
+pub fn read_config(path: &Path) -> Result<Option<String>, String> {
     let f = match open_regular(path, true) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),

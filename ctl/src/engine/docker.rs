@@ -61,8 +61,8 @@ fn runtime(root: &Path) -> Check {
     let fix = format!(
         "gpuarchctl engine docker --write (it merges \"runtimes\": {{\"gpuarch\": {{\"path\": \"{RUNTIME}\"}}}} into /etc/docker/daemon.json, as in {EXAMPLES}/docker/daemon.json, keeping a backup; --default makes it the default runtime), systemctl restart docker, then docker run --runtime gpuarch"
     );
-    let doc: Value = match std::fs::read(&file) {
-        Ok(b) => match serde_json::from_slice(&b) {
+    let doc: Value = match gpuarch_fs::read_config(&file) {
+        Ok(Some(b)) => match serde_json::from_str(&b) {
             Ok(v) => v,
             Err(e) => {
                 return fail(
@@ -72,7 +72,7 @@ fn runtime(root: &Path) -> Check {
                 );
             }
         },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        Ok(None) => {
             return fail(NAME, format!("{} does not exist", file.display()), fix);
         }
         Err(e) => return fail(NAME, format!("{}: {e}", file.display()), fix),
@@ -111,5 +111,28 @@ fn runtime(root: &Path) -> Check {
             format!("{} has no runtime running gpuarch-runtime", file.display()),
             fix,
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A FIFO where daemon.json is, as a hostile or broken host may have:
+    /// doctor names it and goes on, where it used to wait for a writer.
+    #[test]
+    fn a_fifo_as_daemon_json_is_named_not_waited_on() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("etc/docker");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mode = nix::sys::stat::Mode::from_bits_truncate(0o644);
+        nix::unistd::mkfifo(&dir.join("daemon.json"), mode).unwrap();
+        let t = std::time::Instant::now();
+        let c = runtime(d.path());
+        assert!(
+            c.status == crate::check::Status::Fail && c.detail.contains("not a regular file"),
+            "{c:?}"
+        );
+        assert!(t.elapsed() < std::time::Duration::from_secs(2));
     }
 }

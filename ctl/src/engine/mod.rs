@@ -128,9 +128,10 @@ fn gpuarch_hooks(root: &Path, dirs: &[&str], stage: &str) -> Vec<(PathBuf, bool)
             .into_iter()
             .filter(|f| f.extension().is_some_and(|e| e == "json"))
         {
-            let Some(h) = std::fs::read(&f)
+            let Some(h) = gpuarch_fs::read_config(&f)
                 .ok()
-                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .flatten()
+                .and_then(|b| serde_json::from_str::<Value>(&b).ok())
             else {
                 continue;
             };

@@ -254,7 +254,10 @@ fn dropin_has(root: &Path, pred: impl Fn(&str) -> bool) -> bool {
         .into_iter()
         .flatten()
         .flatten()
-        .any(|e| std::fs::read_to_string(e.path()).is_ok_and(|t| t.lines().any(&pred)))
+        .any(|e| {
+            gpuarch_fs::read_config(&e.path())
+                .is_ok_and(|t| t.is_some_and(|t| t.lines().any(&pred)))
+        })
 }
 
 /// The Node Feature Discovery file, when exported: its directory exists
@@ -289,7 +292,9 @@ pub(super) fn nfd(cli: &Cli, cfg: &gpuarch_core::config::Config, root: &Path) ->
             ),
         );
     }
-    let text = match std::fs::read_to_string(&file) {
+    let text = match gpuarch_fs::read_config(&file)
+        .and_then(|t| t.ok_or_else(|| "no such file".to_owned()))
+    {
         Ok(t) => t,
         Err(e) => {
             return fail(
