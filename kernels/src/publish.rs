@@ -14,8 +14,6 @@ use gpuarch_fs::write_atomic;
 
 /// Write the manifest of `pkg` from `results` (one per arch), atomically.
 pub fn publish(mount_root: &Path, pkg: &Package, results: &[ArchResult]) -> io::Result<()> {
-    let dir = mount_root.join(pkg.name());
-    std::fs::create_dir_all(&dir)?;
     let mut builds = Vec::new();
     let mut unavailable = Vec::new();
     let mut pending = Vec::new();
@@ -57,23 +55,51 @@ pub fn publish(mount_root: &Path, pkg: &Package, results: &[ArchResult]) -> io::
         imported: false,
         ldconfig: false,
     };
-    write_manifest(&dir, &body)
+    write_manifest(mount_root, pkg.name(), &body)
 }
 
-/// Write `body` as `dir/manifest.json`, unless it says that already.
-fn write_manifest(dir: &Path, body: &Published) -> io::Result<()> {
+/// Write `body` as `<mount_root>/<name>/manifest.json`, unless it says that
+/// already. A new package's directory appears with its manifest in it:
+/// made under a dot-name, which the hook passes over, and renamed into
+/// place. A container starting meanwhile sees the package whole or not at
+/// all, never a directory without its manifest ("skipped: manifest.json:
+/// No such file or directory").
+fn write_manifest(mount_root: &Path, name: &str, body: &Published) -> io::Result<()> {
     let text = serde_json::to_vec_pretty(body).map_err(io::Error::other)?;
-    if std::fs::read(dir.join("manifest.json")).is_ok_and(|old| old == text) {
+    let dir = mount_root.join(name);
+    let manifest = dir.join("manifest.json");
+    if std::fs::read(&manifest).is_ok_and(|old| old == text) {
         return Ok(());
     }
-    write_atomic(&dir.join("manifest.json"), &text)
+    if dir.is_dir() {
+        return write_atomic(&manifest, &text);
+    }
+    std::fs::create_dir_all(mount_root)?;
+    // What a publisher that died between the two steps left.
+    let prefix = format!(".{name}.");
+    for e in std::fs::read_dir(mount_root)?.flatten() {
+        if e.file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(&prefix))
+        {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+    let tmp = mount_root.join(format!("{prefix}{}.new", std::process::id()));
+    std::fs::create_dir(&tmp)?;
+    let made =
+        write_atomic(&tmp.join("manifest.json"), &text).and_then(|()| std::fs::rename(&tmp, &dir));
+    let _ = std::fs::remove_dir_all(&tmp);
+    match made {
+        // Made meanwhile by another publisher: write into it.
+        Err(_) if dir.is_dir() => write_atomic(&manifest, &text),
+        r => r,
+    }
 }
 
 /// Write the manifest of an import from its files' entries: one build per
 /// target each file carries, SASS and PTX, as the inspector read them.
 pub fn publish_import(mount_root: &Path, record: &Record, entries: &[Entry]) -> io::Result<()> {
-    let dir = mount_root.join(&record.name);
-    std::fs::create_dir_all(&dir)?;
     let mut builds = Vec::new();
     for e in entries {
         let m = &e.manifest;
@@ -105,13 +131,116 @@ pub fn publish_import(mount_root: &Path, record: &Record, entries: &[Entry]) -> 
         imported: true,
         ldconfig: record.ldconfig,
     };
-    write_manifest(&dir, &body)
+    write_manifest(mount_root, &record.name, &body)
 }
 
-/// Remove a package the daemon no longer has.
+/// Remove a package the daemon no longer has: renamed to a dot-name first,
+/// so that it goes whole, never a directory left without its manifest.
 pub fn unpublish(mount_root: &Path, name: &str) -> io::Result<()> {
-    match std::fs::remove_dir_all(mount_root.join(name)) {
+    let gone = mount_root.join(format!(".{name}.{}.old", std::process::id()));
+    match std::fs::rename(mount_root.join(name), &gone) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+        Ok(()) => {}
+    }
+    // A publisher of the same package may sweep it first.
+    match std::fs::remove_dir_all(&gone) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    fn body(name: &str, version: &str) -> Published {
+        Published {
+            schema: SCHEMA,
+            package: name.to_owned(),
+            version: version.to_owned(),
+            description: String::new(),
+            targets: Vec::new(),
+            builds: Vec::new(),
+            unavailable: Vec::new(),
+            pending: Vec::new(),
+            imported: false,
+            ldconfig: false,
+        }
+    }
+
+    /// A package's directory is never seen without its manifest, as a hook
+    /// lists the mount root while gpuarchd publishes (the window made
+    /// `kernel package rmsnorm skipped: manifest.json: No such file or
+    /// directory` in a container starting then).
+    #[test]
+    fn a_package_appears_with_its_manifest_or_not_at_all() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("kernels");
+        let stop = AtomicBool::new(false);
+        let (seen, torn) = std::thread::scope(|s| {
+            let watcher = s.spawn(|| {
+                let (mut seen, mut torn) = (0, 0);
+                while !stop.load(Ordering::Relaxed) {
+                    for e in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+                        let n = e.file_name();
+                        if n.to_string_lossy().starts_with('.') {
+                            continue;
+                        }
+                        seen += 1;
+                        if std::fs::read(e.path().join("manifest.json")).is_err()
+                            && e.path().exists()
+                        {
+                            torn += 1;
+                        }
+                    }
+                }
+                (seen, torn)
+            });
+            for i in 0..300 {
+                write_manifest(&root, "rmsnorm", &body("rmsnorm", &i.to_string())).unwrap();
+                if i % 2 == 1 {
+                    unpublish(&root, "rmsnorm").unwrap();
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+            watcher.join().unwrap()
+        });
+        assert!(seen > 0, "the watcher never saw the package");
+        assert_eq!(
+            torn, 0,
+            "a package seen without its manifest ({seen} looks)"
+        );
+        // Nothing left under a dot-name; a republish rewrites in place.
+        write_manifest(&root, "rmsnorm", &body("rmsnorm", "last")).unwrap();
+        let names: Vec<_> = std::fs::read_dir(&root)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names, ["rmsnorm"]);
+        let text = std::fs::read_to_string(root.join("rmsnorm/manifest.json")).unwrap();
+        assert!(text.contains("\"last\""), "{text}");
+    }
+
+    /// What a publisher that died between making and renaming left goes
+    /// at the next publication of that package.
+    #[test]
+    fn a_dead_publishers_leftover_goes() {
+        let d = tempfile::tempdir().unwrap();
+        let left = d.path().join(".rmsnorm.4242");
+        std::fs::create_dir_all(&left).unwrap();
+        std::fs::write(left.join("manifest.json"), b"{").unwrap();
+        let other = d.path().join(".other.4242");
+        std::fs::create_dir_all(&other).unwrap();
+        write_manifest(d.path(), "rmsnorm", &body("rmsnorm", "1")).unwrap();
+        assert!(!left.exists());
+        assert!(
+            other.exists(),
+            "another package's is not this one's to take"
+        );
+        assert!(d.path().join("rmsnorm/manifest.json").is_file());
     }
 }
