@@ -19,8 +19,8 @@
 //!    and `nri.storage_image_stores` added.
 //!
 //! The files are root's: each is opened only if regular (a FIFO never
-//! blocks), read up to [`MAX_FILE`], and at most [`MAX_DROP_INS`] drop-ins
-//! are read. A file that cannot be read or parsed, or a path that is not
+//! blocks), read up to [`crate::MAX_CONFIG`] ([`crate::read_toml`]), and
+//! at most [`MAX_DROP_INS`] drop-ins are read. A file that cannot be read or parsed, or a path that is not
 //! absolute, is skipped and said in [`CrioStorage::problems`]; what the
 //! other files say still counts.
 
@@ -30,8 +30,6 @@ use gpuarch_core::config::{
     DEFAULT_STORAGE_CONF, DEFAULT_STORAGE_ROOT, DEFAULT_STORAGE_RUNROOT, NriConfig,
 };
 
-/// Longest config file read.
-pub const MAX_FILE: u64 = crate::MAX_CONFIG;
 /// Most drop-ins of `crio.conf.d` read.
 pub const MAX_DROP_INS: usize = 64;
 /// Most entries of `crio.conf.d` looked at.

@@ -113,7 +113,7 @@ fn a_file_that_cannot_be_taken_is_said_and_the_others_still_count() {
         &dropins.join("30-big.conf"),
         &format!(
             "# {}\n[crio]\nroot = \"/big\"\n",
-            "x".repeat(MAX_FILE as usize)
+            "x".repeat(crate::MAX_CONFIG as usize)
         ),
     );
     write(&dropins.join("40-binary.conf"), "\u{0}\u{ff}");
