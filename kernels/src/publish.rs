@@ -75,17 +75,15 @@ fn write_manifest(mount_root: &Path, name: &str, body: &Published) -> io::Result
         return write_atomic(&manifest, &text);
     }
     std::fs::create_dir_all(mount_root)?;
-    // What a publisher that died between the two steps left.
-    let prefix = format!(".{name}.");
     for e in std::fs::read_dir(mount_root)?.flatten() {
         if e.file_name()
             .to_str()
-            .is_some_and(|n| n.starts_with(&prefix))
+            .is_some_and(|n| left_by_the_dead(n, name))
         {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
-    let tmp = mount_root.join(format!("{prefix}{}.new", std::process::id()));
+    let tmp = aside(mount_root, name, "new");
     std::fs::create_dir(&tmp)?;
     let made =
         write_atomic(&tmp.join("manifest.json"), &text).and_then(|()| std::fs::rename(&tmp, &dir));
@@ -137,17 +135,41 @@ pub fn publish_import(mount_root: &Path, record: &Record, entries: &[Entry]) -> 
 /// Remove a package the daemon no longer has: renamed to a dot-name first,
 /// so that it goes whole, never a directory left without its manifest.
 pub fn unpublish(mount_root: &Path, name: &str) -> io::Result<()> {
-    let gone = mount_root.join(format!(".{name}.{}.old", std::process::id()));
+    let gone = aside(mount_root, name, "old");
     match std::fs::rename(mount_root.join(name), &gone) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+        Ok(()) => std::fs::remove_dir_all(&gone),
     }
-    // A publisher of the same package may sweep it first.
-    match std::fs::remove_dir_all(&gone) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
+}
+
+/// Where this process keeps package `name` aside while it makes (`new`) or
+/// removes (`old`) it: a dot-name, which the hook passes over.
+fn aside(mount_root: &Path, name: &str, what: &str) -> std::path::PathBuf {
+    mount_root.join(format!(".{name}.{}.{what}", std::process::id()))
+}
+
+/// Whether `entry` of the mount root is package `name`'s [`aside`] of a
+/// process that is gone (one that died between its two steps). Neither
+/// another package's (`.a.b.…` is package `a.b`'s, not `a`'s) nor a live
+/// publisher's, such as the other gpuarchd's during a handover.
+fn left_by_the_dead(entry: &str, name: &str) -> bool {
+    let Some(rest) = entry
+        .strip_prefix('.')
+        .and_then(|e| e.strip_prefix(name))
+        .and_then(|e| e.strip_prefix('.'))
+    else {
+        return false;
+    };
+    let Some(pid) = rest
+        .strip_suffix(".new")
+        .or_else(|| rest.strip_suffix(".old"))
+    else {
+        return false;
+    };
+    !pid.is_empty()
+        && pid.bytes().all(|b| b.is_ascii_digit())
+        && !Path::new("/proc").join(pid).exists()
 }
 
 #[cfg(test)]
@@ -226,21 +248,34 @@ mod tests {
     }
 
     /// What a publisher that died between making and renaming left goes
-    /// at the next publication of that package.
+    /// at the next publication of that package; another package's, and a
+    /// live publisher's, stay.
     #[test]
     fn a_dead_publishers_leftover_goes() {
         let d = tempfile::tempdir().unwrap();
-        let left = d.path().join(".rmsnorm.4242");
+        // Above any pid_max: no such process.
+        let dead = 99_999_999;
+        let left = d.path().join(format!(".rmsnorm.{dead}.new"));
         std::fs::create_dir_all(&left).unwrap();
         std::fs::write(left.join("manifest.json"), b"{").unwrap();
-        let other = d.path().join(".other.4242");
-        std::fs::create_dir_all(&other).unwrap();
+        let removing = d.path().join(format!(".rmsnorm.{dead}.old"));
+        std::fs::create_dir_all(&removing).unwrap();
+        let other = d.path().join(format!(".other.{dead}.new"));
+        let dotted = d.path().join(format!(".rmsnorm.v2.{dead}.new"));
+        let live = d
+            .path()
+            .join(format!(".rmsnorm.{}.old", std::process::id()));
+        for keep in [&other, &dotted, &live] {
+            std::fs::create_dir_all(keep).unwrap();
+        }
         write_manifest(d.path(), "rmsnorm", &body("rmsnorm", "1")).unwrap();
-        assert!(!left.exists());
+        assert!(!left.exists() && !removing.exists());
         assert!(
             other.exists(),
             "another package's is not this one's to take"
         );
+        assert!(dotted.exists(), "nor package rmsnorm.v2's");
+        assert!(live.exists(), "nor a live publisher's");
         assert!(d.path().join("rmsnorm/manifest.json").is_file());
     }
 }
