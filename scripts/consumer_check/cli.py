@@ -209,7 +209,7 @@ def main():
                                     got, [(10, 0), (10, 0)], cuda, builds, run, supported, version)
     rejecting = [v for v, (_, supported) in torches.items() if "10.0" not in supported]
     for v in rejecting:
-        if torch_runs(v, [(10, 0), (10, 0)], None):
+        if torch_runs(v, [(10, 0), (10, 0)], None, torches[v][1]):
             failures.append(f"torch {v} rejects 10.0, yet its own wheels run on a B200")
     print(f"B200 pair, torch not known, no DeepSpeed: 10.0 under CUDA unknown, 12.8 and 13.0, "
           f"given to every torch release; those that reject 10.0 ({', '.join(rejecting)}) have "

@@ -42,7 +42,7 @@ TORCH_WHEELS = [((2, 4), ["3.7", "5.0", "6.0", "7.0", "7.5", "8.0", "8.6", "9.0"
                 ((2, 9), ["5.0", "6.0", "7.0", "7.5", "8.0", "8.6", "9.0", "10.0", "11.0", "12.0"])]
 
 
-def torch_runs(version, caps, cuda, supported=None):
+def torch_runs(version, caps, cuda, supported):
     """Whether torch `version`'s own kernels run on every GPU: its wheels
     have SASS for it. An integrated (Tegra) GPU runs no desktop SASS;
     torch there is NVIDIA's build for the chip (JetPack's wheels), with
@@ -52,7 +52,7 @@ def torch_runs(version, caps, cuda, supported=None):
     targets = [("sm", cap(a), "") for a in sass]
 
     def runs(named):
-        if named in TEGRA and supported is not None:
+        if named in TEGRA:
             return f"{named[0]}.{named[1]}" in supported
         return serves(named, targets)
     return all(runs(as_named(d, cuda)) for d in caps)
