@@ -167,7 +167,20 @@ impl Tree for Root {
         budget: &mut Budget,
         each: &mut dyn FnMut(&str, Option<Type>),
     ) -> Result<(), Stop> {
-        list(dir.as_fd(), budget, each)
+        // overlayfs lists a whiteout where the directory comes from one
+        // layer alone, though the name is not there to look up (an image
+        // whose layer deletes what no layer below it holds): it is not
+        // an entry, as it is not in the layers' own merge.
+        list(dir.as_fd(), budget, |name, kind| {
+            let gone = maybe_whiteout(kind)
+                && match fstatat(dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+                    Ok(st) => is_whiteout(&st),
+                    Err(e) => e == Errno::ENOENT,
+                };
+            if !gone {
+                each(name, kind);
+            }
+        })
     }
 
     fn identity(&self, dir: &OwnedFd) -> Vec<[i64; 6]> {
@@ -283,6 +296,17 @@ const DIR_FLAGS: OFlag = OFlag::O_RDONLY
 
 fn is_whiteout(st: &FileStat) -> bool {
     st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFCHR && st.st_rdev == 0
+}
+
+/// Whether a name listed as `kind` may be a whiteout (a character device,
+/// or a type the listing does not give).
+fn maybe_whiteout(kind: Option<Type>) -> bool {
+    matches!(kind, Some(Type::CharacterDevice) | None)
+}
+
+/// Whether entry `name` of directory `dir` is a whiteout.
+fn is_whiteout_at(dir: BorrowedFd<'_>, name: &str) -> bool {
+    fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok_and(|st| is_whiteout(&st))
 }
 
 /// Whether directory `fd` is opaque (hides the same directory in the
@@ -535,11 +559,7 @@ impl Tree for Layers {
                 if many && !seen.insert(name.to_owned()) {
                     return;
                 }
-                let maybe_whiteout = matches!(kind, Some(Type::CharacterDevice) | None);
-                if maybe_whiteout
-                    && fstatat(part.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW)
-                        .is_ok_and(|st| is_whiteout(&st))
-                {
+                if maybe_whiteout(kind) && is_whiteout_at(part.as_fd(), name) {
                     return;
                 }
                 each(name, kind);

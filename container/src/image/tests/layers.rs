@@ -241,3 +241,68 @@ fn a_hostile_layer_stack_costs_at_most_the_reads_bound() {
     assert!(notes[0].contains("not read"), "{notes:?}");
     eprintln!("{} layers of link chains: {took:?}, {notes:?}", l.len());
 }
+
+/// Found by the `image_read` fuzz target: overlayfs lists a whiteout where
+/// the directory comes from one layer alone (a layer deleting what no
+/// layer below it holds), though looking the name up finds nothing. The
+/// hook, reading the mounted rootfs, took that name for a torch 2.7.1;
+/// gpuarchd, reading the layers, did not. Both now find torch 2.9.1 alone.
+#[test]
+fn a_whiteout_overlayfs_lists_is_no_distribution() {
+    gpuarch_testkit::skip_unless!(gpuarch_testkit::unless_root(
+        "for a whiteout (mknod) and an overlayfs mount"
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let (l, layers) = layers_of(dir.path(), 2);
+    let site = "usr/lib/python3.12/site-packages";
+    python(&l[1], "usr", 12);
+    dist(&l[0], site, "torch", "2.9.1");
+    whiteout(&l[0], &format!("{site}/torch-2.7.1.dist-info"));
+    let view = process(&[]);
+    let torch = |sw: &Software| {
+        sw.dists
+            .iter()
+            .map(|(d, v)| format!("{d} {v}"))
+            .collect::<Vec<_>>()
+    };
+
+    let (by_layers, notes) = read_layers(&layers, &view, None);
+    assert_eq!(torch(&by_layers), ["torch 2.9.1"], "{notes:?}");
+
+    // The rootfs as a runtime mounts it, in a mount namespace of this
+    // thread's own (the reader's thread, started from it, shares it).
+    let rootfs = dir.path().join("rootfs");
+    std::fs::create_dir(&rootfs).unwrap();
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).unwrap();
+    nix::mount::mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .unwrap();
+    let lower = format!("lowerdir={}:{}", l[0].display(), l[1].display());
+    nix::mount::mount(
+        Some("overlay"),
+        &rootfs,
+        Some("overlay"),
+        nix::mount::MsFlags::MS_RDONLY,
+        Some(lower.as_str()),
+    )
+    .unwrap();
+    let listed: Vec<String> = std::fs::read_dir(rootfs.join(site))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    let root = Root::open(&rootfs).unwrap();
+    let (by_root, notes) = read(&root, &view, None);
+    drop(root);
+    nix::mount::umount2(&rootfs, nix::mount::MntFlags::MNT_DETACH).unwrap();
+    assert_eq!(
+        torch(&by_root),
+        ["torch 2.9.1"],
+        "listed: {listed:?}; {notes:?}"
+    );
+    assert_eq!(by_root.read, by_layers.read);
+}
