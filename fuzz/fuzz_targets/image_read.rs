@@ -1,0 +1,408 @@
+//! An image's files, as its author lays them out, read two ways that must
+//! agree: as the hook reads a rootfs (`Root`, the kernel resolving every
+//! path inside it) and as gpuarchd reads the image's layers on the NRI path
+//! (`Layers`, which resolves links, `..`, whiteouts and opaque directories
+//! itself). The same input builds three layer directories; the rootfs is
+//! them mounted as overlayfs, as a runtime mounts an image (where the
+//! fuzzer runs as root), else a tree modelled on what overlayfs shows. What
+//! the two readers find of the image's Python (consumers, releases,
+//! environments read and not read, notes) must be the same.
+//!
+//! The input is text, one entry a line (so the seed corpus is readable):
+//!
+//! ```text
+//! env PATH=/opt/venv/bin:/usr/bin    the process's env
+//! user 1000                          its uid (and gid)
+//! layer 1                            later entries go to layer 1 (0 is the top)
+//! d usr/lib/python3.12               a directory
+//! f a/METADATA Version: 2.7.1\n      a file; \n, \t, \\ and \xNN escaped
+//! l opt/venv/bin/python3 /usr/bin/python3.12     a link
+//! w usr/lib/python3.12/site-packages/torch-2.7.1.dist-info   a whiteout
+//! o usr/local/lib                    an opaque directory
+//! ```
+//!
+//! Whiteouts (`mknod`) and opaque directories (`trusted.*` xattrs) need
+//! root; without it those entries are dropped from both views alike.
+#![no_main]
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{OpenOptionsExt, symlink};
+use std::path::{Path, PathBuf};
+
+use gpuarch_container::image::{self, Layers};
+use gpuarch_container::rootfs::Root;
+use gpuarch_core::oci::ContainerView;
+use libfuzzer_sys::fuzz_target;
+
+const LAYERS: usize = 3;
+const MAX_ENTRIES: usize = 96;
+const MAX_DEPTH: usize = 12;
+const MAX_NAME: usize = 64;
+const MAX_FILE: usize = 8 << 10;
+
+enum Kind {
+    Dir,
+    File(Vec<u8>),
+    Link(String),
+    Whiteout,
+    Opaque,
+}
+
+struct Entry {
+    layer: usize,
+    path: Vec<String>,
+    kind: Kind,
+}
+
+fn unescape(s: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 1 < b.len() {
+            match b[i + 1] {
+                b'n' => out.push(b'\n'),
+                b't' => out.push(b'\t'),
+                b'r' => out.push(b'\r'),
+                b'\\' => out.push(b'\\'),
+                b'x' if i + 3 < b.len() => {
+                    match u8::from_str_radix(
+                        std::str::from_utf8(&b[i + 2..i + 4]).unwrap_or(""),
+                        16,
+                    ) {
+                        Ok(v) => out.push(v),
+                        Err(_) => out.extend_from_slice(&b[i..i + 4]),
+                    }
+                    i += 4;
+                    continue;
+                }
+                other => out.extend_from_slice(&[b'\\', other]),
+            }
+            i += 2;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// A path the image holds: plain names only (its layers' own names never
+/// include `.`, `..` or an empty one).
+fn path_of(s: &str) -> Option<Vec<String>> {
+    let parts: Vec<String> = s
+        .split('/')
+        .filter(|c| !c.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let plain = parts
+        .iter()
+        .all(|c| c != "." && c != ".." && !c.contains('\0') && c.len() <= MAX_NAME);
+    (plain && !parts.is_empty() && parts.len() <= MAX_DEPTH).then_some(parts)
+}
+
+fn parse(text: &str) -> (ContainerView, Vec<Entry>) {
+    let mut view = ContainerView::default();
+    let mut entries = Vec::new();
+    let mut layer = 0;
+    for line in text.lines() {
+        let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+        match word {
+            "env" => {
+                if let Some((k, v)) = rest.split_once('=')
+                    && view.env.len() < 16
+                {
+                    view.env.push((k.to_owned(), v.to_owned()));
+                }
+            }
+            "user" => {
+                if let Ok(u) = rest.trim().parse::<u32>() {
+                    view.user = Some((u, u));
+                }
+            }
+            "layer" => {
+                if let Ok(l) = rest.trim().parse::<usize>() {
+                    layer = l.min(LAYERS - 1);
+                }
+            }
+            "d" | "f" | "l" | "w" | "o" if entries.len() < MAX_ENTRIES => {
+                let (p, arg) = rest.split_once(' ').unwrap_or((rest, ""));
+                let Some(path) = path_of(p) else { continue };
+                let kind = match word {
+                    "d" => Kind::Dir,
+                    "f" => {
+                        let mut data = unescape(arg);
+                        data.truncate(MAX_FILE);
+                        Kind::File(data)
+                    }
+                    "l" if !arg.is_empty() && !arg.contains('\0') => Kind::Link(arg.to_owned()),
+                    "w" => Kind::Whiteout,
+                    "o" => Kind::Opaque,
+                    _ => continue,
+                };
+                entries.push(Entry { layer, path, kind });
+            }
+            _ => {}
+        }
+    }
+    // The top layer's entries first: what a higher layer holds decides
+    // what of the lower ones shows.
+    entries.sort_by_key(|e| e.layer);
+    (view, entries)
+}
+
+/// Makes `path` under `base` as `kind`; its parents as directories where
+/// absent, never through a link or anything else that is not one (so
+/// nothing is ever made outside `base`). False where it could not be made
+/// as asked.
+fn make(base: &Path, path: &[String], kind: &Kind) -> bool {
+    let mut at = base.to_path_buf();
+    for name in &path[..path.len() - 1] {
+        at.push(name);
+        match std::fs::symlink_metadata(&at) {
+            Ok(m) if m.file_type().is_dir() => {}
+            Ok(_) => return false,
+            Err(_) => {
+                if std::fs::create_dir(&at).is_err() {
+                    return false;
+                }
+            }
+        }
+    }
+    at.push(&path[path.len() - 1]);
+    match kind {
+        Kind::Dir | Kind::Opaque => {
+            let made = match std::fs::symlink_metadata(&at) {
+                Ok(m) => m.file_type().is_dir(),
+                Err(_) => std::fs::create_dir(&at).is_ok(),
+            };
+            made && (!matches!(kind, Kind::Opaque) || set_opaque(&at))
+        }
+        Kind::File(data) => std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&at)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, data))
+            .is_ok(),
+        Kind::Link(target) => symlink(target, &at).is_ok(),
+        Kind::Whiteout => nix::sys::stat::mknod(
+            &at,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+            0,
+        )
+        .is_ok(),
+    }
+}
+
+fn set_opaque(dir: &Path) -> bool {
+    let Ok(path) = CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: both names are NUL-terminated, the value is one live byte.
+    let r = unsafe {
+        nix::libc::lsetxattr(
+            path.as_ptr(),
+            c"trusted.overlay.opaque".as_ptr(),
+            b"y".as_ptr().cast(),
+            1,
+            0,
+        )
+    };
+    r == 0
+}
+
+/// The layers, and (where `model`) the tree overlayfs would show for them.
+fn build(dir: &Path, entries: &[Entry], model: bool) -> (Vec<PathBuf>, PathBuf) {
+    let layers: Vec<PathBuf> = (0..LAYERS).map(|i| dir.join(format!("layer{i}"))).collect();
+    let merged = dir.join("merged");
+    for d in layers.iter().chain([&merged]) {
+        std::fs::create_dir(d).expect("scratch directory");
+    }
+    // Paths a whiteout or an opaque directory of layer W hides in the
+    // layers below W (the path itself and all under it).
+    let mut hidden: Vec<(usize, &[String])> = Vec::new();
+    for e in entries {
+        if !make(&layers[e.layer], &e.path, &e.kind) || !model {
+            continue;
+        }
+        let below = |(w, p): &(usize, &[String])| *w < e.layer && e.path.starts_with(p);
+        if hidden.iter().any(below) {
+            continue;
+        }
+        match e.kind {
+            Kind::Whiteout => {
+                // Its directory shows, though it holds nothing else.
+                let parent = &e.path[..e.path.len() - 1];
+                if parent.is_empty() || make(&merged, parent, &Kind::Dir) {
+                    hidden.push((e.layer, &e.path));
+                }
+            }
+            Kind::Opaque => {
+                if make(&merged, &e.path, &Kind::Dir) {
+                    hidden.push((e.layer, &e.path));
+                }
+            }
+            _ => {
+                make(&merged, &e.path, &e.kind);
+            }
+        }
+    }
+    (layers, merged)
+}
+
+/// Whether a read stopped at its deadline (the two readers make different
+/// system calls, so one may and the other not).
+fn timed_out(read: &(gpuarch_core::software::Software, Vec<String>)) -> bool {
+    read.1
+        .iter()
+        .chain(&read.0.unread)
+        .any(|n| n.contains(" ms") || n.contains("ETIMEDOUT") || n.contains("timed out"))
+}
+
+/// Whether this process can mount overlayfs, in a mount namespace of its
+/// own (root): then the rootfs read is of a real overlay mount of the
+/// layers, as a runtime mounts an image, and not of the tree modelled here.
+fn overlay_possible() -> bool {
+    static CAN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CAN.get_or_init(|| {
+        use nix::mount::{MsFlags, mount};
+        let private = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).is_ok()
+            && mount(
+                None::<&str>,
+                "/",
+                None::<&str>,
+                MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                None::<&str>,
+            )
+            .is_ok();
+        let can = private && {
+            let s = Scratch::new();
+            let (layers, _) = build(&s.0, &[], false);
+            let merged = s.0.join("overlay");
+            std::fs::create_dir(&merged).is_ok() && mount_overlay(&layers, &merged).is_some()
+        };
+        eprintln!(
+            "image_read: the rootfs read is of {}",
+            if can {
+                "a real overlayfs mount of the layers"
+            } else {
+                "a tree modelled on overlayfs (no overlay mount here)"
+            }
+        );
+        can
+    })
+}
+
+/// The layers mounted read-only at `at`, as overlayfs merges them (the
+/// top one first); unmounted when dropped.
+fn mount_overlay(layers: &[PathBuf], at: &Path) -> Option<Unmount> {
+    let lower: Vec<String> = layers.iter().map(|l| l.display().to_string()).collect();
+    nix::mount::mount(
+        Some("overlay"),
+        at,
+        Some("overlay"),
+        nix::mount::MsFlags::MS_RDONLY,
+        Some(format!("lowerdir={}", lower.join(":")).as_str()),
+    )
+    .ok()
+    .map(|()| Unmount(at.to_path_buf()))
+}
+
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let (view, entries) = parse(text);
+    let overlay = overlay_possible();
+    let scratch = Scratch::new();
+    let (layers, mut merged) = build(&scratch.0, &entries, !overlay);
+    let mut _mounted = None;
+    if overlay {
+        merged = scratch.0.join("overlay");
+        std::fs::create_dir(&merged).expect("scratch directory");
+        _mounted = Some(mount_overlay(&layers, &merged).expect("the layers mount as overlayfs"));
+    }
+
+    let root = Root::open(&merged).expect("the merged tree opens");
+    let mut by_root = image::read(&root, &view, None);
+    let layers = Layers::open(&layers).expect("the layers open");
+    let mut by_layers = image::read_layers(&layers, &view, None);
+    if timed_out(&by_root) || timed_out(&by_layers) {
+        return;
+    }
+    // The key names the directories read, which are other inodes in the
+    // layers than in the merged tree.
+    by_root.0.image_key = None;
+    by_layers.0.image_key = None;
+    if by_root != by_layers {
+        let listing: BTreeMap<String, String> = walkdir(&merged);
+        panic!(
+            "the rootfs and its layers were read differently\nrootfs: {by_root:#?}\nlayers: {by_layers:#?}\nmerged view: {listing:#?}"
+        );
+    }
+});
+
+/// A directory of this run's own, removed with what it holds (links are
+/// removed, not followed).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Self {
+        static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("gpuarch-fuzz-image.{}.{n}", std::process::id()));
+        std::fs::create_dir(&dir).expect("scratch directory");
+        Self(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The merged tree, for the report of a difference.
+fn walkdir(dir: &Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            let rel = p.strip_prefix(dir).unwrap_or(&p).display().to_string();
+            let what = match std::fs::symlink_metadata(&p) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    format!(
+                        "-> {}",
+                        std::fs::read_link(&p)
+                            .map(|t| t.display().to_string())
+                            .unwrap_or_default()
+                    )
+                }
+                Ok(m) if m.is_dir() => {
+                    stack.push(p.clone());
+                    "dir".to_owned()
+                }
+                Ok(m) => format!("{} bytes", m.len()),
+                Err(e) => e.to_string(),
+            };
+            out.insert(rel, what);
+        }
+    }
+    out
+}
