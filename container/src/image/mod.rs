@@ -464,11 +464,17 @@ fn read_here<T: Tree>(
     let entry = cache
         .filter(|c| c.is_dir())
         .map(|c| c.join(format!("{image_key}.json")));
-    if let Some(mut sw) = entry.as_deref().and_then(cached) {
-        sw.image_key = Some(image_key);
-        return (sw, notes);
+    if let Some(Cached {
+        mut software,
+        notes: said,
+    }) = entry.as_deref().and_then(cached)
+    {
+        software.image_key = Some(image_key);
+        notes.extend(said);
+        return (software, notes);
     }
-    let mut sw = match scan(root, &found.sites, &mut budget, &mut notes) {
+    let mut said = Vec::new();
+    let mut sw = match scan(root, &found.sites, &mut budget, &mut said) {
         Ok(sw) => sw,
         Err(stop) => return not_read(stop),
     };
@@ -477,12 +483,26 @@ fn read_here<T: Tree>(
     }
     sw.unread = found.unread;
     sw.image_key = Some(image_key);
+    let kept = Cached {
+        software: sw,
+        notes: said,
+    };
     if let Some(entry) = entry
-        && let Err(e) = store(&entry, &sw)
+        && let Err(e) = store(&entry, &kept)
     {
         notes.push(format!("the image's consumers not cached: {e}"));
     }
-    (sw, notes)
+    notes.extend(kept.notes);
+    (kept.software, notes)
+}
+
+/// A cache entry: what the image holds, and what the read said of it (two
+/// releases of a consumer, and which decides), so that every start of the
+/// image says it, not the first alone.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Cached {
+    software: Software,
+    notes: Vec<String>,
 }
 
 /// What discovery found for a process, and the paths it depended on.
@@ -588,19 +608,21 @@ fn seen_before<T: Tree>(
         .collect::<Option<Vec<_>>>()?;
     let image_key = key(root, &sites, &d.unread);
     let entry = cache.join(format!("{image_key}.json"));
-    cached(&entry).map(|mut sw| {
-        sw.image_key = Some(image_key);
-        (sw, Vec::new())
+    cached(&entry).map(|mut c| {
+        c.software.image_key = Some(image_key);
+        (c.software, c.notes)
     })
 }
 
-fn cached(entry: &Path) -> Option<Software> {
+/// The entry at `entry`; `None` where there is none or it does not parse
+/// (one written before its notes were kept is read again, and replaced).
+fn cached(entry: &Path) -> Option<Cached> {
     let f = std::fs::File::open(entry).ok()?;
     let bytes = crate::context::read_at_most(f, MAX_CACHE_ENTRY).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
 
-fn store(entry: &Path, sw: &Software) -> std::io::Result<()> {
+fn store(entry: &Path, sw: &Cached) -> std::io::Result<()> {
     let dir = entry.parent().unwrap_or(Path::new("."));
     let count = std::fs::read_dir(dir)?.take(MAX_CACHED + 1).count();
     if count > MAX_CACHED {

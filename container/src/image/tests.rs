@@ -225,6 +225,62 @@ fn the_cache_answers_until_an_environment_changes() {
     assert!(!gone.exists());
 }
 
+/// Found by the `image_read` fuzz target: a start answered from the cache
+/// said nothing of what the first start's read said (two releases of a
+/// consumer, and which decides), so only the first container's record
+/// told the operator why.
+#[test]
+fn what_a_read_said_is_said_again_from_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let r = dir.path();
+    python(r, "usr", 12);
+    dist(r, "usr/lib/python3.12/site-packages", "deepspeed", "0.17.6");
+    dist(
+        r,
+        "opt/venv/lib/python3.12/site-packages",
+        "deepspeed",
+        "0.14.5",
+    );
+    let root = Root::open(r).unwrap();
+    let (fresh, said) = read(&root, &plain(), None);
+    assert!(
+        said.iter().any(|n| n.contains("the oldest decides")),
+        "{said:?}"
+    );
+    let first = read(&root, &plain(), Some(cache.path()));
+    // The same process: what discovery found, and the consumers, cached.
+    let again = read(&root, &plain(), Some(cache.path()));
+    // Another process that finds the same environments: discovery runs
+    // again, the consumers come from the cache.
+    let other = ContainerView {
+        env: vec![("HOME".into(), "/nonexistent".into())],
+        ..plain()
+    };
+    let elsewhere = read(&root, &other, Some(cache.path()));
+    // An entry written before the notes were kept is read again, and
+    // replaced.
+    let entry = cache
+        .path()
+        .join(format!("{}.json", first.0.image_key.as_deref().unwrap()));
+    std::fs::write(&entry, serde_json::to_vec(&first.0).unwrap()).unwrap();
+    let replaced = read(&root, &plain(), Some(cache.path()));
+    assert!(
+        std::fs::read_to_string(&entry)
+            .unwrap()
+            .contains("oldest decides")
+    );
+    for (what, got) in [
+        ("first", &first),
+        ("again", &again),
+        ("elsewhere", &elsewhere),
+        ("replaced", &replaced),
+    ] {
+        assert_eq!(got.1, said, "{what}");
+        assert_eq!(got.0.dists, fresh.dists, "{what}");
+    }
+}
+
 /// A dist-info with real METADATA headers.
 fn dist(root: &Path, site: &str, name: &str, version: &str) {
     write(
