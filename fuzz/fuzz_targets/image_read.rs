@@ -8,6 +8,11 @@
 //! the two readers find of the image's Python (consumers, releases,
 //! environments read and not read, notes) must be the same.
 //!
+//! Where the input has a `next` line, what follows it is a second image.
+//! Each way in then reads the first image through a cache directory twice
+//! and the second once after it, as the starts after the first read: what
+//! each finds must be what a read without the cache finds.
+//!
 //! The input is text, one entry a line (so the seed corpus is readable):
 //!
 //! ```text
@@ -19,6 +24,7 @@
 //! l opt/venv/bin/python3 /usr/bin/python3.12     a link
 //! w usr/lib/python3.12/site-packages/torch-2.7.1.dist-info   a whiteout
 //! o usr/local/lib                    an opaque directory
+//! next                               the second image's entries follow
 //! ```
 //!
 //! Whiteouts (`mknod`) and opaque directories (`trusted.*` xattrs) need
@@ -102,9 +108,10 @@ fn path_of(s: &str) -> Option<Vec<String>> {
     (plain && !parts.is_empty() && parts.len() <= MAX_DEPTH).then_some(parts)
 }
 
-fn parse(text: &str) -> (ContainerView, Vec<Entry>) {
+fn parse(text: &str) -> (ContainerView, Vec<Entry>, Option<Vec<Entry>>) {
     let mut view = ContainerView::default();
     let mut entries = Vec::new();
+    let mut first: Option<Vec<Entry>> = None;
     let mut layer = 0;
     for line in text.lines() {
         let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
@@ -120,6 +127,10 @@ fn parse(text: &str) -> (ContainerView, Vec<Entry>) {
                 if let Ok(u) = rest.trim().parse::<u32>() {
                     view.user = Some((u, u));
                 }
+            }
+            "next" if first.is_none() => {
+                first = Some(std::mem::take(&mut entries));
+                layer = 0;
             }
             "layer" => {
                 if let Ok(l) = rest.trim().parse::<usize>() {
@@ -149,7 +160,13 @@ fn parse(text: &str) -> (ContainerView, Vec<Entry>) {
     // The top layer's entries first: what a higher layer holds decides
     // what of the lower ones shows.
     entries.sort_by_key(|e| e.layer);
-    (view, entries)
+    match first {
+        Some(mut a) => {
+            a.sort_by_key(|e| e.layer);
+            (view, a, Some(entries))
+        }
+        None => (view, entries, None),
+    }
 }
 
 /// Makes `path` under `base` as `kind`; its parents as directories where
@@ -319,37 +336,125 @@ impl Drop for Unmount {
     }
 }
 
+/// An image built from entries in `dir`: its layers, and its rootfs (an
+/// overlayfs mount of them, or the modelled tree), unmounted when dropped.
+struct Image {
+    layers: Vec<PathBuf>,
+    rootfs: PathBuf,
+    _mounted: Option<Unmount>,
+}
+
+impl Image {
+    fn new(dir: &Path, entries: &[Entry]) -> Self {
+        let overlay = overlay_possible();
+        std::fs::create_dir(dir).expect("scratch directory");
+        let (layers, mut rootfs) = build(dir, entries, !overlay);
+        let mut mounted = None;
+        if overlay {
+            rootfs = dir.join("overlay");
+            std::fs::create_dir(&rootfs).expect("scratch directory");
+            mounted = Some(mount_overlay(&layers, &rootfs).expect("the layers mount as overlayfs"));
+        }
+        Self {
+            layers,
+            rootfs,
+            _mounted: mounted,
+        }
+    }
+
+    fn root(&self) -> Root {
+        Root::open(&self.rootfs).expect("the rootfs opens")
+    }
+
+    fn layers(&self) -> Layers {
+        Layers::open(&self.layers).expect("the layers open")
+    }
+}
+
+type Read = (gpuarch_core::software::Software, Vec<String>);
+
+/// A read's notes but those of the cache itself (a directory this run
+/// could not write to).
+fn without_cache_notes(mut read: Read) -> Read {
+    read.1.retain(|n| !n.contains("cached"));
+    read
+}
+
+fn differ(what: &str, a: &Read, b: &Read, image: &Image) -> ! {
+    let listing: BTreeMap<String, String> = walkdir(&image.rootfs);
+    panic!("{what}\nfirst: {a:#?}\nsecond: {b:#?}\nthe image: {listing:#?}");
+}
+
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let (view, entries) = parse(text);
-    let overlay = overlay_possible();
+    let (view, entries, then) = parse(text);
     let scratch = Scratch::new();
-    let (layers, mut merged) = build(&scratch.0, &entries, !overlay);
-    let mut _mounted = None;
-    if overlay {
-        merged = scratch.0.join("overlay");
-        std::fs::create_dir(&merged).expect("scratch directory");
-        _mounted = Some(mount_overlay(&layers, &merged).expect("the layers mount as overlayfs"));
-    }
+    let a = Image::new(&scratch.0.join("a"), &entries);
 
-    let root = Root::open(&merged).expect("the merged tree opens");
+    // The hook's read of the rootfs and gpuarchd's of the layers.
+    let root = a.root();
     let mut by_root = image::read(&root, &view, None);
-    let layers = Layers::open(&layers).expect("the layers open");
-    let mut by_layers = image::read_layers(&layers, &view, None);
+    let mut by_layers = image::read_layers(&a.layers(), &view, None);
     if timed_out(&by_root) || timed_out(&by_layers) {
         return;
     }
     // The key names the directories read, which are other inodes in the
-    // layers than in the merged tree.
+    // layers than in the rootfs.
     by_root.0.image_key = None;
     by_layers.0.image_key = None;
     if by_root != by_layers {
-        let listing: BTreeMap<String, String> = walkdir(&merged);
-        panic!(
-            "the rootfs and its layers were read differently\nrootfs: {by_root:#?}\nlayers: {by_layers:#?}\nmerged view: {listing:#?}"
+        differ(
+            "the rootfs and its layers were read differently",
+            &by_root,
+            &by_layers,
+            &a,
         );
+    }
+
+    // Through the cache, as every start after the first reads: what the
+    // image holds is found as a read without it finds it, for the same
+    // image and for another one read after it.
+    let Some(then) = then else { return };
+    let b = Image::new(&scratch.0.join("b"), &then);
+    for (cache, rootfs) in [("cache-root", true), ("cache-layers", false)] {
+        let cache = scratch.0.join(cache);
+        std::fs::create_dir(&cache).expect("scratch directory");
+        let read = |image: &Image, cache: Option<&Path>| {
+            without_cache_notes(if rootfs {
+                image::read(&image.root(), &view, cache)
+            } else {
+                image::read_layers(&image.layers(), &view, cache)
+            })
+        };
+        let fresh_a = read(&a, None);
+        let first = read(&a, Some(&cache));
+        let again = read(&a, Some(&cache));
+        let fresh_b = read(&b, None);
+        let after = read(&b, Some(&cache));
+        if [&fresh_a, &first, &again, &fresh_b, &after]
+            .into_iter()
+            .any(timed_out)
+        {
+            return;
+        }
+        if first != fresh_a || again != fresh_a {
+            differ(
+                "an image read through the cache differs from one read without it",
+                &fresh_a,
+                if first != fresh_a { &first } else { &again },
+                &a,
+            );
+        }
+        if after != fresh_b {
+            differ(
+                "an image read through the cache after another differs from one read without it",
+                &fresh_b,
+                &after,
+                &b,
+            );
+        }
     }
 });
 
