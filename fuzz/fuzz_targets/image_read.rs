@@ -8,7 +8,9 @@
 //! the two readers find of the image's Python (consumers, releases,
 //! environments read and not read, notes) must be the same.
 //!
-//! Where the input has a `next` line, what follows it is a second image.
+//! Where the input has a `next` line, what follows it is a second image;
+//! after a `derive` line, it is one more layer over the first image's
+//! layers (the same directories), as an image built `FROM` another is.
 //! Each way in then reads the first image through a cache directory twice
 //! and the second once after it, as the starts after the first read: what
 //! each finds must be what a read without the cache finds.
@@ -25,6 +27,7 @@
 //! w usr/lib/python3.12/site-packages/torch-2.7.1.dist-info   a whiteout
 //! o usr/local/lib                    an opaque directory
 //! next                               the second image's entries follow
+//! derive                             or: the second image is a layer over the first
 //! ```
 //!
 //! Whiteouts (`mknod`) and opaque directories (`trusted.*` xattrs) need
@@ -41,12 +44,14 @@ use gpuarch_container::rootfs::Root;
 use gpuarch_core::oci::ContainerView;
 use libfuzzer_sys::fuzz_target;
 
+/// Layers of an image the input builds; a derived image has one more.
 const LAYERS: usize = 3;
 const MAX_ENTRIES: usize = 96;
 const MAX_DEPTH: usize = 12;
 const MAX_NAME: usize = 64;
 const MAX_FILE: usize = 8 << 10;
 
+#[derive(Clone)]
 enum Kind {
     Dir,
     File(Vec<u8>),
@@ -55,6 +60,7 @@ enum Kind {
     Opaque,
 }
 
+#[derive(Clone)]
 struct Entry {
     layer: usize,
     path: Vec<String>,
@@ -108,10 +114,11 @@ fn path_of(s: &str) -> Option<Vec<String>> {
     (plain && !parts.is_empty() && parts.len() <= MAX_DEPTH).then_some(parts)
 }
 
-fn parse(text: &str) -> (ContainerView, Vec<Entry>, Option<Vec<Entry>>) {
+fn parse(text: &str) -> (ContainerView, Vec<Entry>, Option<Second>) {
     let mut view = ContainerView::default();
     let mut entries = Vec::new();
     let mut first: Option<Vec<Entry>> = None;
+    let mut derive = false;
     let mut layer = 0;
     for line in text.lines() {
         let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
@@ -128,8 +135,9 @@ fn parse(text: &str) -> (ContainerView, Vec<Entry>, Option<Vec<Entry>>) {
                     view.user = Some((u, u));
                 }
             }
-            "next" if first.is_none() => {
+            "next" | "derive" if first.is_none() => {
                 first = Some(std::mem::take(&mut entries));
+                derive = word == "derive";
                 layer = 0;
             }
             "layer" => {
@@ -163,10 +171,18 @@ fn parse(text: &str) -> (ContainerView, Vec<Entry>, Option<Vec<Entry>>) {
     match first {
         Some(mut a) => {
             a.sort_by_key(|e| e.layer);
-            (view, a, Some(entries))
+            (view, a, Some(Second { entries, derive }))
         }
         None => (view, entries, None),
     }
+}
+
+/// The second image of an input: another one, or (`derive`) the first's
+/// layers under one more, as an image built `FROM` another shares its
+/// base's layers.
+struct Second {
+    entries: Vec<Entry>,
+    derive: bool,
 }
 
 /// Makes `path` under `base` as `kind`; its parents as directories where
@@ -233,7 +249,13 @@ fn set_opaque(dir: &Path) -> bool {
 
 /// The layers, and (where `model`) the tree overlayfs would show for them.
 fn build(dir: &Path, entries: &[Entry], model: bool) -> (Vec<PathBuf>, PathBuf) {
-    let layers: Vec<PathBuf> = (0..LAYERS).map(|i| dir.join(format!("layer{i}"))).collect();
+    let n = entries
+        .iter()
+        .map(|e| e.layer + 1)
+        .max()
+        .unwrap_or(0)
+        .max(LAYERS);
+    let layers: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("layer{i}"))).collect();
     let merged = dir.join("merged");
     for d in layers.iter().chain([&merged]) {
         std::fs::create_dir(d).expect("scratch directory");
@@ -346,15 +368,56 @@ struct Image {
 
 impl Image {
     fn new(dir: &Path, entries: &[Entry]) -> Self {
-        let overlay = overlay_possible();
         std::fs::create_dir(dir).expect("scratch directory");
-        let (layers, mut rootfs) = build(dir, entries, !overlay);
-        let mut mounted = None;
-        if overlay {
-            rootfs = dir.join("overlay");
-            std::fs::create_dir(&rootfs).expect("scratch directory");
-            mounted = Some(mount_overlay(&layers, &rootfs).expect("the layers mount as overlayfs"));
+        let overlay = overlay_possible();
+        let (layers, rootfs) = build(dir, entries, !overlay);
+        Self::of(dir, layers, (!overlay).then_some(rootfs))
+    }
+
+    /// `base`'s layers under one more made of `entries` (their `layer`
+    /// lines ignored). The rootfs modelled where no overlay can be
+    /// mounted is made anew, of all the entries: only the layers then
+    /// share the base's directories.
+    fn derived(dir: &Path, base: &Image, base_entries: &[Entry], entries: &[Entry]) -> Self {
+        std::fs::create_dir(dir).expect("scratch directory");
+        let top = dir.join("top");
+        std::fs::create_dir(&top).expect("scratch directory");
+        for e in entries {
+            make(&top, &e.path, &e.kind);
         }
+        let layers: Vec<PathBuf> = std::iter::once(top)
+            .chain(base.layers.iter().cloned())
+            .collect();
+        let model = (!overlay_possible()).then(|| {
+            let all: Vec<Entry> = entries
+                .iter()
+                .map(|e| Entry {
+                    layer: 0,
+                    ..e.clone()
+                })
+                .chain(base_entries.iter().map(|e| Entry {
+                    layer: e.layer + 1,
+                    ..e.clone()
+                }))
+                .collect();
+            let model = dir.join("model");
+            std::fs::create_dir(&model).expect("scratch directory");
+            build(&model, &all, true).1
+        });
+        Self::of(dir, layers, model)
+    }
+
+    /// The image of `layers`: its rootfs `model`, else them mounted.
+    fn of(dir: &Path, layers: Vec<PathBuf>, model: Option<PathBuf>) -> Self {
+        let (rootfs, mounted) = match model {
+            Some(m) => (m, None),
+            None => {
+                let at = dir.join("overlay");
+                std::fs::create_dir(&at).expect("scratch directory");
+                let m = mount_overlay(&layers, &at).expect("the layers mount as overlayfs");
+                (at, Some(m))
+            }
+        };
         Self {
             layers,
             rootfs,
@@ -417,7 +480,11 @@ fuzz_target!(|data: &[u8]| {
     // image holds is found as a read without it finds it, for the same
     // image and for another one read after it.
     let Some(then) = then else { return };
-    let b = Image::new(&scratch.0.join("b"), &then);
+    let b = if then.derive {
+        Image::derived(&scratch.0.join("b"), &a, &entries, &then.entries)
+    } else {
+        Image::new(&scratch.0.join("b"), &then.entries)
+    };
     for (cache, rootfs) in [("cache-root", true), ("cache-layers", false)] {
         let cache = scratch.0.join(cache);
         std::fs::create_dir(&cache).expect("scratch directory");
