@@ -168,6 +168,11 @@ fn parse(text: &str) -> (ContainerView, Vec<Entry>, Option<Second>) {
     // The top layer's entries first: what a higher layer holds decides
     // what of the lower ones shows.
     entries.sort_by_key(|e| e.layer);
+    if !specials_possible() {
+        for list in [&mut entries].into_iter().chain(first.as_mut()) {
+            list.retain(|e| !matches!(e.kind, Kind::Whiteout | Kind::Opaque));
+        }
+    }
     match first {
         Some(mut a) => {
             a.sort_by_key(|e| e.layer);
@@ -230,6 +235,22 @@ fn make(base: &Path, path: &[String], kind: &Kind) -> bool {
     }
 }
 
+/// Whether this process can make whiteouts and opaque directories (root).
+/// Where it cannot, such entries are dropped before anything is built: a
+/// half-made one (its parent directories made, the entry not) would be in
+/// the layers and not in the modelled tree.
+fn specials_possible() -> bool {
+    static CAN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CAN.get_or_init(|| {
+        let s = Scratch::new();
+        let probe = [String::from("probe")];
+        make(&s.0, &probe, &Kind::Whiteout) && {
+            let dir = [String::from("dir")];
+            make(&s.0, &dir, &Kind::Opaque)
+        }
+    })
+}
+
 fn set_opaque(dir: &Path) -> bool {
     let Ok(path) = CString::new(dir.as_os_str().as_bytes()) else {
         return false;
@@ -248,7 +269,7 @@ fn set_opaque(dir: &Path) -> bool {
 }
 
 /// The layers, and (where `model`) the tree overlayfs would show for them.
-fn build(dir: &Path, entries: &[Entry], model: bool) -> (Vec<PathBuf>, PathBuf) {
+fn build(dir: &Path, entries: &[Entry], model: bool) -> (Vec<PathBuf>, Option<PathBuf>) {
     let n = entries
         .iter()
         .map(|e| e.layer + 1)
@@ -257,7 +278,7 @@ fn build(dir: &Path, entries: &[Entry], model: bool) -> (Vec<PathBuf>, PathBuf) 
         .max(LAYERS);
     let layers: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("layer{i}"))).collect();
     let merged = dir.join("merged");
-    for d in layers.iter().chain([&merged]) {
+    for d in layers.iter().chain(model.then_some(&merged)) {
         std::fs::create_dir(d).expect("scratch directory");
     }
     // Paths a whiteout or an opaque directory of layer W hides in the
@@ -289,12 +310,15 @@ fn build(dir: &Path, entries: &[Entry], model: bool) -> (Vec<PathBuf>, PathBuf) 
             }
         }
     }
-    (layers, merged)
+    (layers, model.then_some(merged))
 }
+
+/// What a read finds, and its notes.
+type Read = (gpuarch_core::software::Software, Vec<String>);
 
 /// Whether a read stopped at its deadline (the two readers make different
 /// system calls, so one may and the other not).
-fn timed_out(read: &(gpuarch_core::software::Software, Vec<String>)) -> bool {
+fn timed_out(read: &Read) -> bool {
     read.1
         .iter()
         .chain(&read.0.unread)
@@ -370,8 +394,8 @@ impl Image {
     fn new(dir: &Path, entries: &[Entry]) -> Self {
         std::fs::create_dir(dir).expect("scratch directory");
         let overlay = overlay_possible();
-        let (layers, rootfs) = build(dir, entries, !overlay);
-        Self::of(dir, layers, (!overlay).then_some(rootfs))
+        let (layers, model) = build(dir, entries, !overlay);
+        Self::of(dir, layers, model)
     }
 
     /// `base`'s layers under one more made of `entries` (their `layer`
@@ -402,7 +426,7 @@ impl Image {
                 .collect();
             let model = dir.join("model");
             std::fs::create_dir(&model).expect("scratch directory");
-            build(&model, &all, true).1
+            build(&model, &all, true).1.expect("asked for")
         });
         Self::of(dir, layers, model)
     }
@@ -433,8 +457,6 @@ impl Image {
         Layers::open(&self.layers).expect("the layers open")
     }
 }
-
-type Read = (gpuarch_core::software::Software, Vec<String>);
 
 /// A read's notes but those of the cache itself (a directory this run
 /// could not write to).
