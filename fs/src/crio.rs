@@ -20,9 +20,9 @@
 //!
 //! The files are root's: each is opened only if regular (a FIFO never
 //! blocks), read up to [`crate::MAX_CONFIG`] ([`crate::read_toml`]), and
-//! at most [`MAX_DROP_INS`] drop-ins are read. A file that cannot be read or parsed, or a path that is not
-//! absolute, is skipped and said in [`CrioStorage::problems`]; what the
-//! other files say still counts.
+//! at most [`MAX_DROP_INS`] drop-ins are read. A file that cannot be read
+//! or parsed, or a path that is not absolute, is skipped and said in
+//! [`CrioStorage::problems`]; what the other files say still counts.
 
 use std::path::{Path, PathBuf};
 
