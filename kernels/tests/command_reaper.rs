@@ -67,7 +67,12 @@ const LEAVE: &str = "setsid sh -c 'echo $$ >> \"$PIDS\"; exec sleep 300' </dev/n
 fn a_build_that_ends_leaves_nothing_running() {
     let t = Instant::now();
     let (r, dir) = build(
-        &format!("{LEAVE} while [ $(wc -l < \"$PIDS\") -lt 2 ]; do sleep 0.05; done; exit 0"),
+        // Until both have written: `cat` of a file not there yet counts 0
+        // lines, where `wc -l < FILE` would fail, end the loop at once and
+        // let the build end before the second wrote its pid.
+        &format!(
+            "{LEAVE} while [ \"$(cat \"$PIDS\" 2>/dev/null | wc -l)\" -lt 2 ]; do sleep 0.05; done; exit 0"
+        ),
         Duration::from_secs(30),
     );
     r.unwrap();
